@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh clone: set-up (packages, .venv, models), the CPU build and all
+# CTest tests, then the AddressSanitizer/UBSan build and its unit tests, then a short fuzz run of
+# the GGUF reader. Usage: scripts/test.sh [--no-setup] [--no-asan] [--no-fuzz]
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+setup=1 asan=1 fuzz=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-setup) setup=0 ;;
+    --no-asan) asan=0 ;;
+    --no-fuzz) fuzz=0 ;;
+    -h|--help) sed -n '2,4p' "$0"; exit 0 ;;
+    *) echo "test.sh: unknown option '$arg'" >&2; exit 2 ;;
+  esac
+done
+jobs="$(nproc)"
+
+[[ $setup == 1 ]] && scripts/setup.sh
+
+echo "== cpu build"
+cmake --preset cpu >/dev/null
+cmake --build --preset cpu -j "$jobs"
+echo "== cpu tests"
+ctest --preset cpu -j "$jobs"
+
+if [[ $asan == 1 ]]; then
+  echo "== asan build"
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$jobs"
+  echo "== asan tests (unit)"
+  ctest --preset asan -j "$jobs" -L unit
+fi
+
+if [[ $fuzz == 1 ]]; then
+  if command -v clang++ >/dev/null; then
+    echo "== fuzz smoke run (GGUF reader, 60 s)"
+    cmake --preset fuzz >/dev/null
+    cmake --build --preset fuzz -j "$jobs" --target fuzz_gguf
+    mkdir -p build/fuzz/corpus
+    build/fuzz/tests/fuzz/fuzz_gguf -max_total_time=60 -max_len=65536 -print_final_stats=1 \
+      build/fuzz/corpus tests/fuzz/seeds 2>&1 | tail -n 12
+  else
+    echo "== fuzz smoke run skipped: clang++ not found" >&2
+  fi
+fi
+echo "== all tests passed"

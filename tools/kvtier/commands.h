@@ -1,0 +1,16 @@
+// Subcommands of the kvtier CLI. Each registers its flags on the app and returns a runner.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace kvtier::cli {
+
+using Runner = std::function<int()>;
+
+// Registers `kvtier inspect`; `run` is set to the command's body.
+void add_inspect(CLI::App& app, Runner& run);
+void add_synth(CLI::App& app, Runner& run);
+
+}  // namespace kvtier::cli
