@@ -7,12 +7,18 @@ namespace kvtier {
 
 const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::kInvalidArgument: return "invalid argument";
-    case ErrorKind::kInvalidFile: return "invalid file";
-    case ErrorKind::kUnsupported: return "unsupported";
-    case ErrorKind::kIo: return "I/O error";
-    case ErrorKind::kBudget: return "budget";
-    case ErrorKind::kInternal: return "internal error";
+    case ErrorKind::kInvalidArgument:
+      return "invalid argument";
+    case ErrorKind::kInvalidFile:
+      return "invalid file";
+    case ErrorKind::kUnsupported:
+      return "unsupported";
+    case ErrorKind::kIo:
+      return "I/O error";
+    case ErrorKind::kBudget:
+      return "budget";
+    case ErrorKind::kInternal:
+      return "internal error";
   }
   return "error";
 }

@@ -39,7 +39,7 @@ template <typename... Args>
 }  // namespace kvtier
 
 // Always-on invariant check for bugs (never for validating user input).
-#define KVTIER_ASSERT(cond, ...)                                                        \
-  do {                                                                                  \
+#define KVTIER_ASSERT(cond, ...)                                                                  \
+  do {                                                                                            \
     if (!(cond)) ::kvtier::assert_failed(#cond, __FILE__, __LINE__, fmt::format("" __VA_ARGS__)); \
   } while (0)

@@ -58,7 +58,9 @@ bool iequals(std::string_view a, std::string_view b) {
 
 }  // namespace
 
-std::span<const GgmlTypeTraits> ggml_all_types() { return kTypes; }
+std::span<const GgmlTypeTraits> ggml_all_types() {
+  return kTypes;
+}
 
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t id) {
   for (const auto& t : ggml_all_types()) {
@@ -75,7 +77,9 @@ const GgmlTypeTraits& ggml_traits(GgmlType type) {
   __builtin_unreachable();
 }
 
-std::string_view ggml_type_name(GgmlType type) { return ggml_traits(type).name; }
+std::string_view ggml_type_name(GgmlType type) {
+  return ggml_traits(type).name;
+}
 
 std::optional<GgmlType> ggml_type_from_name(std::string_view name) {
   for (const auto& t : ggml_all_types()) {

@@ -12,7 +12,9 @@ namespace {
 
 constexpr int kQK = 32;
 
-void put_u16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, 2); }
+void put_u16(uint8_t* p, uint16_t v) {
+  std::memcpy(p, &v, 2);
+}
 
 // block_q8_0: { f16 d; int8 qs[32]; }
 void quantize_q8_0(const float* x, uint8_t* y) {
@@ -70,8 +72,10 @@ bool can_quantize_ref(GgmlType type) {
     case GgmlType::kBF16:
     case GgmlType::kQ8_0:
     case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1: return true;
-    default: return false;
+    case GgmlType::kQ4_1:
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -83,7 +87,9 @@ void quantize_row_ref(GgmlType type, std::span<const float> src, std::span<uint8
   const float* x = src.data();
   uint8_t* y = dst.data();
   switch (type) {
-    case GgmlType::kF32: std::memcpy(y, x, src.size() * 4); return;
+    case GgmlType::kF32:
+      std::memcpy(y, x, src.size() * 4);
+      return;
     case GgmlType::kF16:
       for (size_t i = 0; i < src.size(); ++i) put_u16(y + 2 * i, f32_to_f16(x[i]));
       return;
@@ -99,7 +105,8 @@ void quantize_row_ref(GgmlType type, std::span<const float> src, std::span<uint8
     case GgmlType::kQ4_1:
       for (size_t b = 0; b < n_blocks; ++b) quantize_q4_1(x + b * kQK, y + b * t.type_size);
       return;
-    default: fail(ErrorKind::kUnsupported, "no reference quantiser for type {}", t.name);
+    default:
+      fail(ErrorKind::kUnsupported, "no reference quantiser for type {}", t.name);
   }
 }
 

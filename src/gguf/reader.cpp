@@ -20,7 +20,8 @@ class Cursor {
 
   template <typename... Args>
   [[noreturn]] void error_at(uint64_t at, fmt::format_string<Args...> f, Args&&... args) const {
-    fail(ErrorKind::kInvalidFile, "{}: at byte {}: {}", name_, at, fmt::format(f, std::forward<Args>(args)...));
+    fail(ErrorKind::kInvalidFile, "{}: at byte {}: {}", name_, at,
+         fmt::format(f, std::forward<Args>(args)...));
   }
 
   template <typename T>
@@ -79,8 +80,8 @@ Array read_array(Cursor& c, const std::string& key, int depth) {
                                                          : value_type_size(*elem);
   const auto need = checked_mul(count, min_elem);
   if (!need || *need > c.left()) {
-    c.error_at(count_at, "metadata '{}': array of {} {} elements does not fit in the {} bytes left", key, count,
-               value_type_name(*elem), c.left());
+    c.error_at(count_at, "metadata '{}': array of {} {} elements does not fit in the {} bytes left", key,
+               count, value_type_name(*elem), c.left());
   }
   if (*elem == ValueType::kString) {
     a.strings.reserve(count);
@@ -97,19 +98,32 @@ Array read_array(Cursor& c, const std::string& key, int depth) {
 
 Value read_value(Cursor& c, ValueType type, const std::string& key, int depth) {
   switch (type) {
-    case ValueType::kU8: return Value::u8(c.read<uint8_t>("u8 value"));
-    case ValueType::kI8: return Value::i8(c.read<int8_t>("i8 value"));
-    case ValueType::kU16: return Value::u16(c.read<uint16_t>("u16 value"));
-    case ValueType::kI16: return Value::i16(c.read<int16_t>("i16 value"));
-    case ValueType::kU32: return Value::u32(c.read<uint32_t>("u32 value"));
-    case ValueType::kI32: return Value::i32(c.read<int32_t>("i32 value"));
-    case ValueType::kF32: return Value::f32(c.read<float>("f32 value"));
-    case ValueType::kBool: return Value::boolean(c.read<uint8_t>("bool value") != 0);
-    case ValueType::kString: return Value::string(c.read_string("string value"));
-    case ValueType::kArray: return Value::array(read_array(c, key, depth));
-    case ValueType::kU64: return Value::u64(c.read<uint64_t>("u64 value"));
-    case ValueType::kI64: return Value::i64(c.read<int64_t>("i64 value"));
-    case ValueType::kF64: return Value::f64(c.read<double>("f64 value"));
+    case ValueType::kU8:
+      return Value::u8(c.read<uint8_t>("u8 value"));
+    case ValueType::kI8:
+      return Value::i8(c.read<int8_t>("i8 value"));
+    case ValueType::kU16:
+      return Value::u16(c.read<uint16_t>("u16 value"));
+    case ValueType::kI16:
+      return Value::i16(c.read<int16_t>("i16 value"));
+    case ValueType::kU32:
+      return Value::u32(c.read<uint32_t>("u32 value"));
+    case ValueType::kI32:
+      return Value::i32(c.read<int32_t>("i32 value"));
+    case ValueType::kF32:
+      return Value::f32(c.read<float>("f32 value"));
+    case ValueType::kBool:
+      return Value::boolean(c.read<uint8_t>("bool value") != 0);
+    case ValueType::kString:
+      return Value::string(c.read_string("string value"));
+    case ValueType::kArray:
+      return Value::array(read_array(c, key, depth));
+    case ValueType::kU64:
+      return Value::u64(c.read<uint64_t>("u64 value"));
+    case ValueType::kI64:
+      return Value::i64(c.read<int64_t>("i64 value"));
+    case ValueType::kF64:
+      return Value::f64(c.read<double>("f64 value"));
   }
   KVTIER_ASSERT(false);
   __builtin_unreachable();
@@ -137,7 +151,8 @@ Content parse(std::span<const uint8_t> bytes, const std::string& name) {
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
   const uint64_t n_kv = c.read<uint64_t>("metadata count");
   // Minimal encoded sizes: a KV is >= 8 (key length) + 4 (type) + 1 bytes; a tensor info >= 8 + 4 + 4 + 8.
-  if (n_kv > c.left() / 13) c.error_at(16, "metadata count {} cannot fit in a file of {} bytes", n_kv, bytes.size());
+  if (n_kv > c.left() / 13)
+    c.error_at(16, "metadata count {} cannot fit in a file of {} bytes", n_kv, bytes.size());
   if (n_tensors > c.left() / 24) {
     c.error_at(8, "tensor count {} cannot fit in a file of {} bytes", n_tensors, bytes.size());
   }
@@ -146,6 +161,7 @@ Content parse(std::span<const uint8_t> bytes, const std::string& name) {
   std::unordered_map<std::string, uint64_t> seen_keys;
   for (uint64_t i = 0; i < n_kv; ++i) {
     const uint64_t at = c.pos();
+    out.kv_offsets.push_back(at);
     std::string key = c.read_string("metadata key");
     if (key.empty()) c.error_at(at, "metadata entry {} has an empty key", i);
     if (auto [it, inserted] = seen_keys.emplace(key, at); !inserted) {
@@ -173,17 +189,20 @@ Content parse(std::span<const uint8_t> bytes, const std::string& name) {
   std::unordered_map<std::string, uint64_t> seen_tensors;
   for (uint64_t i = 0; i < n_tensors; ++i) {
     const uint64_t at = c.pos();
+    out.tensor_info_offsets.push_back(at);
     TensorInfo t;
     t.name = c.read_string("tensor name");
     if (auto [it, inserted] = seen_tensors.emplace(t.name, at); !inserted) {
       c.error_at(at, "duplicate tensor name '{}' (first at byte {})", t.name, it->second);
     }
     const uint32_t n_dims = c.read<uint32_t>("tensor dimension count");
-    if (n_dims > kMaxDims) c.error_at(at, "tensor '{}' has {} dimensions (at most {})", t.name, n_dims, kMaxDims);
+    if (n_dims > kMaxDims)
+      c.error_at(at, "tensor '{}' has {} dimensions (at most {})", t.name, n_dims, kMaxDims);
     uint64_t n = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne = c.read<uint64_t>("tensor dimension");
-      if (ne > static_cast<uint64_t>(INT64_MAX)) c.error_at(at, "tensor '{}' dimension {} is {}", t.name, d, ne);
+      if (ne > static_cast<uint64_t>(INT64_MAX))
+        c.error_at(at, "tensor '{}' dimension {} is {}", t.name, d, ne);
       const auto prod = checked_mul(n, ne);
       if (!prod || *prod > static_cast<uint64_t>(INT64_MAX)) {
         c.error_at(at, "tensor '{}': element count overflows", t.name);
@@ -208,12 +227,13 @@ Content parse(std::span<const uint8_t> bytes, const std::string& name) {
     const uint64_t off_at = c.pos();
     t.offset = c.read<uint64_t>("tensor data offset");
     if (t.offset % out.alignment != 0) {
-      c.error_at(off_at, "tensor '{}': data offset {} is not a multiple of the alignment {}", t.name, t.offset,
-                 out.alignment);
+      c.error_at(off_at, "tensor '{}': data offset {} is not a multiple of the alignment {}", t.name,
+                 t.offset, out.alignment);
     }
     out.tensors.push_back(std::move(t));
   }
 
+  out.header_end = c.pos();
   const auto data_offset = checked_align_up(c.pos(), out.alignment);
   if (!data_offset) c.error_at(c.pos(), "data section offset overflows");
   out.data_offset = *data_offset;
@@ -227,7 +247,8 @@ Content parse(std::span<const uint8_t> bytes, const std::string& name) {
     const auto end = checked_add(t.offset, t.n_bytes);
     if (!end || *end > data_size) {
       fail(ErrorKind::kInvalidFile,
-           "{}: tensor '{}' ({} bytes at data offset {}) extends past the end of the file (data section has {} "
+           "{}: tensor '{}' ({} bytes at data offset {}) extends past the end of the file (data section has "
+           "{} "
            "bytes)",
            name, t.name, t.n_bytes, t.offset, data_size);
     }
@@ -243,8 +264,8 @@ Content parse(std::span<const uint8_t> bytes, const std::string& name) {
     const auto& prev = out.tensors[order[i - 1]];
     const auto& cur = out.tensors[order[i]];
     if (prev.n_bytes > 0 && cur.n_bytes > 0 && prev.offset + prev.n_bytes > cur.offset) {
-      fail(ErrorKind::kInvalidFile, "{}: tensors '{}' and '{}' overlap (data offsets {} + {} bytes and {})", name,
-           prev.name, cur.name, prev.offset, prev.n_bytes, cur.offset);
+      fail(ErrorKind::kInvalidFile, "{}: tensors '{}' and '{}' overlap (data offsets {} + {} bytes and {})",
+           name, prev.name, cur.name, prev.offset, prev.n_bytes, cur.offset);
     }
   }
   return out;
@@ -267,8 +288,10 @@ const TensorInfo* File::find_tensor(std::string_view name) const {
 }
 
 namespace {
-[[noreturn]] void wrong_type(const std::string& path, std::string_view key, std::string_view want, const Value& v) {
-  fail(ErrorKind::kInvalidFile, "{}: metadata '{}' should be {} but is {}", path, key, want, value_type_name(v.type));
+[[noreturn]] void wrong_type(const std::string& path, std::string_view key, std::string_view want,
+                             const Value& v) {
+  fail(ErrorKind::kInvalidFile, "{}: metadata '{}' should be {} but is {}", path, key, want,
+       value_type_name(v.type));
 }
 }  // namespace
 

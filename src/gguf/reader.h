@@ -56,6 +56,10 @@ struct Content {
   uint64_t data_offset = 0;  // absolute file offset of the data section
   std::vector<KeyValue> metadata;
   std::vector<TensorInfo> tensors;
+  // Byte offsets where each section entry starts (for diagnostics and mutation tests).
+  std::vector<uint64_t> kv_offsets;           // [n_kv]
+  std::vector<uint64_t> tensor_info_offsets;  // [n_tensors]
+  uint64_t header_end = 0;                    // end of the last tensor info, before padding
 };
 
 // Parses a whole file image; `name` is used in error messages.
@@ -73,6 +77,7 @@ class File {
   uint64_t data_offset() const { return content_.data_offset; }
   const std::vector<KeyValue>& metadata() const { return content_.metadata; }
   const std::vector<TensorInfo>& tensors() const { return content_.tensors; }
+  const Content& content() const { return content_; }
 
   const Value* find(std::string_view key) const;
   const TensorInfo* find_tensor(std::string_view name) const;

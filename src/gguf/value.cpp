@@ -11,19 +11,32 @@ std::optional<ValueType> value_type_from_id(uint32_t id) {
 
 std::string_view value_type_name(ValueType t) {
   switch (t) {
-    case ValueType::kU8: return "u8";
-    case ValueType::kI8: return "i8";
-    case ValueType::kU16: return "u16";
-    case ValueType::kI16: return "i16";
-    case ValueType::kU32: return "u32";
-    case ValueType::kI32: return "i32";
-    case ValueType::kF32: return "f32";
-    case ValueType::kBool: return "bool";
-    case ValueType::kString: return "string";
-    case ValueType::kArray: return "array";
-    case ValueType::kU64: return "u64";
-    case ValueType::kI64: return "i64";
-    case ValueType::kF64: return "f64";
+    case ValueType::kU8:
+      return "u8";
+    case ValueType::kI8:
+      return "i8";
+    case ValueType::kU16:
+      return "u16";
+    case ValueType::kI16:
+      return "i16";
+    case ValueType::kU32:
+      return "u32";
+    case ValueType::kI32:
+      return "i32";
+    case ValueType::kF32:
+      return "f32";
+    case ValueType::kBool:
+      return "bool";
+    case ValueType::kString:
+      return "string";
+    case ValueType::kArray:
+      return "array";
+    case ValueType::kU64:
+      return "u64";
+    case ValueType::kI64:
+      return "i64";
+    case ValueType::kF64:
+      return "f64";
   }
   return "?";
 }
@@ -32,17 +45,22 @@ size_t value_type_size(ValueType t) {
   switch (t) {
     case ValueType::kU8:
     case ValueType::kI8:
-    case ValueType::kBool: return 1;
+    case ValueType::kBool:
+      return 1;
     case ValueType::kU16:
-    case ValueType::kI16: return 2;
+    case ValueType::kI16:
+      return 2;
     case ValueType::kU32:
     case ValueType::kI32:
-    case ValueType::kF32: return 4;
+    case ValueType::kF32:
+      return 4;
     case ValueType::kU64:
     case ValueType::kI64:
-    case ValueType::kF64: return 8;
+    case ValueType::kF64:
+      return 8;
     case ValueType::kString:
-    case ValueType::kArray: return 0;
+    case ValueType::kArray:
+      return 0;
   }
   return 0;
 }
@@ -56,12 +74,16 @@ bool is_integer_type(ValueType t) {
     case ValueType::kU32:
     case ValueType::kI32:
     case ValueType::kU64:
-    case ValueType::kI64: return true;
-    default: return false;
+    case ValueType::kI64:
+      return true;
+    default:
+      return false;
   }
 }
 
-bool is_float_type(ValueType t) { return t == ValueType::kF32 || t == ValueType::kF64; }
+bool is_float_type(ValueType t) {
+  return t == ValueType::kF32 || t == ValueType::kF64;
+}
 
 std::optional<int64_t> Array::get_int(size_t i) const {
   if (!is_integer_type(elem_type)) return std::nullopt;
@@ -73,7 +95,9 @@ std::optional<int64_t> Array::get_int(size_t i) const {
   return get<int64_t>(i);
 }
 
-double Array::get_float(size_t i) const { return get<double>(i); }
+double Array::get_float(size_t i) const {
+  return get<double>(i);
+}
 
 Value Value::string_array(std::vector<std::string> v) {
   Array a;

@@ -107,8 +107,10 @@ T Array::get(size_t i) const {
     KVTIER_GGUF_CASE(kI64, int64_t)
     KVTIER_GGUF_CASE(kF64, double)
 #undef KVTIER_GGUF_CASE
-    case ValueType::kBool: return static_cast<T>(*p != 0);
-    default: KVTIER_ASSERT(false, "get<T> on an array of {}", value_type_name(elem_type));
+    case ValueType::kBool:
+      return static_cast<T>(*p != 0);
+    default:
+      KVTIER_ASSERT(false, "get<T> on an array of {}", value_type_name(elem_type));
   }
   __builtin_unreachable();
 }

@@ -42,19 +42,45 @@ void put_array_body(Bytes& b, const Array& a);
 
 void put_value_body(Bytes& b, const Value& v) {
   switch (v.type) {
-    case ValueType::kU8: b.put(static_cast<uint8_t>(std::get<uint64_t>(v.data))); break;
-    case ValueType::kI8: b.put(static_cast<int8_t>(std::get<int64_t>(v.data))); break;
-    case ValueType::kU16: b.put(static_cast<uint16_t>(std::get<uint64_t>(v.data))); break;
-    case ValueType::kI16: b.put(static_cast<int16_t>(std::get<int64_t>(v.data))); break;
-    case ValueType::kU32: b.put(static_cast<uint32_t>(std::get<uint64_t>(v.data))); break;
-    case ValueType::kI32: b.put(static_cast<int32_t>(std::get<int64_t>(v.data))); break;
-    case ValueType::kF32: b.put(static_cast<float>(std::get<double>(v.data))); break;
-    case ValueType::kBool: b.put(static_cast<uint8_t>(std::get<bool>(v.data) ? 1 : 0)); break;
-    case ValueType::kString: b.put_string(std::get<std::string>(v.data)); break;
-    case ValueType::kArray: put_array_body(b, std::get<Array>(v.data)); break;
-    case ValueType::kU64: b.put(std::get<uint64_t>(v.data)); break;
-    case ValueType::kI64: b.put(std::get<int64_t>(v.data)); break;
-    case ValueType::kF64: b.put(std::get<double>(v.data)); break;
+    case ValueType::kU8:
+      b.put(static_cast<uint8_t>(std::get<uint64_t>(v.data)));
+      break;
+    case ValueType::kI8:
+      b.put(static_cast<int8_t>(std::get<int64_t>(v.data)));
+      break;
+    case ValueType::kU16:
+      b.put(static_cast<uint16_t>(std::get<uint64_t>(v.data)));
+      break;
+    case ValueType::kI16:
+      b.put(static_cast<int16_t>(std::get<int64_t>(v.data)));
+      break;
+    case ValueType::kU32:
+      b.put(static_cast<uint32_t>(std::get<uint64_t>(v.data)));
+      break;
+    case ValueType::kI32:
+      b.put(static_cast<int32_t>(std::get<int64_t>(v.data)));
+      break;
+    case ValueType::kF32:
+      b.put(static_cast<float>(std::get<double>(v.data)));
+      break;
+    case ValueType::kBool:
+      b.put(static_cast<uint8_t>(std::get<bool>(v.data) ? 1 : 0));
+      break;
+    case ValueType::kString:
+      b.put_string(std::get<std::string>(v.data));
+      break;
+    case ValueType::kArray:
+      put_array_body(b, std::get<Array>(v.data));
+      break;
+    case ValueType::kU64:
+      b.put(std::get<uint64_t>(v.data));
+      break;
+    case ValueType::kI64:
+      b.put(std::get<int64_t>(v.data));
+      break;
+    case ValueType::kF64:
+      b.put(std::get<double>(v.data));
+      break;
   }
 }
 
@@ -73,7 +99,9 @@ void put_array_body(Bytes& b, const Array& a) {
   }
 }
 
-uint64_t padded(uint64_t n, uint32_t align) { return (n + align - 1) / align * align; }
+uint64_t padded(uint64_t n, uint32_t align) {
+  return (n + align - 1) / align * align;
+}
 
 class FileSink {
  public:
@@ -134,14 +162,15 @@ void Writer::add_tensor(std::string name, GgmlType type, std::vector<uint64_t> n
   const auto& tr = ggml_traits(type);
   const uint64_t row = ne.empty() ? 1 : ne[0];
   if (row % tr.block_size != 0) {
-    fail(ErrorKind::kInvalidArgument, "tensor '{}': row of {} is not a multiple of the {} block size {}", name, row,
-         tr.name, tr.block_size);
+    fail(ErrorKind::kInvalidArgument, "tensor '{}': row of {} is not a multiple of the {} block size {}",
+         name, row, tr.name, tr.block_size);
   }
   const uint64_t n_bytes = n / tr.block_size * tr.type_size;
   tensors_.push_back({std::move(name), type, std::move(ne), n_bytes, std::move(fill)});
 }
 
-void Writer::add_tensor_bytes(std::string name, GgmlType type, std::vector<uint64_t> ne, std::vector<uint8_t> data) {
+void Writer::add_tensor_bytes(std::string name, GgmlType type, std::vector<uint64_t> ne,
+                              std::vector<uint8_t> data) {
   auto shared = std::make_shared<std::vector<uint8_t>>(std::move(data));
   add_tensor(std::move(name), type, std::move(ne), [shared](std::span<uint8_t> dst) {
     KVTIER_ASSERT(dst.size() == shared->size(), "tensor data of {} bytes for {}", shared->size(), dst.size());

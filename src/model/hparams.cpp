@@ -14,7 +14,9 @@ uint32_t to_u32(const gguf::File& f, const std::string& key, int64_t v) {
   return static_cast<uint32_t>(v);
 }
 
-uint32_t req_u32(const gguf::File& f, const std::string& key) { return to_u32(f, key, f.get_int(key)); }
+uint32_t req_u32(const gguf::File& f, const std::string& key) {
+  return to_u32(f, key, f.get_int(key));
+}
 
 std::optional<uint32_t> opt_u32(const gguf::File& f, const std::string& key) {
   auto v = f.opt_int(key);
@@ -54,14 +56,16 @@ Hparams read_hparams(const gguf::File& f) {
   hp.n_ff = opt_u32(f, p + "feed_forward_length").value_or(0);
   hp.n_head = req_u32(f, p + "attention.head_count");
   if (hp.n_layer == 0 || hp.n_embd == 0 || hp.n_head == 0) {
-    fail(ErrorKind::kInvalidFile, "{}: block_count, embedding_length and head_count must be non-zero", f.path());
+    fail(ErrorKind::kInvalidFile, "{}: block_count, embedding_length and head_count must be non-zero",
+         f.path());
   }
 
   const std::string kv_key = p + "attention.head_count_kv";
   if (const gguf::Value* v = f.find(kv_key); v != nullptr && v->as_array() != nullptr) {
     const auto& a = *v->as_array();
     if (a.size() != hp.n_layer) {
-      fail(ErrorKind::kInvalidFile, "{}: '{}' has {} entries for {} layers", f.path(), kv_key, a.size(), hp.n_layer);
+      fail(ErrorKind::kInvalidFile, "{}: '{}' has {} entries for {} layers", f.path(), kv_key, a.size(),
+           hp.n_layer);
     }
     for (size_t i = 0; i < a.size(); ++i) {
       auto x = a.get_int(i);

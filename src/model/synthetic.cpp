@@ -23,13 +23,20 @@ uint64_t fnv1a(const std::string& s) {
 // GGML file types (llama_ftype) for general.file_type.
 uint32_t file_type_of(GgmlType t) {
   switch (t) {
-    case GgmlType::kF32: return 0;
-    case GgmlType::kF16: return 1;
-    case GgmlType::kQ4_0: return 2;
-    case GgmlType::kQ4_1: return 3;
-    case GgmlType::kQ8_0: return 7;
-    case GgmlType::kBF16: return 32;
-    default: return 0;
+    case GgmlType::kF32:
+      return 0;
+    case GgmlType::kF16:
+      return 1;
+    case GgmlType::kQ4_0:
+      return 2;
+    case GgmlType::kQ4_1:
+      return 3;
+    case GgmlType::kQ8_0:
+      return 7;
+    case GgmlType::kBF16:
+      return 32;
+    default:
+      return 0;
   }
 }
 
@@ -117,7 +124,8 @@ void synth_values(const SynthTensor& t, uint64_t seed, uint64_t first, std::span
 
 gguf::Writer synth_writer(const Preset& p, const SynthOptions& o) {
   if (!can_quantize_ref(o.type)) {
-    fail(ErrorKind::kInvalidArgument, "synthetic models can be written as f32, f16, bf16, q8_0, q4_0 or q4_1, not {}",
+    fail(ErrorKind::kInvalidArgument,
+         "synthetic models can be written as f32, f16, bf16, q8_0, q4_0 or q4_1, not {}",
          ggml_type_name(o.type));
   }
   const uint32_t n_layer = o.n_layer ? o.n_layer : p.n_layer;

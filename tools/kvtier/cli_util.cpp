@@ -12,7 +12,9 @@ namespace kvtier::cli {
 namespace {
 // The one piece of process-wide state: set from a signal handler, read by long-running loops.
 volatile std::sig_atomic_t g_stop_requested = 0;
-extern "C" void on_signal(int) { g_stop_requested = 1; }
+extern "C" void on_signal(int) {
+  g_stop_requested = 1;
+}
 }  // namespace
 
 void install_interrupt_handlers() {
@@ -20,13 +22,17 @@ void install_interrupt_handlers() {
   std::signal(SIGTERM, on_signal);
 }
 
-bool interrupted() { return g_stop_requested != 0; }
+bool interrupted() {
+  return g_stop_requested != 0;
+}
 
 void throw_if_interrupted() {
   if (interrupted()) fail(ErrorKind::kIo, "interrupted");
 }
 
-bool stderr_is_tty() { return ::isatty(2) != 0; }
+bool stderr_is_tty() {
+  return ::isatty(2) != 0;
+}
 
 std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};

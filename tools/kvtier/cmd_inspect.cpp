@@ -117,29 +117,31 @@ int run_inspect(const InspectArgs& args) {
 
   std::cout << fmt::format("file:          {} ({}, GGUF v{}, alignment {})\n", file.path(),
                            human_bytes(file.file_size()), file.version(), file.alignment());
-  std::cout << fmt::format("architecture:  {}{}\n", arch.empty() ? "(none)" : arch,
-                           file.opt_string("general.name") ? "  (" + *file.opt_string("general.name") + ")" : "");
+  std::cout << fmt::format(
+      "architecture:  {}{}\n", arch.empty() ? "(none)" : arch,
+      file.opt_string("general.name") ? "  (" + *file.opt_string("general.name") + ")" : "");
   if (hp) {
     std::string kv_heads = hp->uniform_kv_heads() ? std::to_string(hp->n_head_kv.front()) : "per-layer";
     std::cout << fmt::format("layers:        {}\n", hp->n_layer);
     std::cout << fmt::format("embedding:     {}   ffn: {}\n", hp->n_embd, hp->n_ff);
-    std::cout << fmt::format("heads:         {} query / {} KV, head dim {} (K) {} (V)\n", hp->n_head, kv_heads,
-                             hp->head_dim_k, hp->head_dim_v);
+    std::cout << fmt::format("heads:         {} query / {} KV, head dim {} (K) {} (V)\n", hp->n_head,
+                             kv_heads, hp->head_dim_k, hp->head_dim_v);
     std::cout << fmt::format("context:       {} (trained)\n", hp->n_ctx_train);
     std::cout << fmt::format("vocabulary:    {}\n", hp->n_vocab);
     if (hp->rope_freq_base) std::cout << fmt::format("rope base:     {}\n", *hp->rope_freq_base);
     if (hp->rms_eps) std::cout << fmt::format("rms eps:       {}\n", *hp->rms_eps);
     if (hp->sliding_window) std::cout << fmt::format("sliding win:   {}\n", *hp->sliding_window);
     const uint64_t kvb = hp->kv_bytes_per_token(2);
-    std::cout << fmt::format("KV per token:  {} bytes (f16 K+V, all layers); {} at the trained context\n", kvb,
-                             human_bytes(kvb * hp->n_ctx_train));
+    std::cout << fmt::format("KV per token:  {} bytes (f16 K+V, all layers); {} at the trained context\n",
+                             kvb, human_bytes(kvb * hp->n_ctx_train));
   } else {
     std::cout << fmt::format("hparams:       unavailable: {}\n", hp_error);
   }
   std::cout << fmt::format("tokenizer:     {}{}\n", tok_model.value_or("(none)"),
                            tok_pre ? " (pre: " + *tok_pre + ")" : "");
   std::cout << fmt::format("parameters:    {} ({:.1f} M)\n", n_params, static_cast<double>(n_params) / 1e6);
-  std::cout << fmt::format("weights:       {} in {} tensors\n", human_bytes(weight_bytes), file.tensors().size());
+  std::cout << fmt::format("weights:       {} in {} tensors\n", human_bytes(weight_bytes),
+                           file.tensors().size());
   for (const auto& [name, tt] : by_type) {
     std::cout << fmt::format("  {:<8} {:>5} tensors  {:>12}\n", name, tt.count, human_bytes(tt.bytes));
   }
@@ -163,7 +165,8 @@ int run_inspect(const InspectArgs& args) {
 
 void add_inspect(CLI::App& app, Runner& run) {
   auto args = std::make_shared<InspectArgs>();
-  auto* cmd = app.add_subcommand("inspect", "Show a GGUF model's architecture, sizes, tokenizer and metadata");
+  auto* cmd =
+      app.add_subcommand("inspect", "Show a GGUF model's architecture, sizes, tokenizer and metadata");
   cmd->add_option("model", args->model, "GGUF file")->required();
   cmd->add_flag("--json", args->json, "Print one JSON object (all metadata in full, every tensor)");
   cmd->add_flag("--tensors", args->tensors, "Also list every tensor (text output)");

@@ -45,14 +45,15 @@ int run_synth(const SynthArgs& a) {
   const gguf::Writer w = model::synth_writer(*preset, opts);
   const uint64_t total = w.file_size();
   const bool tty = stderr_is_tty();
-  std::cerr << fmt::format("kvtier synth: {} ({}), {} -> {} ({})\n", preset->name, preset->description, a.type, a.out,
-                           human_bytes(total));
+  std::cerr << fmt::format("kvtier synth: {} ({}), {} -> {} ({})\n", preset->name, preset->description,
+                           a.type, a.out, human_bytes(total));
   const auto t0 = std::chrono::steady_clock::now();
   w.write(a.out, [&](size_t done, size_t n, uint64_t bytes) {
     throw_if_interrupted();
     if (tty) {
       std::cerr << fmt::format("\r  tensor {}/{}  {} / {}  ({:.0f}%)   ", done, n, human_bytes(bytes),
-                               human_bytes(total), 100.0 * static_cast<double>(bytes) / static_cast<double>(total));
+                               human_bytes(total),
+                               100.0 * static_cast<double>(bytes) / static_cast<double>(total));
     }
   });
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -72,7 +73,8 @@ void add_synth(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "Random seed (weights are a function of seed and tensor name)")
       ->capture_default_str();
-  cmd->add_option("--layers", a->layers, "Number of layers (default: the preset's)")->check(CLI::Range(1u, 100000u));
+  cmd->add_option("--layers", a->layers, "Number of layers (default: the preset's)")
+      ->check(CLI::Range(1u, 100000u));
   cmd->add_option("--ctx", a->ctx, "Trained context length written to the file (default: the preset's)")
       ->check(CLI::Range(1u, 0x7fffffffu));
   cmd->add_flag("--list", a->list, "List the presets and exit");

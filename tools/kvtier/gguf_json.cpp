@@ -22,13 +22,25 @@ nlohmann::json array_items(const gguf::Array& a) {
   auto items = nlohmann::json::array();
   for (size_t i = 0; i < a.size(); ++i) {
     switch (a.elem_type) {
-      case gguf::ValueType::kString: items.push_back(a.strings[i]); break;
-      case gguf::ValueType::kArray: items.push_back(array_items(std::get<gguf::Array>(a.arrays[i].data))); break;
-      case gguf::ValueType::kBool: items.push_back(a.get<uint8_t>(i) != 0); break;
+      case gguf::ValueType::kString:
+        items.push_back(a.strings[i]);
+        break;
+      case gguf::ValueType::kArray:
+        items.push_back(array_items(std::get<gguf::Array>(a.arrays[i].data)));
+        break;
+      case gguf::ValueType::kBool:
+        items.push_back(a.get<uint8_t>(i) != 0);
+        break;
       case gguf::ValueType::kF32:
-      case gguf::ValueType::kF64: items.push_back(a.get<double>(i)); break;
-      case gguf::ValueType::kU64: items.push_back(a.get<uint64_t>(i)); break;
-      default: items.push_back(*a.get_int(i)); break;
+      case gguf::ValueType::kF64:
+        items.push_back(a.get<double>(i));
+        break;
+      case gguf::ValueType::kU64:
+        items.push_back(a.get<uint64_t>(i));
+        break;
+      default:
+        items.push_back(*a.get_int(i));
+        break;
     }
   }
   return items;
@@ -59,7 +71,8 @@ std::string scalar_text(const gguf::Value& v) {
   if (const auto* s = v.as_string()) return quoted(*s);
   if (auto b = v.as_bool()) return *b ? "true" : "false";
   if (const auto* d = std::get_if<double>(&v.data)) {
-    return v.type == gguf::ValueType::kF32 ? fmt::format("{}", static_cast<float>(*d)) : fmt::format("{}", *d);
+    return v.type == gguf::ValueType::kF32 ? fmt::format("{}", static_cast<float>(*d))
+                                           : fmt::format("{}", *d);
   }
   if (const auto* u = std::get_if<uint64_t>(&v.data)) return fmt::format("{}", *u);
   return fmt::format("{}", std::get<int64_t>(v.data));
@@ -87,13 +100,25 @@ std::string value_to_text(const gguf::Value& v, size_t max_items) {
   for (size_t i = 0; i < n; ++i) {
     if (i > 0) out += ", ";
     switch (a->elem_type) {
-      case gguf::ValueType::kString: out += quoted(a->strings[i], 40); break;
-      case gguf::ValueType::kArray: out += value_to_text(a->arrays[i], 3); break;
+      case gguf::ValueType::kString:
+        out += quoted(a->strings[i], 40);
+        break;
+      case gguf::ValueType::kArray:
+        out += value_to_text(a->arrays[i], 3);
+        break;
       case gguf::ValueType::kF32:
-      case gguf::ValueType::kF64: out += fmt::format("{}", a->get<double>(i)); break;
-      case gguf::ValueType::kU64: out += fmt::format("{}", a->get<uint64_t>(i)); break;
-      case gguf::ValueType::kBool: out += a->get<uint8_t>(i) ? "true" : "false"; break;
-      default: out += fmt::format("{}", *a->get_int(i)); break;
+      case gguf::ValueType::kF64:
+        out += fmt::format("{}", a->get<double>(i));
+        break;
+      case gguf::ValueType::kU64:
+        out += fmt::format("{}", a->get<uint64_t>(i));
+        break;
+      case gguf::ValueType::kBool:
+        out += a->get<uint8_t>(i) ? "true" : "false";
+        break;
+      default:
+        out += fmt::format("{}", *a->get_int(i));
+        break;
     }
   }
   if (a->size() > n) out += ", ...";

@@ -11,7 +11,8 @@
 
 int main(int argc, char** argv) {
   using namespace kvtier;
-  CLI::App app{"kvtier: long-context LLM inference with a tiered KV cache (GPU / host DRAM / disk)", "kvtier"};
+  CLI::App app{"kvtier: long-context LLM inference with a tiered KV cache (GPU / host DRAM / disk)",
+               "kvtier"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "kvtier 0.1.0");
   cli::Runner run;
