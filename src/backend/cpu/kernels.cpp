@@ -1,0 +1,38 @@
+#include "backend/cpu/kernels.h"
+
+#include "core/error.h"
+
+namespace kvtier::cpu {
+namespace {
+
+KernelTable make_table(Isa isa) {
+  KernelTable t;
+  fill_scalar_kernels(t);
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) fill_avx2_kernels(t);
+  if (isa == Isa::kAvx512) fill_avx512_kernels(t);
+  t.isa = isa;
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& kernel_table(Isa isa) {
+  if (!isa_supported(isa))
+    fail(ErrorKind::kUnsupported, "this CPU does not support the {} kernels", isa_name(isa));
+  static const KernelTable scalar = make_table(Isa::kScalar);
+  switch (isa) {
+    case Isa::kScalar:
+      return scalar;
+    case Isa::kAvx2: {
+      static const KernelTable avx2 = make_table(Isa::kAvx2);
+      return avx2;
+    }
+    case Isa::kAvx512: {
+      static const KernelTable avx512 = make_table(Isa::kAvx512);
+      return avx512;
+    }
+  }
+  return scalar;
+}
+
+}  // namespace kvtier::cpu

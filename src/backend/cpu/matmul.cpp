@@ -1,0 +1,79 @@
+#include "backend/cpu/matmul.h"
+
+#include <algorithm>
+
+#include "backend/cpu/dequant.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/quantize_act.h"
+#include "core/error.h"
+
+namespace kvtier::cpu {
+namespace {
+
+constexpr int64_t kTokenTile = 32;  // tokens per tile: their activations stay in L1/L2 across a row tile
+
+VecDotFn dot_fn(const KernelTable& t, GgmlType type) {
+  const VecDotFn fn = is_supported_weight_type(type) ? t.vec_dot[static_cast<size_t>(type)] : nullptr;
+  if (fn == nullptr)
+    fail(ErrorKind::kUnsupported, "CPU kernels do not support type {}", ggml_type_name(type));
+  return fn;
+}
+
+}  // namespace
+
+size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens) {
+  const ActFormat f = act_format_for(type);
+  if (f == ActFormat::kF32) return 0;  // f32 activations are used in place
+  return act_row_bytes(f, k) * static_cast<size_t>(n_tokens);
+}
+
+float vec_dot(Isa isa, GgmlType type, const uint8_t* w_row, const uint8_t* act_row, int64_t k) {
+  return dot_fn(kernel_table(isa), type)(w_row, act_row, k);
+}
+
+void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+            std::span<uint8_t> scratch) {
+  const VecDotFn dot = dot_fn(kernel_table(isa), w.type);
+  const auto row_bytes_opt = ggml_row_bytes(w.type, static_cast<uint64_t>(w.k));
+  if (!row_bytes_opt) {
+    fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", w.k,
+         ggml_type_name(w.type));
+  }
+  const int64_t row_bytes = static_cast<int64_t>(*row_bytes_opt);
+  const ActFormat fmt = act_format_for(w.type);
+  KVTIER_ASSERT(scratch.size() >= matmul_scratch_bytes(w.type, w.k, n_tokens), "matmul scratch of {} bytes",
+                scratch.size());
+  if (n_tokens == 0 || w.n_rows == 0) return;
+
+  // Activation rows in the dot products' format: [n_tokens, act_bytes].
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
+  int64_t act_bytes = w.k * static_cast<int64_t>(sizeof(float));
+  if (fmt != ActFormat::kF32) {
+    act_bytes = static_cast<int64_t>(act_row_bytes(fmt, w.k));
+    const int n_q = static_cast<int>(std::min<int64_t>(pool.size(), n_tokens));
+    pool.run(n_q, [&](int part) {
+      const Range r = split_range(n_tokens, n_q, part);
+      for (int64_t t = r.begin; t < r.end; ++t)
+        quantize_act_row(fmt, x + t * w.k, w.k, scratch.data() + t * act_bytes);
+    });
+    act = scratch.data();
+  }
+
+  const int n_parts =
+      static_cast<int>(std::min<int64_t>(pool.size(), (w.n_rows + kRowAlign - 1) / kRowAlign));
+  pool.run(n_parts, [&](int part) {
+    const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
+    for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kRowAlign) {
+      const int64_t r1 = std::min(rows.end, r0 + kRowAlign);
+      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
+        const int64_t t1 = std::min(n_tokens, t0 + kTokenTile);
+        for (int64_t r = r0; r < r1; ++r) {
+          const uint8_t* wr = w.data + r * row_bytes;
+          for (int64_t t = t0; t < t1; ++t) y[t * w.n_rows + r] = dot(wr, act + t * act_bytes, w.k);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace kvtier::cpu

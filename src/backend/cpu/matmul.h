@@ -1,0 +1,39 @@
+// Weight x activation products on the CPU: y[t, r] = dot(W[r, :], x[t, :]).
+//   W: [n_rows, k] of a GGML weight type (rows contiguous, row_bytes = ggml_row_bytes(type, k))
+//   x: [n_tokens, k] f32      y: [n_tokens, n_rows] f32
+// Activations are quantised once per call into caller-provided scratch (act_row_bytes per token),
+// then output rows are split over the pool's threads (split_range, aligned to kRowAlign). Each
+// output element is one vec_dot of the chosen ISA, so y does not depend on the thread count, on
+// n_tokens, or on the tiling: row t of matmul equals matvec of token t exactly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/ggml_type.h"
+#include "core/thread_pool.h"
+
+namespace kvtier::cpu {
+
+constexpr int64_t kRowAlign = 16;
+
+struct WeightMatrix {
+  GgmlType type = GgmlType::kF32;
+  const uint8_t* data = nullptr;  // [n_rows, k] type
+  int64_t n_rows = 0;
+  int64_t k = 0;
+};
+
+// Scratch bytes matmul needs for n_tokens tokens of W's inner size.
+size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens);
+
+// Prefill (many tokens) and decode (one or a few) share this entry point.
+void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+            std::span<uint8_t> scratch);
+
+// One dot product of a weight row with an activation row already in the type's ActFormat (tests).
+float vec_dot(Isa isa, GgmlType type, const uint8_t* w_row, const uint8_t* act_row, int64_t k);
+
+}  // namespace kvtier::cpu

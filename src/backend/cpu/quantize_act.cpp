@@ -1,0 +1,107 @@
+#include "backend/cpu/quantize_act.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/blocks.h"
+#include "core/error.h"
+
+namespace kvtier::cpu {
+namespace {
+
+// Quantises n values with one scale; returns the scale, writes q.
+float quantize_group(const float* x, int n, int8_t* q) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const float d = amax / 127.0f;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float v = std::nearbyint(x[i] * id);  // default rounding mode: to nearest, ties to even
+    q[i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+  }
+  return d;
+}
+
+}  // namespace
+
+ActFormat act_format_for(GgmlType weight_type) {
+  switch (weight_type) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      return ActFormat::kF32;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ8_0:
+      return ActFormat::kQ8_32;
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return ActFormat::kQ8_K;
+    default:
+      break;
+  }
+  fail(ErrorKind::kUnsupported, "CPU kernels do not support type {}", ggml_type_name(weight_type));
+}
+
+int act_block_size(ActFormat format) {
+  switch (format) {
+    case ActFormat::kF32:
+      return 1;
+    case ActFormat::kQ8_32:
+      return kQK;
+    case ActFormat::kQ8_K:
+      return kQKK;
+  }
+  return 1;
+}
+
+size_t act_row_bytes(ActFormat format, int64_t k) {
+  KVTIER_ASSERT(k % act_block_size(format) == 0, "activation row of {} elements", k);
+  switch (format) {
+    case ActFormat::kF32:
+      return static_cast<size_t>(k) * sizeof(float);
+    case ActFormat::kQ8_32:
+      return static_cast<size_t>(k / kQK) * sizeof(ActQ8_32);
+    case ActFormat::kQ8_K:
+      return static_cast<size_t>(k / kQKK) * sizeof(ActQ8_K);
+  }
+  return 0;
+}
+
+void quantize_act_row(ActFormat format, const float* x, int64_t k, uint8_t* dst) {
+  KVTIER_ASSERT(k % act_block_size(format) == 0, "activation row of {} elements", k);
+  switch (format) {
+    case ActFormat::kF32:
+      std::memcpy(dst, x, static_cast<size_t>(k) * sizeof(float));
+      return;
+    case ActFormat::kQ8_32:
+      for (int64_t b = 0; b < k / kQK; ++b) {
+        ActQ8_32 blk;
+        blk.d = quantize_group(x + b * kQK, kQK, blk.qs);
+        blk.sum = 0;
+        for (int i = 0; i < kQK; ++i) blk.sum += blk.qs[i];
+        std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
+      }
+      return;
+    case ActFormat::kQ8_K:
+      for (int64_t b = 0; b < k / kQKK; ++b) {
+        ActQ8_K blk;
+        blk.d = quantize_group(x + b * kQKK, kQKK, blk.qs);
+        for (int j = 0; j < kQKK / 16; ++j) {
+          int s = 0;
+          for (int i = 0; i < 16; ++i) s += blk.qs[16 * j + i];
+          blk.bsums[j] = static_cast<int16_t>(s);
+        }
+        std::memcpy(dst + b * sizeof(ActQ8_K), &blk, sizeof(blk));
+      }
+      return;
+  }
+}
+
+}  // namespace kvtier::cpu

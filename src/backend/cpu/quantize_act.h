@@ -1,0 +1,29 @@
+// Quantisation of f32 activations for the integer dot products: each weight type is paired with
+// one activation format (ActFormat). Activation rows are quantised once per matmul call and reused
+// by every weight row. One scalar implementation serves every ISA, so SIMD and reference dot
+// products see the very same quantised input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/ggml_type.h"
+
+namespace kvtier::cpu {
+
+enum class ActFormat {
+  kF32,    // float weights (f32, f16, bf16): activations stay f32
+  kQ8_32,  // legacy quants (q4_0 .. q8_0): ActQ8_32 blocks of 32
+  kQ8_K,   // K-quants: ActQ8_K blocks of 256
+};
+
+ActFormat act_format_for(GgmlType weight_type);
+int act_block_size(ActFormat format);  // elements per activation block (1 for kF32)
+// Bytes of one quantised activation row of k elements (k a multiple of act_block_size).
+size_t act_row_bytes(ActFormat format, int64_t k);
+
+// x: [k] f32 -> dst: act_row_bytes(format, k) bytes. Per block: d = max|x| / 127, q = round-to-
+// nearest-even(x / d) in [-127, 127] (d = 0 gives q = 0), plus the block's (or 16-group's) sums of q.
+void quantize_act_row(ActFormat format, const float* x, int64_t k, uint8_t* dst);
+
+}  // namespace kvtier::cpu

@@ -1,0 +1,63 @@
+// AVX2 helpers, included only by translation units compiled with -mavx2 -mfma -mf16c. All helpers
+// are static (internal linkage) so no copy can be shared with code running on other CPUs.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace kvtier::cpu::avx2 {
+
+static inline float hsum_f32(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+static inline float f16(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+// 16 packed bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+static inline __m256i nibbles_32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// 32 bits (little-endian) -> 32 bytes, byte i = 0x10 if bit i is set, else 0.
+static inline __m256i bits_to_0x10(const uint8_t* qh) {
+  uint32_t x;
+  std::memcpy(&x, qh, 4);
+  // byte i picks source byte i / 8, then tests bit i % 8
+  const __m256i pick = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), pick);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+  return _mm256_and_si256(set, _mm256_set1_epi8(0x10));
+}
+
+// Sum over pairs of u8 x s8 products -> 8 x i32 (u * s pairs stay within int16: |u| <= 128, |s| <= 127).
+static inline __m256i dot_u8s8(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// Same for two signed operands (|x| <= 128 as u8 after abs, a in [-127, 127]).
+static inline __m256i dot_s8s8(__m256i x, __m256i a) {
+  return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(a, x));
+}
+
+static inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+}
+
+}  // namespace kvtier::cpu::avx2

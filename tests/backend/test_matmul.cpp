@@ -1,0 +1,91 @@
+// matmul: every output equals the single vec_dot of the same ISA bit for bit, whatever the thread
+// count, the number of tokens or the tiling; unsupported inputs are errors.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quantize_act.h"
+#include "core/error.h"
+#include "random_weights.h"
+
+namespace kvtier::cpu {
+namespace {
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+TEST(Matmul, EqualsVecDotForEveryThreadCountAndTokenCount) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t n_rows = 37;  // not a multiple of the 16-row split unit
+  for (GgmlType type : test::all_weight_types()) {
+    const int64_t bs = ggml_traits(type).block_size;
+    const int64_t k = bs == 1 ? 75 : 3 * bs;
+    const auto w_bytes = test::random_weights(type, n_rows, k, rng);
+    const WeightMatrix w{type, w_bytes.data(), n_rows, k};
+    const int64_t row_bytes = static_cast<int64_t>(w_bytes.size()) / n_rows;
+    for (int64_t n_tokens : {1, 3, 40}) {
+      std::vector<float> x(static_cast<size_t>(n_tokens * k));  // [n_tokens, k]
+      for (float& v : x) v = normal(rng);
+      for (Isa isa : supported_isas()) {
+        // Expected: one vec_dot per output on separately quantised activation rows.
+        const ActFormat f = act_format_for(type);
+        std::vector<float> expected(static_cast<size_t>(n_tokens * n_rows));  // [n_tokens, n_rows]
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::vector<uint8_t> act(act_row_bytes(f, k));
+          quantize_act_row(f, x.data() + t * k, k, act.data());
+          for (int64_t r = 0; r < n_rows; ++r) {
+            expected[t * n_rows + r] = vec_dot(isa, type, w_bytes.data() + r * row_bytes, act.data(), k);
+          }
+        }
+        for (int threads = 1; threads <= 4; ++threads) {
+          ThreadPool pool(threads);
+          std::vector<uint8_t> scratch(matmul_scratch_bytes(type, k, n_tokens));
+          std::vector<float> y(static_cast<size_t>(n_tokens * n_rows), -1.0f);
+          matmul(pool, isa, w, x.data(), n_tokens, y.data(), scratch);
+          for (size_t i = 0; i < y.size(); ++i) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[i]), std::bit_cast<uint32_t>(expected[i]))
+                << ggml_type_name(type) << " isa=" << isa_name(isa) << " threads=" << threads
+                << " tokens=" << n_tokens << " i=" << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Matmul, UnsupportedTypeAndBadShapeAreErrors) {
+  ThreadPool pool(1);
+  std::vector<uint8_t> w(1024);
+  std::vector<float> x(256), y(4);
+  EXPECT_THROW(matmul(pool, Isa::kScalar, WeightMatrix{GgmlType::kIQ2_XXS, w.data(), 1, 256}, x.data(), 1,
+                      y.data(), {}),
+               Error);
+  std::vector<uint8_t> scratch(4096);
+  EXPECT_THROW(matmul(pool, Isa::kScalar, WeightMatrix{GgmlType::kQ4_0, w.data(), 1, 33}, x.data(), 1,
+                      y.data(), scratch),
+               Error);
+}
+
+TEST(CpuFeatures, DispatchNeverExceedsTheCpu) {
+  EXPECT_TRUE(isa_supported(Isa::kScalar));
+  EXPECT_TRUE(isa_supported(best_isa()));
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) {
+      EXPECT_THROW(vec_dot(isa, GgmlType::kF32, nullptr, nullptr, 0), Error);
+    }
+  }
+  if (isa_supported(Isa::kAvx512)) {
+    EXPECT_TRUE(isa_supported(Isa::kAvx2));
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::cpu
