@@ -1,10 +1,146 @@
-// AVX-512 (+VNNI) dot products; types without a 512-bit kernel keep the AVX2 one.
+// AVX-512 (+VNNI) dot products for the float types and the legacy quants: two 32-element blocks
+// per 512-bit register, integer sums by VPDPBUSD. The K-quants keep their AVX2 kernels (their
+// per-sub-block scales need 16-bit multiplies; decode is memory-bound, so the wider path gains little).
+#include <immintrin.h>
+
+#include "backend/cpu/block_unpack.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/simd_avx2.h"
 
 namespace kvtier::cpu {
+namespace {
+
+using namespace avx2;
+
+template <typename T>
+const T* as(const uint8_t* p) {
+  return reinterpret_cast<const T*>(p);
+}
+
+// (Built from broadcasts and blends: GCC 12's insert/extract intrinsics trip -Wmaybe-uninitialized.)
+__m512i join(__m256i lo, __m256i hi) {
+  return _mm512_mask_broadcast_i64x4(_mm512_broadcast_i64x4(lo), 0xF0, hi);
+}
+
+__m512 join_ps(float lo, float hi) {
+  return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(lo), _mm512_set1_ps(hi));
+}
+
+float reduce_add(__m512 v) {
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, 0x4E);  // 256-bit halves exchanged
+  return hsum_f32(_mm512_castps512_ps256(_mm512_add_ps(v, swapped)));
+}
+
+// Signed x signed bytes (|x| <= 128 after abs, a in [-127, 127]) summed in groups of 4 -> 16 x i32.
+__m512i dot_s8s8_512(__m512i x, __m512i a) {
+  const __mmask64 neg = _mm512_movepi8_mask(x);
+  const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sa);
+}
+
+__m256i dot_s8s8_256(__m256i x, __m256i a) {
+  const __mmask32 neg = _mm256_movepi8_mask(x);
+  const __m256i sa = _mm256_mask_sub_epi8(a, neg, _mm256_setzero_si256(), a);
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), sa);
+}
+
+float dot_f32(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  const float* w = as<float>(w8);
+  const float* a = as<float>(a8);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
+         acc3 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= k; i += 64) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(a + i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(a + i + 48), acc3);
+  }
+  for (; i + 16 <= k; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), acc0);
+  float s = reduce_add(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+  for (; i < k; ++i) s += w[i] * a[i];
+  return s;
+}
+
+float dot_f16(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  const uint16_t* w = as<uint16_t>(w8);
+  const float* a = as<float>(a8);
+  auto load16 = [](const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  };
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
+         acc3 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= k; i += 64) {
+    acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(a + i), acc0);
+    acc1 = _mm512_fmadd_ps(load16(w + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
+    acc2 = _mm512_fmadd_ps(load16(w + i + 32), _mm512_loadu_ps(a + i + 32), acc2);
+    acc3 = _mm512_fmadd_ps(load16(w + i + 48), _mm512_loadu_ps(a + i + 48), acc3);
+  }
+  for (; i + 16 <= k; i += 16) acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(a + i), acc0);
+  float s = reduce_add(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
+  for (; i < k; ++i) s += unpack_f16(w[i]) * a[i];
+  return s;
+}
+
+enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };
+
+// The block's 32 quants as bytes: signed (q - offset) for q4_0/q5_0/q8_0, unsigned for q4_1.
+template <Legacy kType, typename Block>
+__m256i block_quants(const Block& x) {
+  if constexpr (kType == Legacy::kQ8_0) {
+    return load256(x.qs);
+  } else {
+    __m256i q = nibbles_32(x.qs);
+    if constexpr (kType == Legacy::kQ4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if constexpr (kType == Legacy::kQ5_0) {
+      return _mm256_sub_epi8(_mm256_or_si256(q, bits_to_0x10(x.qh)), _mm256_set1_epi8(16));
+    }
+    return q;
+  }
+}
+
+template <Legacy kType, typename Block>
+float dot_legacy(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  const Block* x = as<Block>(w8);
+  const ActQ8_32* a = as<ActQ8_32>(a8);
+  constexpr bool kSigned = kType != Legacy::kQ4_1;
+  const int64_t nb = k / kQK;
+  __m512 acc = _mm512_setzero_ps();
+  float acc_min = 0.0f;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const __m512i q = join(block_quants<kType>(x[b]), block_quants<kType>(x[b + 1]));
+    const __m512i av = join(load256(a[b].qs), load256(a[b + 1].qs));
+    const __m512i isum = kSigned ? dot_s8s8_512(q, av) : _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, av);
+    const __m512 scale = join_ps(f16(x[b].d) * a[b].d, f16(x[b + 1].d) * a[b + 1].d);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc);
+    if constexpr (kType == Legacy::kQ4_1) {
+      acc_min += (f16(x[b].m) * a[b].d) * static_cast<float>(a[b].sum);
+      acc_min += (f16(x[b + 1].m) * a[b + 1].d) * static_cast<float>(a[b + 1].sum);
+    }
+  }
+  float s = reduce_add(acc);
+  if (b < nb) {  // odd block count: the last block on 256 bits
+    const __m256i q = block_quants<kType>(x[b]);
+    const __m256i av = load256(a[b].qs);
+    const __m256i isum = kSigned ? dot_s8s8_256(q, av) : _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, av);
+    s += hsum_f32(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[b].d) * a[b].d)));
+    if constexpr (kType == Legacy::kQ4_1) acc_min += (f16(x[b].m) * a[b].d) * static_cast<float>(a[b].sum);
+  }
+  return s + acc_min;
+}
+
+}  // namespace
 
 void fill_avx512_kernels(KernelTable& t) {
-  (void)t;
+  auto set = [&t](GgmlType type, VecDotFn fn) { t.vec_dot[static_cast<size_t>(type)] = fn; };
+  set(GgmlType::kF32, dot_f32);
+  set(GgmlType::kF16, dot_f16);
+  set(GgmlType::kQ4_0, dot_legacy<Legacy::kQ4_0, BlockQ4_0>);
+  set(GgmlType::kQ4_1, dot_legacy<Legacy::kQ4_1, BlockQ4_1>);
+  set(GgmlType::kQ5_0, dot_legacy<Legacy::kQ5_0, BlockQ5_0>);
+  set(GgmlType::kQ8_0, dot_legacy<Legacy::kQ8_0, BlockQ8_0>);
 }
 
 }  // namespace kvtier::cpu
