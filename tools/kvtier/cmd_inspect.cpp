@@ -27,8 +27,8 @@ struct TypeTotals {
   uint64_t bytes = 0;
 };
 
-nlohmann::json hparams_json(const model::Hparams& hp) {
-  nlohmann::json j;
+nlohmann::ordered_json hparams_json(const model::Hparams& hp) {
+  nlohmann::ordered_json j;
   j["n_layer"] = hp.n_layer;
   j["n_embd"] = hp.n_embd;
   j["n_ff"] = hp.n_ff;
@@ -42,9 +42,11 @@ nlohmann::json hparams_json(const model::Hparams& hp) {
   j["head_dim_v"] = hp.head_dim_v;
   j["n_ctx_train"] = hp.n_ctx_train;
   j["n_vocab"] = hp.n_vocab;
-  j["rope_freq_base"] = hp.rope_freq_base ? nlohmann::json(*hp.rope_freq_base) : nlohmann::json(nullptr);
-  j["rms_eps"] = hp.rms_eps ? nlohmann::json(*hp.rms_eps) : nlohmann::json(nullptr);
-  j["sliding_window"] = hp.sliding_window ? nlohmann::json(*hp.sliding_window) : nlohmann::json(nullptr);
+  j["rope_freq_base"] =
+      hp.rope_freq_base ? nlohmann::ordered_json(*hp.rope_freq_base) : nlohmann::ordered_json(nullptr);
+  j["rms_eps"] = hp.rms_eps ? nlohmann::ordered_json(*hp.rms_eps) : nlohmann::ordered_json(nullptr);
+  j["sliding_window"] =
+      hp.sliding_window ? nlohmann::ordered_json(*hp.sliding_window) : nlohmann::ordered_json(nullptr);
   return j;
 }
 
@@ -74,7 +76,7 @@ int run_inspect(const InspectArgs& args) {
   const std::string arch = file.opt_string("general.architecture").value_or("");
 
   if (args.json) {
-    nlohmann::json j;
+    nlohmann::ordered_json j;
     j["file"] = file.path();
     j["file_size"] = file.file_size();
     j["version"] = file.version();
@@ -89,20 +91,21 @@ int run_inspect(const InspectArgs& args) {
       j["hparams"] = nullptr;
       j["hparams_error"] = hp_error;
     }
-    j["tokenizer"] = {{"model", tok_model ? nlohmann::json(*tok_model) : nlohmann::json(nullptr)},
-                      {"pre", tok_pre ? nlohmann::json(*tok_pre) : nlohmann::json(nullptr)}};
+    j["tokenizer"] = {
+        {"model", tok_model ? nlohmann::ordered_json(*tok_model) : nlohmann::ordered_json(nullptr)},
+        {"pre", tok_pre ? nlohmann::ordered_json(*tok_pre) : nlohmann::ordered_json(nullptr)}};
     j["tensor_count"] = file.tensors().size();
     j["n_params"] = n_params;
     j["weight_bytes"] = weight_bytes;
-    auto types = nlohmann::json::object();
+    auto types = nlohmann::ordered_json::object();
     for (const auto& [name, tt] : by_type) {
       types[name] = {{"count", tt.count}, {"elements", tt.elements}, {"bytes", tt.bytes}};
     }
     j["tensor_types"] = types;
-    auto meta = nlohmann::json::object();
+    auto meta = nlohmann::ordered_json::object();
     for (const auto& kv : file.metadata()) meta[kv.key] = value_to_json(kv.value);
     j["metadata"] = meta;
-    auto tensors = nlohmann::json::array();
+    auto tensors = nlohmann::ordered_json::array();
     for (const auto& t : file.tensors()) {
       tensors.push_back({{"name", t.name},
                          {"type", std::string(ggml_type_name(t.type))},
@@ -111,7 +114,7 @@ int run_inspect(const InspectArgs& args) {
                          {"n_bytes", t.n_bytes}});
     }
     j["tensors"] = tensors;
-    std::cout << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    std::cout << j.dump(1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) << "\n";
     return 0;
   }
 

@@ -5,9 +5,9 @@
 namespace kvtier::cli {
 namespace {
 
-nlohmann::json scalar_json(const gguf::Value& v) {
+nlohmann::ordered_json scalar_json(const gguf::Value& v) {
   return std::visit(
-      [](const auto& x) -> nlohmann::json {
+      [](const auto& x) -> nlohmann::ordered_json {
         using T = std::decay_t<decltype(x)>;
         if constexpr (std::is_same_v<T, gguf::Array>) {
           return nullptr;
@@ -18,8 +18,8 @@ nlohmann::json scalar_json(const gguf::Value& v) {
       v.data);
 }
 
-nlohmann::json array_items(const gguf::Array& a) {
-  auto items = nlohmann::json::array();
+nlohmann::ordered_json array_items(const gguf::Array& a) {
+  auto items = nlohmann::ordered_json::array();
   for (size_t i = 0; i < a.size(); ++i) {
     switch (a.elem_type) {
       case gguf::ValueType::kString:
@@ -80,8 +80,8 @@ std::string scalar_text(const gguf::Value& v) {
 
 }  // namespace
 
-nlohmann::json value_to_json(const gguf::Value& v) {
-  nlohmann::json j;
+nlohmann::ordered_json value_to_json(const gguf::Value& v) {
+  nlohmann::ordered_json j;
   j["type"] = std::string(gguf::value_type_name(v.type));
   if (const auto* a = v.as_array()) {
     j["elem_type"] = std::string(gguf::value_type_name(a->elem_type));

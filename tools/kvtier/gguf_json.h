@@ -7,7 +7,7 @@
 
 namespace kvtier::cli {
 
-nlohmann::json value_to_json(const gguf::Value& v);
+nlohmann::ordered_json value_to_json(const gguf::Value& v);
 // One-line human rendering; arrays show their first `max_items` elements.
 std::string value_to_text(const gguf::Value& v, size_t max_items = 8);
 

@@ -1,0 +1,77 @@
+"""Bad input to the CLI gets a clear message and a non-zero exit, never a crash or a stray file."""
+import os
+
+from kvtier_testlib import model, run
+
+
+def test_no_subcommand_is_a_usage_error():
+    p = run(check=False)
+    assert p.returncode == 2
+    assert "subcommand" in (p.stderr + p.stdout).lower()
+
+
+def test_help_tells_every_subcommand():
+    p = run("--help")
+    for cmd in ("inspect", "synth"):
+        assert cmd in p.stdout
+
+
+def test_unknown_flag():
+    p = run("inspect", "--bogus", model("smollm2"), check=False)
+    assert p.returncode == 2
+    assert "--bogus" in p.stderr
+
+
+def test_inspect_missing_file(tmp_path):
+    p = run("inspect", tmp_path / "nope.gguf", check=False)
+    assert p.returncode == 1
+    assert "nope.gguf" in p.stderr and "cannot open" in p.stderr
+
+
+def test_inspect_directory(tmp_path):
+    p = run("inspect", tmp_path, check=False)
+    assert p.returncode == 1 and "not a regular file" in p.stderr
+
+
+def test_inspect_truncated_and_garbage_files(tmp_path):
+    src = model("smollm2").read_bytes()[:100000]
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(src)
+    p = run("inspect", cut, check=False)
+    assert p.returncode == 1
+    assert "cut.gguf: at byte" in p.stderr and ("file ends" in p.stderr or "does not fit" in p.stderr)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not a model at all" * 10)
+    p = run("inspect", junk, check=False)
+    assert p.returncode == 1 and "not a GGUF file" in p.stderr
+    empty = tmp_path / "empty.gguf"
+    empty.write_bytes(b"")
+    p = run("inspect", empty, check=False)
+    assert p.returncode == 1 and "file ends while reading magic" in p.stderr
+
+
+def test_synth_bad_arguments(tmp_path):
+    p = run("synth", "--preset", "gpt-17", "-o", tmp_path / "x.gguf", check=False)
+    assert p.returncode == 1 and "unknown preset 'gpt-17'" in p.stderr and "llama3-8b" in p.stderr
+    p = run("synth", "--preset", "tiny-llama", "--type", "q4_K", "-o", tmp_path / "x.gguf", check=False)
+    assert p.returncode == 1 and "q4_K" in p.stderr
+    p = run("synth", "--preset", "tiny-llama", "--type", "q9_9", "-o", tmp_path / "x.gguf", check=False)
+    assert p.returncode == 1 and "unknown type" in p.stderr
+    p = run("synth", "--preset", "tiny-llama", "--layers", "0", "-o", tmp_path / "x.gguf", check=False)
+    assert p.returncode == 2
+    p = run("synth", "--preset", "tiny-llama", "-o", tmp_path / "no" / "dir" / "x.gguf", check=False)
+    assert p.returncode == 1 and "cannot create" in p.stderr
+    assert os.listdir(tmp_path) == []
+
+
+def test_synth_list_and_layers(tmp_path):
+    p = run("synth", "--list")
+    for name in ("tiny-llama", "tiny-mha", "smollm2-135m", "llama3-8b", "llama2-7b", "qwen2-7b", "mistral-7b"):
+        assert name in p.stdout
+    out = tmp_path / "s.gguf"
+    run("synth", "--preset", "smollm2-135m", "--layers", "3", "--ctx", "100000", "--type", "q4_1", "-o", out)
+    info = run("inspect", "--json", out).stdout
+    import json
+    j = json.loads(info)
+    assert j["hparams"]["n_layer"] == 3 and j["hparams"]["n_ctx_train"] == 100000
+    assert set(j["tensor_types"]) == {"f32", "q4_1"}
