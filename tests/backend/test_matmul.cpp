@@ -68,6 +68,7 @@ TEST(Matmul, UnsupportedTypeAndBadShapeAreErrors) {
   EXPECT_THROW(matmul(pool, Isa::kScalar, WeightMatrix{GgmlType::kIQ2_XXS, w.data(), 1, 256}, x.data(), 1,
                       y.data(), {}),
                Error);
+  EXPECT_THROW(matmul_scratch_bytes(GgmlType::kQ4_K, 576, 1), Error);
   std::vector<uint8_t> scratch(4096);
   EXPECT_THROW(matmul(pool, Isa::kScalar, WeightMatrix{GgmlType::kQ4_0, w.data(), 1, 33}, x.data(), 1,
                       y.data(), scratch),

@@ -23,6 +23,10 @@ VecDotFn dot_fn(const KernelTable& t, GgmlType type) {
 
 size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens) {
   const ActFormat f = act_format_for(type);
+  if (k % act_block_size(f) != 0) {
+    fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", k,
+         ggml_type_name(type));
+  }
   if (f == ActFormat::kF32) return 0;  // f32 activations are used in place
   return act_row_bytes(f, k) * static_cast<size_t>(n_tokens);
 }

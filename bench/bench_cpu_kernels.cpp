@@ -1,0 +1,277 @@
+// CPU kernel benchmarks.
+//   copy/threads:T            STREAM-like copy (2 x 256 MiB, bytes read + written), the DRAM reference
+//   read/threads:T            read-only sweep of 256 MiB (what a matvec does to its weights)
+//   matvec/TYPE/ISA/threads:T one token x a [n_rows, 4096] matrix of ~256 MiB (far beyond the caches);
+//                             GB/s of weight bytes, and pct_copy = GB/s / copy GB/s at the same threads
+//   matmul/TYPE/TOKxK->N/threads:T  prefill shapes; GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
+//                             / measured FMA peak (f32 lanes of the widest ISA used, same thread count)
+// Run with --benchmark_repetitions=N --benchmark_report_aggregates_only=true and read medians.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "backend/cpu/matmul.h"
+#include "core/ggml_type.h"
+#include "core/half.h"
+#include "core/thread_pool.h"
+
+namespace kvtier::bench {
+
+float fma_loop_avx2(int64_t iters);
+float fma_loop_avx512(int64_t iters);
+
+namespace {
+
+using cpu::Isa;
+constexpr size_t kBigBytes = size_t{256} << 20;
+
+uint64_t next_random(uint64_t& s) {
+  s ^= s << 13;
+  s ^= s >> 7;
+  s ^= s << 17;
+  return s;
+}
+
+// Byte offsets of f16 scale fields per block (random bits there could be inf/nan or denormal).
+std::vector<int> f16_fields(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ8_0:
+      return {0};
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      return {0, 2};
+    case GgmlType::kQ2_K:
+      return {80, 82};
+    case GgmlType::kQ3_K:
+      return {108};
+    case GgmlType::kQ6_K:
+      return {208};
+    default:
+      return {};
+  }
+}
+
+// Random weights of `type`: [n_rows, k]; floats and scales are finite normal numbers.
+std::vector<uint8_t> random_matrix(GgmlType type, int64_t n_rows, int64_t k) {
+  const auto& tr = ggml_traits(type);
+  const size_t bytes = static_cast<size_t>(*ggml_row_bytes(type, static_cast<uint64_t>(k))) * n_rows;
+  std::vector<uint8_t> w(bytes);
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (size_t i = 0; i + 8 <= bytes; i += 8) {
+    const uint64_t r = next_random(s);
+    std::memcpy(w.data() + i, &r, 8);
+  }
+  auto small_float = [&s]() { return static_cast<float>(next_random(s) % 2000) / 1000.0f - 1.0f; };
+  if (type == GgmlType::kF32) {
+    for (size_t i = 0; i < bytes / 4; ++i) {
+      const float v = small_float();
+      std::memcpy(w.data() + 4 * i, &v, 4);
+    }
+  } else if (type == GgmlType::kF16 || type == GgmlType::kBF16) {
+    for (size_t i = 0; i < bytes / 2; ++i) {
+      const uint16_t h = type == GgmlType::kF16 ? f32_to_f16(small_float()) : f32_to_bf16(small_float());
+      std::memcpy(w.data() + 2 * i, &h, 2);
+    }
+  } else {
+    for (size_t b = 0; b < bytes / tr.type_size; ++b) {
+      for (int off : f16_fields(type)) {
+        const uint16_t h = f32_to_f16(0.01f * (1.0f + small_float()));
+        std::memcpy(w.data() + b * tr.type_size + off, &h, 2);
+      }
+    }
+  }
+  return w;
+}
+
+double seconds_of(const auto& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Copy bandwidth (bytes read + written per second), median of 5, per thread count; measured once.
+double copy_bandwidth(int threads) {
+  static const std::vector<double> by_threads = [] {
+    std::vector<double> out(3, 0.0);
+    std::vector<uint8_t> src(kBigBytes, 1), dst(kBigBytes, 0);
+    for (int t = 1; t <= 2; ++t) {
+      ThreadPool pool(t);
+      std::vector<double> runs;
+      for (int rep = 0; rep < 5; ++rep) {
+        runs.push_back(seconds_of([&] {
+          pool.run(t, [&](int p) {
+            const Range r = split_range(static_cast<int64_t>(kBigBytes), t, p, 4096);
+            std::memcpy(dst.data() + r.begin, src.data() + r.begin, static_cast<size_t>(r.size()));
+          });
+        }));
+      }
+      std::sort(runs.begin(), runs.end());
+      out[static_cast<size_t>(t)] = 2.0 * static_cast<double>(kBigBytes) / runs[2];
+    }
+    return out;
+  }();
+  return by_threads[static_cast<size_t>(std::min(threads, 2))];
+}
+
+// FMA peak in FLOP/s (2 per lane per FMA) of `isa`'s vector width on `threads` threads, measured once.
+double fma_peak(Isa isa, int threads) {
+  auto measure = [](Isa i, int t) {
+    const int64_t iters = 20'000'000;
+    ThreadPool pool(t);
+    std::vector<float> sink(static_cast<size_t>(t));
+    const double lanes = i == Isa::kAvx512 ? 16.0 : 8.0;
+    std::vector<double> runs;
+    for (int rep = 0; rep < 3; ++rep) {
+      runs.push_back(seconds_of([&] {
+        pool.run(t, [&](int p) {
+          sink[static_cast<size_t>(p)] = i == Isa::kAvx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
+        });
+      }));
+    }
+    std::sort(runs.begin(), runs.end());
+    benchmark::DoNotOptimize(sink.data());
+    return 2.0 * lanes * 12.0 * static_cast<double>(iters) * t / runs[1];
+  };
+  static const double avx2_1 = measure(Isa::kAvx2, 1), avx2_2 = measure(Isa::kAvx2, 2);
+  if (isa == Isa::kAvx512) {
+    static const double avx512_1 = measure(Isa::kAvx512, 1), avx512_2 = measure(Isa::kAvx512, 2);
+    return threads == 1 ? avx512_1 : avx512_2;
+  }
+  return threads == 1 ? avx2_1 : avx2_2;
+}
+
+void bm_copy(benchmark::State& state, int threads) {
+  std::vector<uint8_t> src(kBigBytes, 1), dst(kBigBytes, 0);
+  ThreadPool pool(threads);
+  for (auto _ : state) {
+    pool.run(threads, [&](int p) {
+      const Range r = split_range(static_cast<int64_t>(kBigBytes), threads, p, 4096);
+      std::memcpy(dst.data() + r.begin, src.data() + r.begin, static_cast<size_t>(r.size()));
+    });
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * static_cast<int64_t>(kBigBytes));
+}
+
+void bm_read(benchmark::State& state, int threads) {
+  std::vector<uint64_t> src(kBigBytes / 8, 3);
+  ThreadPool pool(threads);
+  std::vector<uint64_t> sums(static_cast<size_t>(threads));
+  for (auto _ : state) {
+    pool.run(threads, [&](int p) {
+      const Range r = split_range(static_cast<int64_t>(src.size()), threads, p, 512);
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = r.begin;
+      for (; i + 4 <= r.end; i += 4) s0 += src[i], s1 += src[i + 1], s2 += src[i + 2], s3 += src[i + 3];
+      for (; i < r.end; ++i) s0 += src[i];
+      sums[static_cast<size_t>(p)] = s0 + s1 + s2 + s3;
+    });
+    benchmark::DoNotOptimize(sums.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBigBytes));
+}
+
+void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads) {
+  const int64_t k = 4096;
+  const int64_t row_bytes = static_cast<int64_t>(*ggml_row_bytes(type, k));
+  const int64_t n_rows = static_cast<int64_t>(kBigBytes) / row_bytes / 16 * 16;
+  const auto w = random_matrix(type, n_rows, k);
+  std::vector<float> x(static_cast<size_t>(k), 0.5f), y(static_cast<size_t>(n_rows));
+  std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(type, k, 1));
+  ThreadPool pool(threads);
+  const cpu::WeightMatrix m{type, w.data(), n_rows, k};
+  for (auto _ : state) {
+    cpu::matmul(pool, isa, m, x.data(), 1, y.data(), scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double bytes = static_cast<double>(w.size());
+  state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["copy_GBps"] = copy_bandwidth(threads) / 1e9;
+  state.counters["pct_copy"] = benchmark::Counter(bytes * 100.0 / copy_bandwidth(threads),
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int64_t tokens, int64_t k,
+               int64_t n) {
+  const auto w = random_matrix(type, n, k);
+  std::vector<float> x(static_cast<size_t>(tokens * k), 0.25f), y(static_cast<size_t>(tokens * n));
+  std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(type, k, tokens));
+  ThreadPool pool(threads);
+  const cpu::WeightMatrix m{type, w.data(), n, k};
+  for (auto _ : state) {
+    cpu::matmul(pool, isa, m, x.data(), tokens, y.data(), scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  const double flops = 2.0 * static_cast<double>(tokens) * static_cast<double>(k) * static_cast<double>(n);
+  const double peak = fma_peak(isa, threads);
+  state.counters["GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_GFLOPs"] = peak / 1e9;
+  state.counters["pct_peak"] =
+      benchmark::Counter(flops * 100.0 / peak, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void register_all() {
+  const Isa best = cpu::best_isa();
+  const std::vector<GgmlType> types = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,
+                                       GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1, GgmlType::kQ8_0,
+                                       GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                       GgmlType::kQ6_K};
+  std::vector<Isa> isas = {best};
+  if (best == Isa::kAvx512) isas.push_back(Isa::kAvx2);
+  for (int t : {1, 2}) {
+    benchmark::RegisterBenchmark(("copy/threads:" + std::to_string(t)).c_str(), bm_copy, t)->UseRealTime();
+    benchmark::RegisterBenchmark(("read/threads:" + std::to_string(t)).c_str(), bm_read, t)->UseRealTime();
+  }
+  for (GgmlType type : types) {
+    for (Isa isa : isas) {
+      for (int t : {1, 2}) {
+        const std::string name = "matvec/" + std::string(ggml_type_name(type)) + "/" +
+                                 std::string(cpu::isa_name(isa)) + "/threads:" + std::to_string(t);
+        benchmark::RegisterBenchmark(name.c_str(), bm_matvec, type, isa, t)
+            ->UseRealTime()
+            ->Unit(benchmark::kMillisecond);
+      }
+    }
+  }
+  struct Shape {
+    int64_t tokens, k, n;
+  };
+  for (const Shape s : {Shape{512, 576, 1536}, Shape{512, 4096, 4096}}) {
+    for (GgmlType type : types) {
+      const bool big = s.k == 4096;
+      if (big && type != GgmlType::kF16 && type != GgmlType::kQ8_0)
+        continue;  // the slow shape: goal types only
+      for (int t : {1, 2}) {
+        const std::string name = "matmul/" + std::string(ggml_type_name(type)) + "/" +
+                                 std::to_string(s.tokens) + "x" + std::to_string(s.k) + "->" +
+                                 std::to_string(s.n) + "/" + std::string(cpu::isa_name(best)) +
+                                 "/threads:" + std::to_string(t);
+        auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, best, t, s.tokens, s.k, s.n);
+        b->UseRealTime()->Unit(benchmark::kMillisecond);
+        if (big) b->Iterations(1);
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvtier::bench
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  kvtier::bench::register_all();
+  benchmark::AddCustomContext("isa", std::string(kvtier::cpu::isa_name(kvtier::cpu::best_isa())));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
