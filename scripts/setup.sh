@@ -61,9 +61,10 @@ pip_install() {
   "$vpy" -m pip install -q --disable-pip-version-check "$@" \
     || die "pip install $* failed: is PyPI reachable? (packages: $*)"
 }
-if ! "$vpy" -c 'import gguf, numpy, pytest' 2>/dev/null; then
-  say "installing Python packages: gguf numpy pytest"
-  pip_install "gguf==0.17.1" "numpy>=1.26,<2.3" "pytest>=8"
+# transformers + tokenizers: the reference tokenizers (built from the GGUF metadata; no torch needed).
+if ! "$vpy" -c 'import gguf, numpy, pytest, tokenizers, transformers, jinja2' 2>/dev/null; then
+  say "installing Python packages: gguf numpy pytest tokenizers transformers jinja2"
+  pip_install "gguf==0.17.1" "numpy>=1.26,<2.3" "pytest>=8" "tokenizers==0.23.3" "transformers==5.23.0" "jinja2==3.1.6"
 else
   say "Python references: present"
 fi

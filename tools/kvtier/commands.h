@@ -12,5 +12,7 @@ using Runner = std::function<int()>;
 // Registers `kvtier inspect`; `run` is set to the command's body.
 void add_inspect(CLI::App& app, Runner& run);
 void add_synth(CLI::App& app, Runner& run);
+// Registers `kvtier tokenize` and `kvtier detokenize`.
+void add_tokenize(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   cli::Runner run;
   cli::add_inspect(app, run);
   cli::add_synth(app, run);
+  cli::add_tokenize(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
