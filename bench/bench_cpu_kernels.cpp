@@ -249,7 +249,8 @@ void register_all() {
     for (GgmlType type : types) {
       const bool big = s.k == 4096;
       if (big && type != GgmlType::kF16 && type != GgmlType::kQ8_0)
-        continue;  // the slow shape: goal types only
+        continue;                                             // the slow shape: goal types only
+      if (s.k % ggml_traits(type).block_size != 0) continue;  // 576 is not a K-quant size
       for (int t : {1, 2}) {
         const std::string name = "matmul/" + std::string(ggml_type_name(type)) + "/" +
                                  std::to_string(s.tokens) + "x" + std::to_string(s.k) + "->" +
