@@ -33,6 +33,16 @@ if [[ $asan == 1 ]]; then
   ctest --preset asan -j "$jobs" -L unit
 fi
 
+if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "== cuda build (the CUDA target compiles here; GPU tests run only where a GPU is)"
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cmake --preset cuda >/dev/null
+  cmake --build --preset cuda -j "$jobs" --target test_cuda
+  ctest --preset cuda -L gpu
+else
+  echo "== cuda build skipped: nvcc not found" >&2
+fi
+
 if [[ $fuzz == 1 ]]; then
   if command -v clang++ >/dev/null; then
     echo "== fuzz smoke run (GGUF reader, 60 s)"
