@@ -52,7 +52,9 @@ void smoke_test(int device) {
   check(launch, "kernel launch");
   check(copy, "cudaMemcpy");
   for (int i = 0; i < n; ++i) {
-    if (h[i] != 3 * i + 1) fail(ErrorKind::kInternal, "CUDA smoke test: element {} is {}, expected {}", i, h[i], 3 * i + 1);
+    if (h[i] != 3 * i + 1) {
+      fail(ErrorKind::kInternal, "CUDA smoke test: element {} is {}, expected {}", i, h[i], 3 * i + 1);
+    }
   }
 }
 
