@@ -8,8 +8,14 @@ namespace {
 KernelTable make_table(Isa isa) {
   KernelTable t;
   fill_scalar_kernels(t);
-  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) fill_avx2_kernels(t);
-  if (isa == Isa::kAvx512) fill_avx512_kernels(t);
+  if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
+    fill_avx2_kernels(t);
+    fill_avx2_tiles(t);
+  }
+  if (isa == Isa::kAvx512) {
+    fill_avx512_kernels(t);  // clears the tiles of the types it overrides
+    fill_avx512_tiles(t);
+  }
   t.isa = isa;
   return t;
 }

@@ -30,11 +30,29 @@ struct FloatKernels {
   void (*rope_rotate)(float* x, const float* cos, const float* sin, int64_t n_pairs, bool neox);
 };
 
+// Register-blocked matmul micro-kernel: a full tile of `rows` weight rows x `tokens` activation rows.
+//   w:   [rows] weight rows of k elements, row_bytes apart
+//   act: [tokens] activation rows in the ActFormat, act_bytes apart
+//   y:   y[t * ldy + r] for t < tokens, r < rows
+// Each output is bit-identical to the same table's vec_dot of that (row, token): same per-block
+// arithmetic, same accumulation order over k. So matmul results never depend on the tiling, on
+// n_tokens or on the thread count.
+using TileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
+                        float* y, int64_t ldy);
+
+struct TileKernel {
+  TileFn fn = nullptr;  // null: matmul calls vec_dot per output
+  int rows = 0;
+  int tokens = 0;
+};
+
 constexpr size_t kMaxGgmlTypeId = 40;
 
 struct KernelTable {
   Isa isa = Isa::kScalar;
   std::array<VecDotFn, kMaxGgmlTypeId> vec_dot{};  // indexed by GgmlType id; null: unsupported
+  // Indexed by GgmlType id. A filler that overrides a vec_dot must also set (or clear) its tile.
+  std::array<TileKernel, kMaxGgmlTypeId> tile{};
   FloatKernels fops{};
 };
 
@@ -46,5 +64,8 @@ void fill_scalar_kernels(KernelTable& t);
 void fill_avx2_kernels(KernelTable& t);
 void fill_avx512_kernels(KernelTable& t);
 void fill_avx2_float_kernels(FloatKernels& f);
+void fill_avx2_tiles(KernelTable& t);   // matmul_avx2.cpp (calls fill_avx2_ktiles)
+void fill_avx2_ktiles(KernelTable& t);  // matmul_avx2_kquants.cpp
+void fill_avx512_tiles(KernelTable& t);
 
 }  // namespace kvtier::cpu

@@ -37,7 +37,8 @@ float vec_dot(Isa isa, GgmlType type, const uint8_t* w_row, const uint8_t* act_r
 
 void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             std::span<uint8_t> scratch) {
-  const VecDotFn dot = dot_fn(kernel_table(isa), w.type);
+  const KernelTable& table = kernel_table(isa);
+  const VecDotFn dot = dot_fn(table, w.type);
   const auto row_bytes_opt = ggml_row_bytes(w.type, static_cast<uint64_t>(w.k));
   if (!row_bytes_opt) {
     fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", w.k,
@@ -63,6 +64,10 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
     act = scratch.data();
   }
 
+  // Output rows split over threads in kRowAlign units; within a unit, 32-token tiles; within those,
+  // register tiles of tile.rows x tile.tokens, and single vec_dots on the edges. Every path gives
+  // vec_dot's bits (kernels.h TileFn), so the split and the tiling never change a result.
+  const TileKernel tile = table.tile[static_cast<size_t>(w.type)];
   const int n_parts =
       static_cast<int>(std::min<int64_t>(pool.size(), (w.n_rows + kRowAlign - 1) / kRowAlign));
   pool.run(n_parts, [&](int part) {
@@ -71,7 +76,20 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
       const int64_t r1 = std::min(rows.end, r0 + kRowAlign);
       for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
         const int64_t t1 = std::min(n_tokens, t0 + kTokenTile);
-        for (int64_t r = r0; r < r1; ++r) {
+        int64_t r = r0;
+        if (tile.fn != nullptr) {
+          for (; r + tile.rows <= r1; r += tile.rows) {
+            const uint8_t* wr = w.data + r * row_bytes;
+            int64_t t = t0;
+            for (; t + tile.tokens <= t1; t += tile.tokens)
+              tile.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
+            for (int64_t rr = r; rr < r + tile.rows; ++rr) {
+              for (int64_t tt = t; tt < t1; ++tt)
+                y[tt * w.n_rows + rr] = dot(w.data + rr * row_bytes, act + tt * act_bytes, w.k);
+            }
+          }
+        }
+        for (; r < r1; ++r) {
           const uint8_t* wr = w.data + r * row_bytes;
           for (int64_t t = t0; t < t1; ++t) y[t * w.n_rows + r] = dot(wr, act + t * act_bytes, w.k);
         }

@@ -2,9 +2,11 @@
 //   W: [n_rows, k] of a GGML weight type (rows contiguous, row_bytes = ggml_row_bytes(type, k))
 //   x: [n_tokens, k] f32      y: [n_tokens, n_rows] f32
 // Activations are quantised once per call into caller-provided scratch (act_row_bytes per token),
-// then output rows are split over the pool's threads (split_range, aligned to kRowAlign). Each
-// output element is one vec_dot of the chosen ISA, so y does not depend on the thread count, on
-// n_tokens, or on the tiling: row t of matmul equals matvec of token t exactly.
+// then output rows are split over the pool's threads (split_range, aligned to kRowAlign). Outputs
+// come from register-blocked tiles (several rows x several tokens, kernels.h TileFn) or single
+// vec_dots on the edges; a tile's outputs are bit-identical to the vec_dot of the chosen ISA, so y
+// does not depend on the thread count, on n_tokens, or on the tiling: every output equals
+// vec_dot(isa, ...) of its row and token, and row t of matmul equals matvec of token t exactly.
 #pragma once
 
 #include <cstddef>

@@ -1,0 +1,140 @@
+// AVX2 matmul tiles (kernels.h TileFn) for the float types and the legacy quants: R weight rows x
+// T tokens per pass, each weight block unpacked once per pass and each activation block loaded once
+// per pass. Per output the arithmetic is exactly vec_dot_avx2.cpp's (same integer lanes, same scale
+// products, same FMA chains in the same order, same reductions), so every output is bit-identical to
+// the single-token vec_dot.
+#include "backend/cpu/block_unpack.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/simd_avx2.h"
+
+namespace kvtier::cpu {
+namespace {
+
+using namespace avx2;
+
+enum class Float { kF32, kF16, kBF16 };
+
+template <Float kKind>
+__m256 load_w8(const uint8_t* w, int64_t i) {
+  if constexpr (kKind == Float::kF32) return _mm256_loadu_ps(reinterpret_cast<const float*>(w) + i);
+  const __m128i h =
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + i));
+  if constexpr (kKind == Float::kBF16)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  return _mm256_cvtph_ps(h);
+}
+
+template <Float kKind>
+float w_scalar(const uint8_t* w, int64_t i) {
+  if constexpr (kKind == Float::kF32) return reinterpret_cast<const float*>(w)[i];
+  const uint16_t h = reinterpret_cast<const uint16_t*>(w)[i];
+  return kKind == Float::kBF16 ? unpack_bf16(h) : unpack_f16(h);
+}
+
+// vec_dot_avx2's float dot keeps 4 lane chains: chain c takes elements [i + 8c, i + 8c + 8) of every
+// 32-element step, chain 0 also the 8-element tail steps; then hsum((c0 + c1) + (c2 + c3)) plus a
+// scalar tail. The chains are independent, so the tile runs them one after the other (R x T
+// accumulators live in registers per chain) and combines them the same way.
+template <Float kKind, int R, int T>
+void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
+                float* y, int64_t ldy) {
+  const int64_t main_end = k / 32 * 32;
+  const int64_t vec_end = k / 8 * 8;
+  __m256 part[4][R][T];  // [chain][row][token] lane sums
+  for (int c = 0; c < 4; ++c) {
+    __m256 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
+    auto step = [&](int64_t i) {
+      __m256 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load_w8<kKind>(w + r * row_bytes, i);
+      for (int t = 0; t < T; ++t) {
+        const __m256 av = _mm256_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], av, acc[r][t]);
+      }
+    };
+    for (int64_t i = 8 * c; i < main_end; i += 32) step(i);
+    if (c == 0) {
+      for (int64_t i = main_end; i < vec_end; i += 8) step(i);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) part[c][r][t] = acc[r][t];
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      const float* a = reinterpret_cast<const float*>(act + t * act_bytes);
+      float s = hsum_f32(_mm256_add_ps(_mm256_add_ps(part[0][r][t], part[1][r][t]),
+                                       _mm256_add_ps(part[2][r][t], part[3][r][t])));
+      for (int64_t i = vec_end; i < k; ++i) s += w_scalar<kKind>(w + r * row_bytes, i) * a[i];
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
+
+// As vec_dot_avx2's dot_legacy, per (row, token): 8-lane FMA chain over blocks plus a scalar min chain.
+template <Legacy kType, typename Block, int R, int T>
+void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
+                 float* y, int64_t ldy) {
+  constexpr bool kMin = kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1;
+  constexpr bool kSigned = !kMin;
+  const Block* x[R];
+  const ActQ8_32* a[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
+  __m256 acc[R][T];
+  float acc_min[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      acc_min[r][t] = 0.0f;
+    }
+  }
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    __m256i av[T];
+    for (int t = 0; t < T; ++t) av[t] = load256(a[t][b].qs);
+    for (int r = 0; r < R; ++r) {
+      const Block& blk = x[r][b];
+      __m256i q;  // signed quants for q4_0/q5_0/q8_0, unsigned otherwise
+      if constexpr (kType == Legacy::kQ8_0) {
+        q = load256(blk.qs);
+      } else {
+        q = nibbles_32(blk.qs);
+        if constexpr (kType == Legacy::kQ5_0 || kType == Legacy::kQ5_1)
+          q = _mm256_or_si256(q, bits_to_0x10(blk.qh));
+        if constexpr (kType == Legacy::kQ4_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+        if constexpr (kType == Legacy::kQ5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+      }
+      const __m256i uq = kSigned ? _mm256_sign_epi8(q, q) : q;
+      const float dw = f16(blk.d);
+      for (int t = 0; t < T; ++t) {
+        const __m256i isum = dot_u8s8(uq, kSigned ? _mm256_sign_epi8(av[t], q) : av[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a[t][b].d), acc[r][t]);
+      }
+      if constexpr (kMin) {
+        const float m = f16(blk.m);
+        for (int t = 0; t < T; ++t) acc_min[r][t] += (m * a[t][b].d) * static_cast<float>(a[t][b].sum);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum_f32(acc[r][t]) + acc_min[r][t];
+}
+
+}  // namespace
+
+void fill_avx2_tiles(KernelTable& t) {
+  auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
+  set(GgmlType::kF32, TileKernel{tile_float<Float::kF32, 2, 4>, 2, 4});
+  set(GgmlType::kF16, TileKernel{tile_float<Float::kF16, 2, 4>, 2, 4});
+  set(GgmlType::kBF16, TileKernel{tile_float<Float::kBF16, 2, 4>, 2, 4});
+  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 2, 4>, 2, 4});
+  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 2, 4>, 2, 4});
+  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 2, 4>, 2, 4});
+  set(GgmlType::kQ5_1, TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 2, 4>, 2, 4});
+  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 2, 4>, 2, 4});
+  fill_avx2_ktiles(t);
+}
+
+}  // namespace kvtier::cpu

@@ -1,0 +1,145 @@
+// AVX-512 (+VNNI) matmul tiles (kernels.h TileFn) for the types vec_dot_avx512.cpp overrides: f32,
+// f16 and the legacy quants q4_0, q4_1, q5_0, q8_0. R weight rows x T tokens per pass; per output the
+// arithmetic is exactly vec_dot_avx512.cpp's (same 16-lane integer sums by VPDPBUSD, same per-lane
+// scale products, same FMA chains and reductions), so every output is bit-identical to vec_dot.
+#include "backend/cpu/block_unpack.h"
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/simd_avx512.h"
+
+namespace kvtier::cpu {
+namespace {
+
+using namespace avx2;
+using namespace avx512;
+
+template <bool kHalf>
+__m512 load_w16(const uint8_t* w, int64_t i) {
+  if constexpr (kHalf) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + i)));
+  }
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
+}
+
+template <bool kHalf>
+float w_scalar(const uint8_t* w, int64_t i) {
+  if constexpr (kHalf) return unpack_f16(reinterpret_cast<const uint16_t*>(w)[i]);
+  return reinterpret_cast<const float*>(w)[i];
+}
+
+// vec_dot_avx512's float dots keep 4 lane chains (chain c: elements [i + 16c, i + 16c + 16) of each
+// 64-element step, chain 0 also the 16-element tail steps), reduce (c0 + c1) + (c2 + c3), then add a
+// scalar tail. The tile runs the independent chains one after the other with R x T accumulators.
+template <bool kHalf, int R, int T>
+void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
+                float* y, int64_t ldy) {
+  const int64_t main_end = k / 64 * 64;
+  const int64_t vec_end = k / 16 * 16;
+  __m512 part[4][R][T];  // [chain][row][token] lane sums
+  for (int c = 0; c < 4; ++c) {
+    __m512 acc[R][T];
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+    auto step = [&](int64_t i) {
+      __m512 wv[R];
+      for (int r = 0; r < R; ++r) wv[r] = load_w16<kHalf>(w + r * row_bytes, i);
+      for (int t = 0; t < T; ++t) {
+        const __m512 av = _mm512_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
+        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
+      }
+    };
+    for (int64_t i = 16 * c; i < main_end; i += 64) step(i);
+    if (c == 0) {
+      for (int64_t i = main_end; i < vec_end; i += 16) step(i);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) part[c][r][t] = acc[r][t];
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      const float* a = reinterpret_cast<const float*>(act + t * act_bytes);
+      float s = reduce_add(_mm512_add_ps(_mm512_add_ps(part[0][r][t], part[1][r][t]),
+                                         _mm512_add_ps(part[2][r][t], part[3][r][t])));
+      for (int64_t i = vec_end; i < k; ++i) s += w_scalar<kHalf>(w + r * row_bytes, i) * a[i];
+      y[t * ldy + r] = s;
+    }
+  }
+}
+
+// As vec_dot_avx512's dot_legacy per (row, token): two blocks per 16-lane FMA step, an odd last block
+// on 256 bits, a scalar min chain (q4_1).
+template <Legacy kType, typename Block, int R, int T>
+void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
+                 float* y, int64_t ldy) {
+  constexpr bool kSigned = kType != Legacy::kQ4_1;
+  const Block* x[R];
+  const ActQ8_32* a[T];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
+  const int64_t nb = k / kQK;
+  __m512 acc[R][T];
+  float acc_min[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      acc[r][t] = _mm512_setzero_ps();
+      acc_min[r][t] = 0.0f;
+    }
+  }
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    __m512i av[T];
+    __m512 da[T];
+    for (int t = 0; t < T; ++t) {
+      av[t] = join(load256(a[t][b].qs), load256(a[t][b + 1].qs));
+      da[t] = join_ps(a[t][b].d, a[t][b + 1].d);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512i q = join(block_quants<kType>(x[r][b]), block_quants<kType>(x[r][b + 1]));
+      const __m512 dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
+      const __mmask64 neg = kSigned ? _mm512_movepi8_mask(q) : 0;
+      const __m512i uq = kSigned ? _mm512_abs_epi8(q) : q;
+      for (int t = 0; t < T; ++t) {
+        const __m512i sa = kSigned ? _mm512_mask_sub_epi8(av[t], neg, _mm512_setzero_si512(), av[t]) : av[t];
+        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uq, sa);
+        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da[t]), acc[r][t]);
+      }
+      if constexpr (kType == Legacy::kQ4_1) {
+        const float m0 = f16(x[r][b].m), m1 = f16(x[r][b + 1].m);
+        for (int t = 0; t < T; ++t) {
+          acc_min[r][t] += (m0 * a[t][b].d) * static_cast<float>(a[t][b].sum);
+          acc_min[r][t] += (m1 * a[t][b + 1].d) * static_cast<float>(a[t][b + 1].sum);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float s = reduce_add(acc[r][t]);
+      if (b < nb) {  // odd block count: the last block on 256 bits
+        const __m256i q = block_quants<kType>(x[r][b]);
+        const __m256i av = load256(a[t][b].qs);
+        const __m256i isum =
+            kSigned ? dot_s8s8_256(q, av) : _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, av);
+        s += hsum_f32(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[r][b].d) * a[t][b].d)));
+        if constexpr (kType == Legacy::kQ4_1) {
+          acc_min[r][t] += (f16(x[r][b].m) * a[t][b].d) * static_cast<float>(a[t][b].sum);
+        }
+      }
+      y[t * ldy + r] = s + acc_min[r][t];
+    }
+  }
+}
+
+}  // namespace
+
+void fill_avx512_tiles(KernelTable& t) {
+  auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
+  set(GgmlType::kF32, TileKernel{tile_float<false, 4, 4>, 4, 4});
+  set(GgmlType::kF16, TileKernel{tile_float<true, 4, 4>, 4, 4});
+  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 4>, 4, 4});
+  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 4>, 4, 4});
+  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 4>, 4, 4});
+  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 4>, 4, 4});
+}
+
+}  // namespace kvtier::cpu

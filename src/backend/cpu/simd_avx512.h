@@ -1,0 +1,55 @@
+// AVX-512 (F/BW/VL + VNNI) helpers, included only by translation units compiled with the AVX-512
+// flags. All helpers are static (internal linkage), as in simd_avx2.h.
+#pragma once
+
+#include <immintrin.h>
+
+#include "backend/cpu/simd_avx2.h"
+
+namespace kvtier::cpu::avx512 {
+
+// (Built from broadcasts and blends: GCC 12's insert/extract intrinsics trip -Wmaybe-uninitialized.)
+static inline __m512i join(__m256i lo, __m256i hi) {
+  return _mm512_mask_broadcast_i64x4(_mm512_broadcast_i64x4(lo), 0xF0, hi);
+}
+
+static inline __m512 join_ps(float lo, float hi) {
+  return _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(lo), _mm512_set1_ps(hi));
+}
+
+static inline float reduce_add(__m512 v) {
+  const __m512 swapped = _mm512_shuffle_f32x4(v, v, 0x4E);  // 256-bit halves exchanged
+  return avx2::hsum_f32(_mm512_castps512_ps256(_mm512_add_ps(v, swapped)));
+}
+
+// Signed x signed bytes (|x| <= 128 after abs, a in [-127, 127]) summed in groups of 4 -> 16 x i32.
+static inline __m512i dot_s8s8_512(__m512i x, __m512i a) {
+  const __mmask64 neg = _mm512_movepi8_mask(x);
+  const __m512i sa = _mm512_mask_sub_epi8(a, neg, _mm512_setzero_si512(), a);
+  return _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(x), sa);
+}
+
+static inline __m256i dot_s8s8_256(__m256i x, __m256i a) {
+  const __mmask32 neg = _mm256_movepi8_mask(x);
+  const __m256i sa = _mm256_mask_sub_epi8(a, neg, _mm256_setzero_si256(), a);
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), sa);
+}
+
+enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };
+
+// The block's 32 quants as bytes: signed (q - offset) for q4_0/q5_0/q8_0, unsigned for q4_1.
+template <Legacy kType, typename Block>
+static inline __m256i block_quants(const Block& x) {
+  if constexpr (kType == Legacy::kQ8_0) {
+    return avx2::load256(x.qs);
+  } else {
+    __m256i q = avx2::nibbles_32(x.qs);
+    if constexpr (kType == Legacy::kQ4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    if constexpr (kType == Legacy::kQ5_0) {
+      return _mm256_sub_epi8(_mm256_or_si256(q, avx2::bits_to_0x10(x.qh)), _mm256_set1_epi8(16));
+    }
+    return q;
+  }
+}
+
+}  // namespace kvtier::cpu::avx512
