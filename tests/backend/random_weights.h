@@ -6,7 +6,9 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/blocks.h"
 #include "backend/cpu/dequant.h"
+#include "backend/cpu/quantize_act.h"
 #include "core/ggml_type.h"
 #include "core/half.h"
 #include "core/quantize_ref.h"
@@ -105,6 +107,27 @@ inline std::vector<float> offset_terms(GgmlType type, const uint8_t* row, int64_
     std::memset(z.data() + b * tr.type_size + q.begin, 0, static_cast<size_t>(q.end - q.begin));
   }
   dequantize_row(type, z.data(), out.data(), k);
+  return out;
+}
+
+// Dequantised activation row (exact in double: d * q): act in format f, x the f32 row it came from.
+inline std::vector<double> act_values(ActFormat f, const uint8_t* act, const std::vector<float>& x) {
+  std::vector<double> out(x.size());
+  if (f == ActFormat::kF32) {
+    for (size_t i = 0; i < x.size(); ++i) out[i] = x[i];
+  } else if (f == ActFormat::kQ8_32) {
+    for (size_t b = 0; b < x.size() / kQK; ++b) {
+      ActQ8_32 a;
+      std::memcpy(&a, act + b * sizeof(a), sizeof(a));
+      for (int i = 0; i < kQK; ++i) out[b * kQK + i] = static_cast<double>(a.d) * a.qs[i];
+    }
+  } else {
+    for (size_t b = 0; b < x.size() / kQKK; ++b) {
+      ActQ8_K a;
+      std::memcpy(&a, act + b * sizeof(a), sizeof(a));
+      for (int i = 0; i < kQKK; ++i) out[b * kQKK + i] = static_cast<double>(a.d) * a.qs[i];
+    }
+  }
   return out;
 }
 

@@ -38,27 +38,6 @@ std::vector<Isa> simd_isas() {
   return out;
 }
 
-// Dequantised activation row (exact in double: d * q).
-std::vector<double> act_values(ActFormat f, const std::vector<uint8_t>& act, const std::vector<float>& x) {
-  std::vector<double> out(x.size());
-  if (f == ActFormat::kF32) {
-    for (size_t i = 0; i < x.size(); ++i) out[i] = x[i];
-  } else if (f == ActFormat::kQ8_32) {
-    for (size_t b = 0; b < x.size() / kQK; ++b) {
-      ActQ8_32 a;
-      std::memcpy(&a, act.data() + b * sizeof(a), sizeof(a));
-      for (int i = 0; i < kQK; ++i) out[b * kQK + i] = static_cast<double>(a.d) * a.qs[i];
-    }
-  } else {
-    for (size_t b = 0; b < x.size() / kQKK; ++b) {
-      ActQ8_K a;
-      std::memcpy(&a, act.data() + b * sizeof(a), sizeof(a));
-      for (int i = 0; i < kQKK; ++i) out[b * kQKK + i] = static_cast<double>(a.d) * a.qs[i];
-    }
-  }
-  return out;
-}
-
 TEST(VecDot, SimdMatchesScalarWithinBound) {
   const auto isas = simd_isas();
   if (isas.empty()) GTEST_SKIP() << "no SIMD path on this CPU";
@@ -81,7 +60,7 @@ TEST(VecDot, SimdMatchesScalarWithinBound) {
         std::vector<float> wd(static_cast<size_t>(k));
         dequantize_row(type, w.data(), wd.data(), k);
         const auto off = test::offset_terms(type, w.data(), k);
-        const auto a = act_values(f, act, x);
+        const auto a = test::act_values(f, act.data(), x);
         double s = 0.0;
         for (int64_t i = 0; i < k; ++i) s += (std::fabs(wd[i]) + 2.0 * std::fabs(off[i])) * std::fabs(a[i]);
         const double n_terms = bs == 1 ? static_cast<double>(k + k / 32 + 24) : 3.0 * (k / bs) + 16.0;
@@ -127,7 +106,7 @@ TEST(VecDot, ExtremeQuantsStayExact) {
       std::vector<float> wd(static_cast<size_t>(k));
       dequantize_row(type, w.data(), wd.data(), k);
       const auto off = test::offset_terms(type, w.data(), k);
-      const auto a = act_values(f, act, x);
+      const auto a = test::act_values(f, act.data(), x);
       double s = 0.0, exact = 0.0;
       for (int64_t i = 0; i < k; ++i) {
         s += (std::fabs(wd[i]) + 2.0 * std::fabs(off[i])) * std::fabs(a[i]);
@@ -162,7 +141,7 @@ TEST(VecDot, ReferenceMatchesDequantisedDot) {
     std::vector<float> wd(static_cast<size_t>(k));
     dequantize_row(type, w.data(), wd.data(), k);
     const auto off = test::offset_terms(type, w.data(), k);
-    const auto a = act_values(f, act, x);
+    const auto a = test::act_values(f, act.data(), x);
     double s = 0.0, exact = 0.0;
     for (int64_t i = 0; i < k; ++i) {
       s += (std::fabs(wd[i]) + 2.0 * std::fabs(off[i])) * std::fabs(a[i]);
@@ -185,7 +164,7 @@ TEST(QuantizeAct, RoundTripWithinHalfStep) {
     x[5] = 0.0f;
     std::vector<uint8_t> act(act_row_bytes(f, k));
     quantize_act_row(f, x.data(), k, act.data());
-    const auto a = act_values(f, act, x);
+    const auto a = test::act_values(f, act.data(), x);
     const int bs = act_block_size(f);
     for (int64_t b = 0; b < k / bs; ++b) {
       float amax = 0.0f;
