@@ -87,20 +87,26 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
   }
   int64_t b = 0;
   for (; b + 2 <= nb; b += 2) {
+    // Signed weights: the activations biased to unsigned (a + 128 in [1, 255]) and the bias taken
+    // out through the start value -128 * (sum of each lane's 4 weights). VPDPBUSD does not saturate,
+    // so each lane is exactly vec_dot's sum of the same 4 products (there: |w| x sign-adjusted a).
     __m512i av[T];
     __m512 da[T];
     for (int t = 0; t < T; ++t) {
       av[t] = join(load256(a[t][b].qs), load256(a[t][b + 1].qs));
+      if constexpr (kSigned) av[t] = _mm512_xor_si512(av[t], _mm512_set1_epi8(-128));
       da[t] = join_ps(a[t][b].d, a[t][b + 1].d);
     }
     for (int r = 0; r < R; ++r) {
       const __m512i q = join(block_quants<kType>(x[r][b]), block_quants<kType>(x[r][b + 1]));
       const __m512 dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
-      const __mmask64 neg = kSigned ? _mm512_movepi8_mask(q) : 0;
-      const __m512i uq = kSigned ? _mm512_abs_epi8(q) : q;
+      __m512i start = _mm512_setzero_si512();  // [16] i32
+      if constexpr (kSigned) {
+        start = _mm512_sub_epi32(start, _mm512_dpbusd_epi32(start, _mm512_set1_epi8(-128), q));
+      }
       for (int t = 0; t < T; ++t) {
-        const __m512i sa = kSigned ? _mm512_mask_sub_epi8(av[t], neg, _mm512_setzero_si512(), av[t]) : av[t];
-        const __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), uq, sa);
+        const __m512i isum =
+            kSigned ? _mm512_dpbusd_epi32(start, av[t], q) : _mm512_dpbusd_epi32(start, q, av[t]);
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da[t]), acc[r][t]);
       }
       if constexpr (kType == Legacy::kQ4_1) {
