@@ -98,7 +98,7 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
       da[t] = join_ps(a[t][b].d, a[t][b + 1].d);
     }
     for (int r = 0; r < R; ++r) {
-      const __m512i q = join(block_quants<kType>(x[r][b]), block_quants<kType>(x[r][b + 1]));
+      const __m512i q = pair_quants<kType>(x[r][b], x[r][b + 1]);
       const __m512 dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
       __m512i start = _mm512_setzero_si512();  // [16] i32
       if constexpr (kSigned) {

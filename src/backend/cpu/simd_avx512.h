@@ -52,4 +52,23 @@ static inline __m256i block_quants(const Block& x) {
   }
 }
 
+// Two 4-bit blocks (16 packed bytes each) -> 64 bytes in [0, 15]: block 0's elements 0..31, then
+// block 1's (the same bytes as join(nibbles_32(qs0), nibbles_32(qs1)), in 4 instructions).
+static inline __m512i nibbles_64(const uint8_t* qs0, const uint8_t* qs1) {
+  const __m128i* p0 = reinterpret_cast<const __m128i*>(qs0);
+  const __m128i* p1 = reinterpret_cast<const __m128i*>(qs1);
+  const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(p0)), 0xFF00,
+                                                _mm_loadu_si128(p1));  // [qs0, qs0, qs1, qs1]
+  const __m512i s = _mm512_mask_srli_epi16(v, 0xFF00FF00u, v, 4);      // high nibbles in 128-bit lanes 1, 3
+  return _mm512_and_si512(s, _mm512_set1_epi8(0x0F));
+}
+
+// Two consecutive blocks' quants as block_quants gives them, joined.
+template <Legacy kType, typename Block>
+static inline __m512i pair_quants(const Block& x0, const Block& x1) {
+  if constexpr (kType == Legacy::kQ4_0) return _mm512_sub_epi8(nibbles_64(x0.qs, x1.qs), _mm512_set1_epi8(8));
+  if constexpr (kType == Legacy::kQ4_1) return nibbles_64(x0.qs, x1.qs);
+  return join(block_quants<kType>(x0), block_quants<kType>(x1));
+}
+
 }  // namespace kvtier::cpu::avx512
