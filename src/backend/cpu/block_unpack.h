@@ -55,6 +55,20 @@ static inline void unpack_scale_min_k4(const uint8_t* s, int j, uint8_t* sc, uin
   }
 }
 
+// All 8 scales and mins of unpack_scale_min_k4 at once, with 32-bit word operations.
+static inline void unpack_scales_mins_k4(const uint8_t* s, uint8_t* sc, uint8_t* mn) {
+  uint32_t u[3];
+  std::memcpy(u, s, 12);
+  const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+  const uint32_t sc_lo = u[0] & m6, mn_lo = u[1] & m6;
+  const uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4);
+  const uint32_t mn_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(mn, &mn_lo, 4);
+  std::memcpy(mn + 4, &mn_hi, 4);
+}
+
 // Q3_K: the 16 signed scales (6 bits, offset 32 removed). Low 4 bits of scale i come from byte
 // i % 8 (nibble i / 8), the high 2 bits from byte 8 + i % 4 (bit pair i / 4).
 static inline void unpack_scales_q3_k(const uint8_t* s, int8_t* out) {

@@ -25,10 +25,8 @@ void tile_q45_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
     uint8_t sc[R][8], mn[R][8];
     __m256i scv[R][8];  // [row][sub-block] scale as 16 x i16
     for (int r = 0; r < R; ++r) {
-      for (int j = 0; j < 8; ++j) {
-        unpack_scale_min_k4(x[r][b].scales, j, &sc[r][j], &mn[r][j]);
-        scv[r][j] = _mm256_set1_epi16(sc[r][j]);
-      }
+      unpack_scales_mins_k4(x[r][b].scales, sc[r], mn[r]);
+      for (int j = 0; j < 8; ++j) scv[r][j] = _mm256_set1_epi16(sc[r][j]);
     }
     __m256i acc[R][T];
     for (int r = 0; r < R; ++r)
@@ -60,8 +58,7 @@ void tile_q45_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
     for (int r = 0; r < R; ++r) {
       const float d = f16(x[r][b].d), dmin = f16(x[r][b].dmin);
       for (int t = 0; t < T; ++t) {
-        int msum = 0;
-        for (int j = 0; j < 8; ++j) msum += mn[r][j] * (a[t][b].bsums[2 * j] + a[t][b].bsums[2 * j + 1]);
+        const int msum = min_sum_k4(mn[r], a[t][b].bsums);
         s[r][t] += (d * a[t][b].d) * static_cast<float>(hsum_i32(acc[r][t])) -
                    (dmin * a[t][b].d) * static_cast<float>(msum);
       }

@@ -56,6 +56,20 @@ static inline __m256i dot_s8s8(__m256i x, __m256i a) {
   return dot_u8s8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(a, x));
 }
 
+// Q4_K/Q5_K: sum_j mn[j] * (bsums[2j] + bsums[2j + 1]) over the 8 sub-blocks (exact integers).
+static inline int min_sum_k4(const uint8_t* mn, const int16_t* bsums) {
+  const __m128i b_lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums));
+  const __m128i b_hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums + 8));
+  const __m128i pairs = _mm_hadd_epi16(b_lo, b_hi);  // [8] i16, |.| <= 2 * 16 * 127
+  uint64_t m;
+  std::memcpy(&m, mn, 8);
+  const __m128i mins = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(m)));
+  __m128i s = _mm_madd_epi16(mins, pairs);  // [4] i32
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
 static inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }

@@ -159,7 +159,7 @@ float dot_q45_k(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   float s = 0.0f;
   for (int64_t b = 0; b < k / kQKK; ++b) {
     uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) unpack_scale_min_k4(x[b].scales, j, &sc[j], &mn[j]);
+    unpack_scales_mins_k4(x[b].scales, sc, mn);
     __m256i acc = _mm256_setzero_si256();
     __m256i qh = _mm256_setzero_si256();
     if constexpr (kFifthBit) qh = load256(x[b].qh);
@@ -178,8 +178,7 @@ float dot_q45_k(const uint8_t* w8, const uint8_t* a8, int64_t k) {
       acc = _mm256_add_epi32(acc, _mm256_madd_epi16(plo, _mm256_set1_epi16(sc[2 * c])));
       acc = _mm256_add_epi32(acc, _mm256_madd_epi16(phi, _mm256_set1_epi16(sc[2 * c + 1])));
     }
-    int msum = 0;
-    for (int j = 0; j < 8; ++j) msum += mn[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+    const int msum = min_sum_k4(mn, a[b].bsums);
     s += (f16(x[b].d) * a[b].d) * static_cast<float>(hsum_i32(acc)) -
          (f16(x[b].dmin) * a[b].d) * static_cast<float>(msum);
   }
