@@ -3,6 +3,7 @@ CJK, Arabic and other scripts, emoji and ZWJ sequences, whitespace runs, numbers
 text that looks like special tokens), built from fragments by a seeded generator.
 
     python make_corpus.py [N] > corpus.jsonl      # one JSON string per line (lines may hold newlines)
+    python make_corpus.py --text MB > big.txt    # a long text for the throughput benchmark
 """
 
 from __future__ import annotations
@@ -183,7 +184,19 @@ def corpus(n: int = 2400, seed: int = 20240611) -> list[str]:
     return lines
 
 
+def big_text(megabytes: float, seed: int = 7) -> str:
+    """A long text for throughput measurements: 20,000 corpus lines joined by newlines, repeated."""
+    text = "\n".join(corpus(20000, seed=seed))
+    target = int(megabytes * 1e6)
+    while len(text.encode("utf-8")) < target:
+        text += "\n" + text
+    return text.encode("utf-8")[:target].decode("utf-8", errors="ignore")
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--text":  # make_corpus.py --text MB > big.txt
+        sys.stdout.write(big_text(float(sys.argv[2])))
+        sys.exit(0)
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2400
     for line in corpus(n):
         sys.stdout.write(json.dumps(line, ensure_ascii=True) + "\n")
