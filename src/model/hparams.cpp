@@ -88,6 +88,14 @@ Hparams read_hparams(const gguf::File& f) {
   hp.rope_dim = opt_u32(f, p + "rope.dimension_count");
   hp.rms_eps = f.opt_float(p + "attention.layer_norm_rms_epsilon");
   hp.sliding_window = opt_u32(f, p + "attention.sliding_window");
+  hp.rope_scaling_type = f.opt_string(p + "rope.scaling.type");
+  hp.rope_scaling_factor = f.opt_float(p + "rope.scaling.factor");
+  hp.rope_freq_base_swa = f.opt_float(p + "rope.freq_base_swa");
+  if (const gguf::Value* v = f.find(p + "attention.sliding_window_pattern"); v != nullptr && !v->as_array()) {
+    hp.sliding_window_pattern = opt_u32(f, p + "attention.sliding_window_pattern");
+  }
+  hp.attn_logit_softcap = f.opt_float(p + "attn_logit_softcapping");
+  hp.final_logit_softcap = f.opt_float(p + "final_logit_softcapping");
 
   if (auto n = opt_u32(f, p + "vocab_size")) {
     hp.n_vocab = *n;

@@ -33,6 +33,13 @@ struct Hparams {
   std::optional<uint32_t> rope_dim;
   std::optional<double> rms_eps;
   std::optional<uint32_t> sliding_window;
+  // RoPE scaling ("<arch>.rope.scaling.type" / ".factor") and the base of sliding-window layers.
+  std::optional<std::string> rope_scaling_type;  // "none", "linear", "yarn", ...
+  std::optional<double> rope_scaling_factor;
+  std::optional<double> rope_freq_base_swa;
+  std::optional<uint32_t> sliding_window_pattern;  // every n-th layer is global (Gemma-3: 6)
+  std::optional<double> attn_logit_softcap;        // "<arch>.attn_logit_softcapping"
+  std::optional<double> final_logit_softcap;       // "<arch>.final_logit_softcapping"
 
   // Bytes of K and V for one token over all layers, at `bytes_per_elem` bytes per element.
   uint64_t kv_bytes_per_token(uint32_t bytes_per_elem = 2) const;

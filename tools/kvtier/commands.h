@@ -14,5 +14,7 @@ void add_inspect(CLI::App& app, Runner& run);
 void add_synth(CLI::App& app, Runner& run);
 // Registers `kvtier tokenize` and `kvtier detokenize`.
 void add_tokenize(CLI::App& app, Runner& run);
+// Registers `kvtier run` (generation), `chat`, `perplexity` and `bench`.
+void add_run(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

@@ -1,0 +1,103 @@
+// Blocked (flash-style) attention over KV spans with an online softmax: never a [tokens x context]
+// score matrix. Returns each query's output and log-sum-exp, so partial results over disjoint key
+// sets merge exactly (merge_attention).
+//
+// Arithmetic contract (the exactness principle of design.md):
+//   * keys are visited span by span in the order given, each span in tiles of kAttnTile keys whose
+//     boundaries are multiples of kAttnTile in absolute position (clipped to the span);
+//   * every (query token, query head) pair is computed by the same sequence of operations whatever
+//     the number of heads, query tokens, threads or query tiles a call is handed;
+//   * a tile whose keys are all masked for a query leaves that query's state untouched.
+// Hence results depend on the key positions of the spans (the tiling of the sequence) only: two
+// callers handing the same spans (wherever their bytes live) get bit-identical results, and a
+// query gets the same result in a prefill chunk of any size as in decode.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/thread_pool.h"
+
+namespace kvtier::cpu {
+
+constexpr int64_t kAttnTile = 32;       // keys per tile (absolute-position aligned)
+constexpr int64_t kAttnQueryTile = 16;  // query tokens per work item (does not affect results)
+
+enum class KvDtype { kF32, kF16 };
+
+size_t kv_dtype_bytes(KvDtype t);
+
+// A run of consecutive key positions [pos0, pos0 + n_tokens) of a group of KV heads, readable by
+// the CPU. K of head h, token t is at k + (h * k_head_stride + t * head_dim_k) elements of the
+// span's dtype (rows contiguous per head); V likewise with v_head_stride and head_dim_v.
+struct KvSpan {
+  int64_t pos0 = 0;
+  int64_t n_tokens = 0;
+  const void* k = nullptr;  // [n_kv_heads][>= n_tokens, head_dim_k] dtype
+  const void* v = nullptr;  // [n_kv_heads][>= n_tokens, head_dim_v] dtype
+  int64_t k_head_stride = 0;
+  int64_t v_head_stride = 0;
+};
+
+struct AttnParams {
+  int64_t head_dim_k = 0;
+  int64_t head_dim_v = 0;
+  int64_t q_per_kv = 1;  // query heads per KV head (GQA ratio); query head h uses KV head h / q_per_kv
+  float scale = 1.0f;    // applied to q.k
+  float softcap = 0.0f;  // > 0: s = softcap * tanh(s / softcap)
+  int64_t window = 0;    // > 0: key visible iff q_pos - k_pos < window (sliding window)
+  KvDtype kv_dtype = KvDtype::kF16;
+};
+
+// The queries of one call: token t (position pos0 + t), head h at q + t * token_stride + h * head_dim_k.
+struct AttnQueries {
+  const float* q = nullptr;  // [n_tokens, n_heads, head_dim_k] f32 (token_stride between tokens)
+  int64_t token_stride = 0;  // elements
+  int64_t n_tokens = 0;
+  int64_t n_heads = 0;  // query heads handed (a multiple of q_per_kv); KV head j of the spans serves
+                        // query heads [j * q_per_kv, (j + 1) * q_per_kv)
+  int64_t pos0 = 0;
+};
+
+// Output of one call: o + t * token_stride + h * head_dim_v, and lse[t * lse_stride + h].
+struct AttnOutput {
+  float* o = nullptr;  // [n_tokens, n_heads, head_dim_v] f32
+  int64_t token_stride = 0;
+  float* lse = nullptr;  // [n_tokens, n_heads] f32 (may be null); -inf where no key was visible
+  int64_t lse_stride = 0;
+};
+
+// Per-thread scratch of attend() for the given shapes (sized once, up front).
+size_t attention_scratch_bytes(const AttnParams& p, int pool_threads);
+
+// Causal attention of the queries over the spans (keys at positions > the query's are masked, as
+// are keys outside the window). Work is split over (KV head, query tile) across the pool. Queries
+// that see no key get o = 0 and lse = -inf.
+void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q,
+            std::span<const KvSpan> spans, const AttnOutput& out, std::span<uint8_t> scratch);
+
+// Merges a partial result (o_b, lse_b) over a disjoint key set into (o_a, lse_a) in place:
+//   lse = log(e^lse_a + e^lse_b), o_a = o_a e^(lse_a - lse) + o_b e^(lse_b - lse).
+// o_*: [n, dv] f32 rows, lse_*: [n] f32.
+void merge_attention(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int64_t n, int64_t dv);
+
+// The tile kernels one ISA provides (attention_ref.cpp, attention_avx2.cpp).
+struct AttnTileOps {
+  // s[j] = dot(q, k + j * d) for j < n
+  void (*scores)(const float* q, const float* k, int64_t n, int64_t d, float* s);
+  // acc[i] += sum_j p[j] * v[j * dv + i], j in order
+  void (*accumulate)(const float* p, const float* v, int64_t n, int64_t dv, float* acc);
+  // dst[i] = f16 src[i] as f32
+  void (*f16_to_f32)(const uint16_t* src, int64_t n, float* dst);
+  // x[i] *= c
+  void (*scale)(float* x, int64_t n, float c);
+  // p[j] = exp(s[j] - m) for j < n; returns the sum of p
+  float (*exp_sum)(const float* s, int64_t n, float m, float* p);
+};
+
+const AttnTileOps& attn_tile_ops_ref();
+const AttnTileOps& attn_tile_ops_avx2();
+
+}  // namespace kvtier::cpu

@@ -1,0 +1,49 @@
+// Scalar reference tile kernels of the blocked attention (plain loops, no FMA contraction).
+#include <cmath>
+
+#include "backend/cpu/attention.h"
+#include "core/half.h"
+
+namespace kvtier::cpu {
+namespace {
+
+void scores(const float* q, const float* k, int64_t n, int64_t d, float* s) {
+  for (int64_t j = 0; j < n; ++j) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < d; ++i) acc += q[i] * k[j * d + i];
+    s[j] = acc;
+  }
+}
+
+void accumulate(const float* p, const float* v, int64_t n, int64_t dv, float* acc) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < dv; ++i) acc[i] += p[j] * v[j * dv + i];
+  }
+}
+
+void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
+void scale(float* x, int64_t n, float c) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= c;
+}
+
+float exp_sum(const float* s, int64_t n, float m, float* p) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] = std::exp(s[j] - m);
+    sum += p[j];
+  }
+  return sum;
+}
+
+constexpr AttnTileOps kOps{scores, accumulate, f16_to_f32_row, scale, exp_sum};
+
+}  // namespace
+
+const AttnTileOps& attn_tile_ops_ref() {
+  return kOps;
+}
+
+}  // namespace kvtier::cpu

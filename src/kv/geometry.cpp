@@ -1,0 +1,33 @@
+#include "kv/geometry.h"
+
+#include "core/error.h"
+
+namespace kvtier::kv {
+
+uint32_t KvGeometry::heads_per_group(uint32_t layer) const {
+  const uint32_t h = n_head_kv[layer];
+  return group_heads == 0 || group_heads > h ? h : group_heads;
+}
+
+uint64_t KvGeometry::block_bytes(uint32_t layer) const {
+  return uint64_t{heads_per_group(layer)} * block_tokens * (head_dim_k + head_dim_v) *
+         cpu::kv_dtype_bytes(dtype);
+}
+
+void KvGeometry::validate() const {
+  if (n_head_kv.empty()) fail(ErrorKind::kInvalidArgument, "KV geometry without layers");
+  if (head_dim_k == 0 || head_dim_v == 0) fail(ErrorKind::kInvalidArgument, "KV head dimension of 0");
+  if (block_tokens == 0 || block_tokens % cpu::kAttnTile != 0) {
+    fail(ErrorKind::kInvalidArgument, "KV block of {} tokens: must be a positive multiple of {}",
+         block_tokens, cpu::kAttnTile);
+  }
+  for (uint32_t l = 0; l < n_layer(); ++l) {
+    if (n_head_kv[l] == 0) fail(ErrorKind::kInvalidArgument, "layer {} has no KV heads", l);
+    if (n_head_kv[l] % heads_per_group(l) != 0) {
+      fail(ErrorKind::kInvalidArgument, "{} KV heads per group do not divide the {} KV heads of layer {}",
+           group_heads, n_head_kv[l], l);
+    }
+  }
+}
+
+}  // namespace kvtier::kv

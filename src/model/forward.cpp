@@ -1,0 +1,196 @@
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/dequant.h"
+#include "backend/cpu/float_ops.h"
+#include "core/error.h"
+#include "model/rope.h"
+
+namespace kvtier::model {
+namespace {
+
+size_t sz(int64_t n) {
+  return static_cast<size_t>(n);
+}
+
+}  // namespace
+
+Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool,
+                 cpu::Isa isa, kv::MemoryLedger& ledger)
+    : cfg_(cfg), w_(w), max_tokens_(max_tokens), pool_(pool), isa_(isa) {
+  KVTIER_ASSERT(max_tokens > 0);
+  const int64_t T = max_tokens;
+  const int64_t E = cfg.n_embd;
+  const int64_t hk = cfg.max_head_kv();
+  const int64_t half = cfg.n_rot / 2;
+  const auto n_tables = static_cast<int64_t>(cfg.rope_tables.size());
+  size_t scratch = 0;
+  auto need = [&](const cpu::WeightMatrix& m) {
+    scratch = std::max(scratch, cpu::matmul_scratch_bytes(m.type, m.k, T));
+  };
+  need(w.output);
+  for (const auto& L : w.layers) {
+    for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) need(*m);
+  }
+  const uint64_t floats =
+      sz(T) * (3 * sz(E) + sz(cfg.n_head) * (cfg.head_dim_k + cfg.head_dim_v) +
+               sz(hk) * (cfg.head_dim_k + cfg.head_dim_v) + 2 * sz(cfg.n_ff) + 2 * sz(n_tables) * sz(half));
+  reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations, floats * 4 + scratch);
+  x_.resize(sz(T * E));
+  xn_.resize(sz(T * E));
+  q_.resize(sz(T) * cfg.n_head * cfg.head_dim_k);
+  k_.resize(sz(T * hk) * cfg.head_dim_k);
+  v_.resize(sz(T * hk) * cfg.head_dim_v);
+  att_.resize(sz(T) * cfg.n_head * cfg.head_dim_v);
+  tmp_.resize(sz(T * E));
+  gate_.resize(sz(T) * cfg.n_ff);
+  up_.resize(sz(T) * cfg.n_ff);
+  cos_.resize(sz(n_tables * T * half));
+  sin_.resize(sz(n_tables * T * half));
+  mm_scratch_.resize(scratch);
+}
+
+kv::KvGeometry Forward::kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, uint32_t group_heads) const {
+  kv::KvGeometry g;
+  for (const auto& l : cfg_.layers) g.n_head_kv.push_back(l.n_head_kv);
+  g.head_dim_k = cfg_.head_dim_k;
+  g.head_dim_v = cfg_.head_dim_v;
+  g.block_tokens = block_tokens;
+  g.group_heads = group_heads;
+  g.dtype = dtype;
+  return g;
+}
+
+void Forward::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y) {
+  cpu::matmul(pool_, isa_, w, x, n, y, mm_scratch_);
+}
+
+void Forward::for_tokens(int64_t n, const std::function<void(int64_t)>& fn) {
+  if (n == 1 || pool_.size() == 1) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+  const int parts = static_cast<int>(std::min<int64_t>(pool_.size(), n));
+  pool_.run(parts, [&](int part) {
+    const Range r = split_range(n, parts, part);
+    for (int64_t t = r.begin; t < r.end; ++t) fn(t);
+  });
+}
+
+void Forward::layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv) {
+  const LayerWeights& L = w_.layers[l];
+  const LayerConfig& lc = cfg_.layers[l];
+  const int64_t E = cfg_.n_embd;
+  const int64_t H = cfg_.n_head;
+  const int64_t hk = lc.n_head_kv;
+  const int64_t dk = cfg_.head_dim_k;
+  const int64_t dv = cfg_.head_dim_v;
+  const int64_t half = cfg_.n_rot / 2;
+  const int64_t T = max_tokens_;
+  const float eps = cfg_.rms_eps;
+
+  // Attention block.
+  for_tokens(
+      n, [&](int64_t t) { cpu::rms_norm(isa_, x_.data() + t * E, L.attn_norm, eps, E, xn_.data() + t * E); });
+  matmul(L.wq, xn_.data(), n, q_.data());
+  matmul(L.wk, xn_.data(), n, k_.data());
+  matmul(L.wv, xn_.data(), n, v_.data());
+  const float* cos = cos_.data() + lc.rope_table * T * half;
+  const float* sin = sin_.data() + lc.rope_table * T * half;
+  for_tokens(n, [&](int64_t t) {
+    float* q = q_.data() + t * H * dk;
+    float* k = k_.data() + t * hk * dk;
+    float* v = v_.data() + t * hk * dv;
+    if (L.bq != nullptr) cpu::add(isa_, q, L.bq, H * dk, q);
+    if (L.bk != nullptr) cpu::add(isa_, k, L.bk, hk * dk, k);
+    if (L.bv != nullptr) cpu::add(isa_, v, L.bv, hk * dv, v);
+    if (cfg_.qk_norm) {
+      for (int64_t h = 0; h < H; ++h) cpu::rms_norm(isa_, q + h * dk, L.attn_q_norm, eps, dk, q + h * dk);
+      for (int64_t h = 0; h < hk; ++h) cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, eps, dk, k + h * dk);
+    }
+    cpu::rope(isa_, q, H, dk, cfg_.n_rot, cos + t * half, sin + t * half, cfg_.rope_mode);
+    cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos + t * half, sin + t * half, cfg_.rope_mode);
+  });
+  kv.write(l, pos0, n, k_.data(), v_.data());
+  kv.attend(l, pos0, n, q_.data(), H, {cfg_.attn_scale, cfg_.attn_softcap, lc.window}, att_.data());
+  matmul(L.wo, att_.data(), n, tmp_.data());
+  for_tokens(n, [&](int64_t t) {
+    float* a = tmp_.data() + t * E;
+    if (L.post_attn_norm != nullptr) cpu::rms_norm(isa_, a, L.post_attn_norm, eps, E, a);
+    float* x = x_.data() + t * E;
+    cpu::add(isa_, x, a, E, x);
+    cpu::rms_norm(isa_, x, L.ffn_norm, eps, E, xn_.data() + t * E);
+  });
+
+  // Feed-forward block: act(gate) * up, then down.
+  const int64_t F = cfg_.n_ff;
+  matmul(L.gate, xn_.data(), n, gate_.data());
+  matmul(L.up, xn_.data(), n, up_.data());
+  for_tokens(n, [&](int64_t t) {
+    float* g = gate_.data() + t * F;
+    if (cfg_.act == FfnActivation::kSilu) {
+      cpu::silu(isa_, g, F, g);
+    } else {
+      cpu::gelu_tanh(isa_, g, F, g);
+    }
+    cpu::mul(isa_, g, up_.data() + t * F, F, g);
+  });
+  matmul(L.down, gate_.data(), n, tmp_.data());
+  for_tokens(n, [&](int64_t t) {
+    float* f = tmp_.data() + t * E;
+    if (L.post_ffn_norm != nullptr) cpu::rms_norm(isa_, f, L.post_ffn_norm, eps, E, f);
+    cpu::add(isa_, x_.data() + t * E, f, E, x_.data() + t * E);
+  });
+}
+
+void Forward::run(std::span<const TokenId> tokens, int64_t pos0, kv::KvCache& kv, LogitRows rows,
+                  float* logits) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  KVTIER_ASSERT(n > 0 && n <= max_tokens_, "{} tokens for a forward pass of at most {}", n, max_tokens_);
+  KVTIER_ASSERT(pos0 == kv.length(), "forward at position {} with {} positions cached", pos0, kv.length());
+  if (pos0 + n > kv.capacity()) {
+    fail(ErrorKind::kBudget, "context of {} positions is full ({} needed): raise --ctx", kv.capacity(),
+         pos0 + n);
+  }
+  const int64_t E = cfg_.n_embd;
+  const auto row_bytes = static_cast<int64_t>(*ggml_row_bytes(w_.tok_embd.type, static_cast<uint64_t>(E)));
+  for (TokenId id : tokens) {
+    if (id < 0 || static_cast<uint32_t>(id) >= cfg_.n_vocab)
+      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary of {}", id, cfg_.n_vocab);
+  }
+  // Embeddings and RoPE angles of the chunk's positions.
+  const int64_t half = cfg_.n_rot / 2;
+  for_tokens(n, [&](int64_t t) {
+    float* x = x_.data() + t * E;
+    cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + tokens[sz(t)] * row_bytes, x, E);
+    if (cfg_.embd_scale != 1.0f) {
+      for (int64_t i = 0; i < E; ++i) x[i] *= cfg_.embd_scale;
+    }
+    for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
+      const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
+      rope_angles_ext(pos0 + t, cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
+                      sin_.data() + off);
+    }
+  });
+  for (uint32_t l = 0; l < cfg_.n_layer; ++l) layer(l, pos0, n, kv);
+  if (rows == LogitRows::kNone) return;
+
+  const int64_t first = rows == LogitRows::kLast ? n - 1 : 0;
+  const int64_t m = n - first;
+  for_tokens(m, [&](int64_t t) {
+    cpu::rms_norm(isa_, x_.data() + (first + t) * E, w_.output_norm, cfg_.rms_eps, E, xn_.data() + t * E);
+  });
+  matmul(w_.output, xn_.data(), m, logits);
+  if (cfg_.final_softcap > 0.0f) {
+    const float c = cfg_.final_softcap;
+    const int64_t V = cfg_.n_vocab;
+    for_tokens(m, [&](int64_t t) {
+      float* lg = logits + t * V;
+      for (int64_t i = 0; i < V; ++i) lg[i] = c * std::tanh(lg[i] / c);
+    });
+  }
+}
+
+}  // namespace kvtier::model

@@ -1,0 +1,72 @@
+// The decoder forward pass of the supported architectures (llama, qwen2, gemma3) on the CPU backend.
+// One layer loop serves all of them, switched by ModelConfig; KV goes through kv::KvCache.
+//
+//   x = embed(tokens) * embd_scale
+//   per layer: h = norm(x); q,k,v = h W (+b); [qk-norm]; rope(q, k); kv.write(k, v); o = kv.attend(q)
+//              a = o Wo; [post-norm]; x += a; h = norm(x); f = (act(h Wg) * h Wu) Wd; [post-norm]; x += f
+//   logits = norm(x) Wout [softcap]
+//
+// All buffers are sized at construction for up to max_tokens tokens per call; run() allocates nothing.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/thread_pool.h"
+#include "kv/kv_cache.h"
+#include "kv/ledger.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace kvtier::model {
+
+using TokenId = int32_t;
+
+enum class LogitRows {
+  kNone,  // only fill the KV cache
+  kLast,  // logits of the last token: [1, n_vocab]
+  kAll,   // logits of every token: [n_tokens, n_vocab]
+};
+
+class Forward {
+ public:
+  Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool, cpu::Isa isa,
+          kv::MemoryLedger& ledger);
+
+  // Runs tokens at positions [pos0, pos0 + n) (pos0 == kv.length()) and writes the requested logits.
+  void run(std::span<const TokenId> tokens, int64_t pos0, kv::KvCache& kv, LogitRows rows, float* logits);
+
+  int64_t max_tokens() const { return max_tokens_; }
+  const ModelConfig& config() const { return cfg_; }
+  // A KV geometry for this model (block size and dtype as given).
+  kv::KvGeometry kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, uint32_t group_heads = 0) const;
+
+ private:
+  void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y);
+  void layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv);
+  void for_tokens(int64_t n, const std::function<void(int64_t)>& fn);
+
+  const ModelConfig& cfg_;
+  const ModelWeights& w_;
+  int64_t max_tokens_;
+  ThreadPool& pool_;
+  cpu::Isa isa_;
+  kv::Reservation reservation_;
+  // Activation buffers (T = max_tokens_):
+  std::vector<float> x_;             // [T, n_embd] f32: residual stream
+  std::vector<float> xn_;            // [T, n_embd] f32: normed input of a sub-block
+  std::vector<float> q_;             // [T, n_head, head_dim_k] f32
+  std::vector<float> k_;             // [T, n_head_kv, head_dim_k] f32
+  std::vector<float> v_;             // [T, n_head_kv, head_dim_v] f32
+  std::vector<float> att_;           // [T, n_head, head_dim_v] f32
+  std::vector<float> tmp_;           // [T, n_embd] f32: sub-block output
+  std::vector<float> gate_;          // [T, n_ff] f32
+  std::vector<float> up_;            // [T, n_ff] f32
+  std::vector<float> cos_;           // [n_tables, T, n_rot / 2] f32
+  std::vector<float> sin_;           // [n_tables, T, n_rot / 2] f32
+  std::vector<uint8_t> mm_scratch_;  // quantised activations of the widest matmul
+};
+
+}  // namespace kvtier::model

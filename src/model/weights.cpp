@@ -1,0 +1,107 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include "backend/cpu/dequant.h"
+#include "core/error.h"
+
+namespace kvtier::model {
+namespace {
+
+class Loader {
+ public:
+  Loader(const gguf::File& f, ModelWeights& w) : f_(f), w_(w) {}
+
+  const gguf::TensorInfo& find(const std::string& name, std::vector<uint64_t> ne) {
+    const gguf::TensorInfo* t = f_.find_tensor(name);
+    if (t == nullptr) fail(ErrorKind::kInvalidFile, "{}: tensor '{}' is missing", f_.path(), name);
+    if (t->ne != ne) {
+      fail(ErrorKind::kInvalidFile, "{}: tensor '{}' has shape [{}], expected [{}]", f_.path(), name,
+           fmt::join(t->ne, ", "), fmt::join(ne, ", "));
+    }
+    w_.bytes += t->n_bytes;
+    return *t;
+  }
+
+  const float* vec(const std::string& name, uint64_t n) {
+    const gguf::TensorInfo& t = find(name, {n});
+    if (t.type != GgmlType::kF32) {
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' is {}; norm and bias vectors must be f32", f_.path(),
+           name, ggml_type_name(t.type));
+    }
+    return reinterpret_cast<const float*>(t.data);
+  }
+
+  const float* opt_vec(const std::string& name, uint64_t n) {
+    return f_.find_tensor(name) != nullptr ? vec(name, n) : nullptr;
+  }
+
+  // A GGUF matrix of ne = [k, n_rows]: n_rows rows of k elements.
+  cpu::WeightMatrix mat(const std::string& name, uint64_t n_rows, uint64_t k) {
+    const gguf::TensorInfo& t = find(name, {k, n_rows});
+    if (!cpu::is_supported_weight_type(t.type)) {
+      fail(ErrorKind::kUnsupported, "{}: tensor '{}' has type {}, which the CPU kernels do not support",
+           f_.path(), name, ggml_type_name(t.type));
+    }
+    return {t.type, t.data, static_cast<int64_t>(n_rows), static_cast<int64_t>(k)};
+  }
+
+ private:
+  const gguf::File& f_;
+  ModelWeights& w_;
+};
+
+}  // namespace
+
+ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
+  ModelWeights w;
+  Loader ld(file, w);
+  const uint64_t E = c.n_embd;
+  w.tok_embd = ld.mat("token_embd.weight", c.n_vocab, E);
+  w.output_norm = ld.vec("output_norm.weight", E);
+  if (file.find_tensor("output.weight") != nullptr) {
+    w.output = ld.mat("output.weight", c.n_vocab, E);
+  } else {
+    w.output = w.tok_embd;
+    w.tied_output = true;
+  }
+  w.rope_freqs = ld.opt_vec("rope_freqs.weight", c.n_rot / 2);
+  w.layers.resize(c.n_layer);
+  for (uint32_t l = 0; l < c.n_layer; ++l) {
+    LayerWeights& L = w.layers[l];
+    const std::string p = fmt::format("blk.{}.", l);
+    const uint64_t hk = c.layers[l].n_head_kv;
+    const uint64_t q_rows = uint64_t{c.n_head} * c.head_dim_k;
+    const uint64_t k_rows = hk * c.head_dim_k;
+    const uint64_t v_rows = hk * c.head_dim_v;
+    L.attn_norm = ld.vec(p + "attn_norm.weight", E);
+    L.ffn_norm = ld.vec(p + "ffn_norm.weight", E);
+    L.wq = ld.mat(p + "attn_q.weight", q_rows, E);
+    L.wk = ld.mat(p + "attn_k.weight", k_rows, E);
+    L.wv = ld.mat(p + "attn_v.weight", v_rows, E);
+    L.wo = ld.mat(p + "attn_output.weight", E, uint64_t{c.n_head} * c.head_dim_v);
+    L.gate = ld.mat(p + "ffn_gate.weight", c.n_ff, E);
+    L.up = ld.mat(p + "ffn_up.weight", c.n_ff, E);
+    L.down = ld.mat(p + "ffn_down.weight", E, c.n_ff);
+    if (c.qkv_bias) {
+      L.bq = ld.vec(p + "attn_q.bias", q_rows);
+      L.bk = ld.vec(p + "attn_k.bias", k_rows);
+      L.bv = ld.vec(p + "attn_v.bias", v_rows);
+    } else {  // some llama-family files carry biases: use them when present
+      L.bq = ld.opt_vec(p + "attn_q.bias", q_rows);
+      L.bk = ld.opt_vec(p + "attn_k.bias", k_rows);
+      L.bv = ld.opt_vec(p + "attn_v.bias", v_rows);
+    }
+    if (c.qk_norm) {
+      L.attn_q_norm = ld.vec(p + "attn_q_norm.weight", c.head_dim_k);
+      L.attn_k_norm = ld.vec(p + "attn_k_norm.weight", c.head_dim_k);
+    }
+    if (c.post_norms) {
+      L.post_attn_norm = ld.vec(p + "post_attention_norm.weight", E);
+      L.post_ffn_norm = ld.vec(p + "post_ffw_norm.weight", E);
+    }
+  }
+  return w;
+}
+
+}  // namespace kvtier::model

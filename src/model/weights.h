@@ -1,0 +1,47 @@
+// The model's tensors, found by GGUF name and checked for shape and type when loaded. Pointers
+// refer to the mapped file (which must outlive the weights); nothing is copied.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/matmul.h"
+#include "gguf/reader.h"
+#include "model/config.h"
+
+namespace kvtier::model {
+
+struct LayerWeights {
+  const float* attn_norm = nullptr;       // [n_embd] f32
+  const float* attn_q_norm = nullptr;     // [head_dim_k] f32 (Gemma-3)
+  const float* attn_k_norm = nullptr;     // [head_dim_k] f32 (Gemma-3)
+  const float* post_attn_norm = nullptr;  // [n_embd] f32 (Gemma-3)
+  const float* ffn_norm = nullptr;        // [n_embd] f32
+  const float* post_ffn_norm = nullptr;   // [n_embd] f32 (Gemma-3)
+  cpu::WeightMatrix wq;                   // [n_head * head_dim_k, n_embd]
+  cpu::WeightMatrix wk;                   // [n_head_kv * head_dim_k, n_embd]
+  cpu::WeightMatrix wv;                   // [n_head_kv * head_dim_v, n_embd]
+  cpu::WeightMatrix wo;                   // [n_embd, n_head * head_dim_v]
+  const float* bq = nullptr;              // [n_head * head_dim_k] f32 (Qwen2)
+  const float* bk = nullptr;              // [n_head_kv * head_dim_k] f32
+  const float* bv = nullptr;              // [n_head_kv * head_dim_v] f32
+  cpu::WeightMatrix gate;                 // [n_ff, n_embd]
+  cpu::WeightMatrix up;                   // [n_ff, n_embd]
+  cpu::WeightMatrix down;                 // [n_embd, n_ff]
+};
+
+struct ModelWeights {
+  cpu::WeightMatrix tok_embd;          // [n_vocab, n_embd]
+  const float* output_norm = nullptr;  // [n_embd] f32
+  cpu::WeightMatrix output;            // [n_vocab, n_embd]: output.weight, or tok_embd when tied
+  bool tied_output = false;
+  const float* rope_freqs = nullptr;  // [n_rot / 2] f32: Llama-3 frequency factors (optional)
+  std::vector<LayerWeights> layers;
+  uint64_t bytes = 0;  // bytes of all tensors used
+};
+
+// Finds every tensor the configuration needs. Throws Error(kInvalidFile) naming a missing tensor
+// or one of the wrong shape, Error(kUnsupported) naming a tensor of a type the CPU kernels lack.
+ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
+
+}  // namespace kvtier::model

@@ -1,0 +1,75 @@
+#include "runtime/session.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace kvtier::runtime {
+
+int64_t default_chunk(const model::ModelConfig& cfg) {
+  // Bytes per token of the activations (see Forward) and of one row of logits.
+  const uint64_t per_token = 4 * (3 * uint64_t{cfg.n_embd} + 2 * uint64_t{cfg.n_ff} +
+                                  uint64_t{cfg.n_head} * (cfg.head_dim_k + cfg.head_dim_v) + cfg.n_vocab / 4);
+  const uint64_t target = uint64_t{64} << 20;
+  return std::clamp<int64_t>(static_cast<int64_t>(target / per_token), 16, 512);
+}
+
+Session::Session(const LoadedModel& model, const SessionOptions& opt)
+    : model_(model), opt_(opt), isa_(opt.isa.value_or(cpu::best_isa())), pool_(std::max(1, opt.threads)) {
+  const auto& cfg = model.config;
+  if (opt_.chunk <= 0) fail(ErrorKind::kInvalidArgument, "--chunk must be positive (got {})", opt_.chunk);
+  if (opt_.n_ctx <= 0) opt_.n_ctx = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096;
+  if (opt_.threads < 1) fail(ErrorKind::kInvalidArgument, "--threads must be at least 1");
+  if (!cpu::isa_supported(isa_)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", cpu::isa_name(isa_));
+  opt_.chunk = std::min(opt_.chunk, opt_.n_ctx);
+  weights_reservation_ =
+      kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
+  forward_ = std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_);
+  kv_ = std::make_unique<kv::ResidentKv>(forward_->kv_geometry(opt_.kv_block_tokens, opt_.kv_dtype),
+                                         opt_.n_ctx, cfg.n_head, ledger_, pool_, isa_);
+  const uint64_t n_logits = static_cast<uint64_t>(opt_.chunk) * cfg.n_vocab;
+  logits_reservation_ = kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kActivations, n_logits * 4);
+  logits_.resize(n_logits);
+}
+
+std::span<const float> Session::prefill(std::span<const TokenId> tokens, const ProgressFn& progress) {
+  KVTIER_ASSERT(!tokens.empty(), "prefill of no tokens");
+  const auto n = static_cast<int64_t>(tokens.size());
+  for (int64_t i = 0; i < n; i += opt_.chunk) {
+    const int64_t m = std::min(opt_.chunk, n - i);
+    const bool last = i + m == n;
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), kv_->length(), *kv_,
+                  last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.data());
+    if (progress) progress(i + m, n);
+  }
+  return {logits_.data(), model_.config.n_vocab};
+}
+
+std::span<const float> Session::decode(TokenId token) {
+  forward_->run({&token, 1}, kv_->length(), *kv_, model::LogitRows::kLast, logits_.data());
+  return {logits_.data(), model_.config.n_vocab};
+}
+
+std::span<const float> Session::evaluate(std::span<const TokenId> tokens, const LogitsFn& fn,
+                                         const ProgressFn& progress) {
+  const auto n = static_cast<int64_t>(tokens.size());
+  KVTIER_ASSERT(n > 0, "evaluation of no tokens");
+  int64_t last_row = 0;
+  const size_t V = model_.config.n_vocab;
+  for (int64_t i = 0; i < n; i += opt_.chunk) {
+    const int64_t m = std::min(opt_.chunk, n - i);
+    const int64_t pos0 = kv_->length();
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), pos0, *kv_,
+                  model::LogitRows::kAll, logits_.data());
+    for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.data() + static_cast<size_t>(t) * V, V});
+    last_row = m - 1;
+    if (progress) progress(i + m, n);
+  }
+  return {logits_.data() + static_cast<size_t>(last_row) * V, V};
+}
+
+void Session::truncate(int64_t n) {
+  kv_->truncate(n);
+}
+
+}  // namespace kvtier::runtime

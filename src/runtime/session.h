@@ -1,0 +1,79 @@
+// One sequence being evaluated: the forward pass, its KV cache (resident placement), the memory
+// ledger and the logits buffer. Chunked prefill, single-token decode, and whole-text evaluation
+// (every position's logits) for perplexity and logit dumps. Batch of one sequence for now: the KV
+// cache is per sequence and its pools are per cache; several sequences would share the pools.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "backend/cpu/cpu_features.h"
+#include "core/thread_pool.h"
+#include "kv/ledger.h"
+#include "kv/resident_kv.h"
+#include "model/forward.h"
+#include "runtime/model_files.h"
+
+namespace kvtier::runtime {
+
+using model::TokenId;
+
+struct SessionOptions {
+  int64_t n_ctx = 0;    // positions the KV cache holds (0: the model's training context)
+  int64_t chunk = 512;  // prefill chunk (tokens per forward pass)
+  int threads = 1;
+  uint32_t kv_block_tokens = 256;
+  cpu::KvDtype kv_dtype = cpu::KvDtype::kF16;
+  std::optional<cpu::Isa> isa;  // default: the best the CPU has
+};
+
+// Called after each prefill chunk: (tokens done, tokens total).
+using ProgressFn = std::function<void(int64_t, int64_t)>;
+// Called with the logits of each evaluated position: (position, [n_vocab] f32).
+using LogitsFn = std::function<void(int64_t, std::span<const float>)>;
+
+class Session {
+ public:
+  Session(const LoadedModel& model, const SessionOptions& opt);
+
+  // Appends tokens through chunked prefill; returns the logits after the last one ([n_vocab]).
+  std::span<const float> prefill(std::span<const TokenId> tokens, const ProgressFn& progress = {});
+  // Appends one token; returns its logits.
+  std::span<const float> decode(TokenId token);
+  // Appends tokens, calling `fn` with every position's logits (chunked; for perplexity / dumps).
+  // Returns the logits of the last position.
+  std::span<const float> evaluate(std::span<const TokenId> tokens, const LogitsFn& fn,
+                                  const ProgressFn& progress = {});
+  // Forgets positions >= n.
+  void truncate(int64_t n);
+
+  int64_t n_past() const { return kv_->length(); }
+  int64_t n_ctx() const { return kv_->capacity(); }
+  int64_t chunk() const { return opt_.chunk; }
+  const kv::MemoryLedger& ledger() const { return ledger_; }
+  const LoadedModel& model() const { return model_; }
+  cpu::Isa isa() const { return isa_; }
+  kv::ResidentKv& kv() { return *kv_; }
+
+ private:
+  const LoadedModel& model_;
+  SessionOptions opt_;
+  cpu::Isa isa_;
+  kv::MemoryLedger ledger_;
+  kv::Reservation weights_reservation_;
+  ThreadPool pool_;
+  std::unique_ptr<model::Forward> forward_;
+  std::unique_ptr<kv::ResidentKv> kv_;
+  kv::Reservation logits_reservation_;
+  std::vector<float> logits_;  // [chunk, n_vocab] f32
+};
+
+// Default prefill chunk for a model: keeps the per-chunk activations and all-position logits near
+// 64 MiB, between 16 and 512 tokens.
+int64_t default_chunk(const model::ModelConfig& cfg);
+
+}  // namespace kvtier::runtime

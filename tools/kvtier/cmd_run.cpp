@@ -1,0 +1,144 @@
+// kvtier run -m MODEL (-p TEXT | -f FILE) [-n N] [--chat] [--ctx N] [--chunk N] [--threads N]
+//            [--temp --top-k --top-p --min-p --seed ...] [--stop S]... [--json] [--dump-logits FILE]
+// Streams the generated text to stdout; --json prints one object at the end instead.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "core/error.h"
+#include "npy_writer.h"
+#include "run_common.h"
+#include "runtime/generate.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/utf8.h"
+
+namespace kvtier::cli {
+namespace {
+
+struct RunArgs {
+  EngineArgs engine;
+  SampleArgs sample;
+  std::string prompt;
+  std::string file;
+  int64_t n_predict = 128;
+  bool chat = false;
+  std::string system;
+  std::string chat_template;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  bool json = false;
+  std::string dump_logits;
+};
+
+// The prompt's token ids: raw text, or a one-turn conversation in the model's chat template.
+std::vector<runtime::TokenId> prompt_tokens(const tokenizer::Tokenizer& tok, const std::string& text,
+                                            bool chat, const std::string& system,
+                                            const std::string& tmpl_name) {
+  if (!chat) return tok.encode(text);
+  const auto& v = tok.vocab();
+  const auto tmpl = tokenizer::chat_template_for(
+      v, tmpl_name.empty() ? std::nullopt : std::optional<std::string_view>(tmpl_name));
+  std::vector<tokenizer::ChatMessage> msgs;
+  if (!system.empty()) msgs.push_back({"system", system});
+  msgs.push_back({"user", text});
+  const std::string bos = v.special.bos != tokenizer::kNoToken ? v.text[v.special.bos] : "";
+  const std::string eos = v.special.eos != tokenizer::kNoToken ? v.text[v.special.eos] : "";
+  const std::string formatted = tokenizer::format_chat(tmpl, msgs, true, bos, eos);
+  return tok.encode(formatted, {.add_special = !tokenizer::template_writes_bos(tmpl), .parse_special = true});
+}
+
+int run_run(const RunArgs& a) {
+  if (a.prompt.empty() == a.file.empty())
+    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT and -f FILE");
+  const auto model = runtime::load_model(a.engine.model);
+  const std::string text = a.file.empty() ? a.prompt : read_text_file(a.file);
+  const auto prompt = prompt_tokens(*model->tokenizer, text, a.chat, a.system, a.chat_template);
+  if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
+  const auto opts =
+      session_options(a.engine, model->config, static_cast<int64_t>(prompt.size()) + a.n_predict);
+  runtime::Session session(*model, opts);
+  const runtime::SamplerParams sp = sampler_params(a.sample);
+  runtime::Sampler sampler(sp, model->config.n_vocab);
+
+  std::unique_ptr<NpyWriter> dump;
+  runtime::GenerateOptions g;
+  g.max_tokens = a.n_predict;
+  g.stop = a.stop;
+  g.ignore_eos = a.ignore_eos;
+  g.interrupted = [] { return interrupted(); };
+  if (!a.dump_logits.empty()) {
+    dump = std::make_unique<NpyWriter>(a.dump_logits, model->config.n_vocab);
+    g.on_logits = [&](int64_t, std::span<const float> row) { dump->append(row); };
+  }
+  ProgressBar bar("prefill", stderr_is_tty() && static_cast<int64_t>(prompt.size()) > session.chunk());
+  std::vector<runtime::TokenId> history;
+  const auto on_text = [&](std::string_view s) {
+    if (a.json) return;
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+  };
+  const runtime::GenerateResult r = runtime::generate(session, sampler, prompt, g, history, on_text,
+                                                      [&](int64_t d, int64_t t) { bar.update(d, t); });
+  bar.finish();
+  if (dump) dump->close();
+
+  const double prefill_tps = r.prefill_s > 0 ? static_cast<double>(r.n_prompt) / r.prefill_s : 0.0;
+  const double decode_tps =
+      r.decode_s > 0 && r.n_decode > 0 ? static_cast<double>(r.n_decode) / r.decode_s : 0.0;
+  if (a.json) {
+    nlohmann::json j = {
+        {"text", tokenizer::utf8_sanitize(r.text)},
+        {"tokens", r.tokens},
+        {"prompt_tokens", prompt},
+        {"n_prompt", r.n_prompt},
+        {"n_gen", r.n_gen},
+        {"stop_reason", std::string(runtime::stop_reason_name(r.reason))},
+        {"prefill_s", r.prefill_s},
+        {"decode_s", r.decode_s},
+        {"prefill_tokens_per_s", prefill_tps},
+        {"decode_tokens_per_s", decode_tps},
+        {"seed", sp.seed},
+        {"ctx", session.n_ctx()},
+        {"chunk", session.chunk()},
+        {"threads", opts.threads},
+        {"isa", std::string(cpu::isa_name(session.isa()))},
+        {"peak_memory_bytes", memory_json(session.ledger())},
+    };
+    std::cout << j.dump() << "\n";
+  } else {
+    std::fputc('\n', stdout);
+    std::fprintf(stderr, "[%lld prompt tokens: %.1f tok/s | %lld generated: %.1f tok/s | %s]\n",
+                 static_cast<long long>(r.n_prompt), prefill_tps, static_cast<long long>(r.n_gen), decode_tps,
+                 std::string(runtime::stop_reason_name(r.reason)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_run(CLI::App& app, Runner& run) {
+  auto a = std::make_shared<RunArgs>();
+  CLI::App* cmd = app.add_subcommand("run", "Generate text from a prompt (streams to stdout)");
+  add_engine_flags(cmd, a->engine);
+  add_sample_flags(cmd, a->sample, runtime::SamplerParams{});
+  cmd->add_option("-p,--prompt", a->prompt, "prompt text");
+  cmd->add_option("-f,--file", a->file, "read the prompt from a file");
+  cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--chat", a->chat, "wrap the prompt as a user turn in the model's chat template");
+  cmd->add_option("--system", a->system, "system message (with --chat)");
+  cmd->add_option("--chat-template", a->chat_template, "chat template name (default: the model's)");
+  cmd->add_option("--stop", a->stop, "stop string (repeatable; not included in the output)");
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after an end-of-generation token");
+  cmd->add_flag("--json", a->json, "print one JSON object at the end (text, ids, speeds, peak memory)");
+  cmd->add_option("--dump-logits", a->dump_logits,
+                  "write the logits of every evaluated position to a .npy file [n_positions, n_vocab]");
+  cmd->callback([&run, a] { run = [a] { return run_run(*a); }; });
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,120 @@
+#include "run_common.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "cli_util.h"
+#include "core/error.h"
+
+namespace kvtier::cli {
+
+void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
+  cmd->add_option("-m,--model", a.model, "GGUF model file")->required();
+  cmd->add_option("--ctx", a.ctx, "context size in tokens (KV cache capacity)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--chunk", a.chunk, "prefill chunk in tokens (default: chosen for memory, at most 512)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", a.threads, "worker threads (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-type", a.kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
+  cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+}
+
+void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& d) {
+  a.p = d;
+  cmd->add_option("--temp", a.p.temperature, "sampling temperature (0: greedy)")->default_val(d.temperature);
+  cmd->add_option("--top-k", a.p.top_k, "keep the k most likely tokens (0: off)")->default_val(d.top_k);
+  cmd->add_option("--top-p", a.p.top_p, "nucleus sampling mass (1: off)")->default_val(d.top_p);
+  cmd->add_option("--min-p", a.p.min_p, "drop tokens below min-p x the top probability (0: off)")
+      ->default_val(d.min_p);
+  cmd->add_option("--repeat-penalty", a.p.repeat_penalty, "repetition penalty (1: off)")
+      ->default_val(d.repeat_penalty);
+  cmd->add_option("--presence-penalty", a.p.presence_penalty, "presence penalty (0: off)")
+      ->default_val(d.presence_penalty);
+  cmd->add_option("--frequency-penalty", a.p.frequency_penalty, "frequency penalty (0: off)")
+      ->default_val(d.frequency_penalty);
+  cmd->add_option("--repeat-last-n", a.p.penalty_last_n, "tokens the penalties look back (-1: all)")
+      ->default_val(d.penalty_last_n);
+  cmd->add_option("--seed", a.seed, "random seed (default: random; printed with --json)");
+}
+
+runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
+                                        int64_t ctx_needed) {
+  runtime::SessionOptions o;
+  o.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o.kv_dtype = a.kv_type == "f32" ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
+  if (!a.isa.empty()) {
+    o.isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
+  }
+  if (a.ctx > 0) {
+    o.n_ctx = a.ctx;
+  } else {
+    const int64_t bt = o.kv_block_tokens;
+    o.n_ctx = std::max<int64_t>(bt, (ctx_needed + bt - 1) / bt * bt);
+    if (cfg.n_ctx_train > 0 && ctx_needed <= cfg.n_ctx_train)
+      o.n_ctx = std::min<int64_t>(o.n_ctx, cfg.n_ctx_train);
+  }
+  o.chunk = a.chunk > 0 ? a.chunk : runtime::default_chunk(cfg);
+  return o;
+}
+
+runtime::SamplerParams sampler_params(const SampleArgs& a) {
+  runtime::SamplerParams p = a.p;
+  p.seed = a.seed ? *a.seed : std::random_device{}();
+  return p;
+}
+
+nlohmann::json memory_json(const kv::MemoryLedger& ledger) {
+  nlohmann::json j = nlohmann::json::object();
+  for (int t = 0; t < kv::kNumTiers; ++t) {
+    const auto tier = static_cast<kv::Tier>(t);
+    nlohmann::json jt = nlohmann::json::object();
+    for (int c = 0; c < kv::kNumCategories; ++c) {
+      const auto cat = static_cast<kv::Category>(c);
+      jt[std::string(kv::category_name(cat))] = ledger.peak(tier, cat);
+    }
+    jt["total"] = ledger.peak(tier);
+    j[std::string(kv::tier_name(tier))] = jt;
+  }
+  return j;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::kIo, "cannot open '{}'", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+ProgressBar::ProgressBar(std::string label, bool enabled) : label_(std::move(label)), enabled_(enabled) {}
+
+void ProgressBar::update(int64_t done, int64_t total) {
+  if (!enabled_ || total <= 0) return;
+  constexpr int kWidth = 30;
+  const int fill = static_cast<int>(kWidth * done / total);
+  std::fprintf(stderr, "\r%s [%s%s] %lld/%lld", label_.c_str(),
+               std::string(static_cast<size_t>(fill), '=').c_str(),
+               std::string(static_cast<size_t>(kWidth - fill), ' ').c_str(), static_cast<long long>(done),
+               static_cast<long long>(total));
+  std::fflush(stderr);
+  drawn_ = true;
+}
+
+void ProgressBar::finish() {
+  if (drawn_) {
+    std::fprintf(stderr, "\r\033[K");
+    std::fflush(stderr);
+  }
+  drawn_ = false;
+}
+
+}  // namespace kvtier::cli

@@ -1,0 +1,58 @@
+// Flags and helpers shared by the commands that run a model (run, chat, perplexity, bench).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "kv/ledger.h"
+#include "runtime/sampler.h"
+#include "runtime/session.h"
+
+namespace kvtier::cli {
+
+struct EngineArgs {
+  std::string model;
+  int64_t ctx = 0;    // 0: chosen by the command
+  int64_t chunk = 0;  // 0: runtime::default_chunk
+  int threads = 0;    // 0: all cores
+  std::string kv_type = "f16";
+  std::string isa;  // empty: best
+};
+
+struct SampleArgs {
+  runtime::SamplerParams p;
+  std::optional<uint64_t> seed;
+};
+
+void add_engine_flags(CLI::App* cmd, EngineArgs& a);
+void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& defaults);
+
+// Session options from the flags; `ctx_needed` is used when --ctx is not given (rounded up to a
+// block, capped by the model's training context when that is larger).
+runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
+                                        int64_t ctx_needed);
+// Sampler parameters with the seed resolved (a random one if none was given).
+runtime::SamplerParams sampler_params(const SampleArgs& a);
+
+// {"device": {"weights": B, "kv": B, ..., "total": B}, "host": {...}, "disk": {...}} of peak bytes.
+nlohmann::json memory_json(const kv::MemoryLedger& ledger);
+std::string read_text_file(const std::string& path);
+
+// A one-line progress bar on stderr, drawn only when stderr is a terminal.
+class ProgressBar {
+ public:
+  ProgressBar(std::string label, bool enabled);
+  void update(int64_t done, int64_t total);
+  void finish();
+
+ private:
+  std::string label_;
+  bool enabled_;
+  bool drawn_ = false;
+};
+
+}  // namespace kvtier::cli
