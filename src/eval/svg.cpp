@@ -1,0 +1,168 @@
+#include "eval/svg.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace kvtier::eval {
+namespace {
+
+constexpr const char* kFont = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\"";
+// Distinct colours and dash patterns, so that identical series (exact policies) stay visible.
+constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                   "#9467bd", "#8c564b", "#e377c2"};
+constexpr const char* kDashes[] = {"", "6,4", "2,3", "8,3,2,3", "1,2", "10,4", "4,4"};
+
+// Red (0) -> yellow (0.5) -> green (1), as in the NIAH heatmaps.
+std::string heat_color(double v) {
+  if (!std::isfinite(v)) return "#dddddd";
+  v = std::clamp(v, 0.0, 1.0);
+  const double r = v < 0.5 ? 0.84 : 0.84 - (v - 0.5) * 2 * (0.84 - 0.20);
+  const double g = v < 0.5 ? 0.19 + v * 2 * (0.80 - 0.19) : 0.80 - (v - 0.5) * 2 * (0.80 - 0.63);
+  const double b = v < 0.5 ? 0.15 + v * 2 * (0.25 - 0.15) : 0.25 + (v - 0.5) * 2 * (0.33 - 0.25);
+  return fmt::format("#{:02x}{:02x}{:02x}", static_cast<int>(r * 255), static_cast<int>(g * 255),
+                     static_cast<int>(b * 255));
+}
+
+std::string text(double x, double y, const std::string& s, const char* anchor = "middle", int size = 12,
+                 const char* extra = "") {
+  return fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" text-anchor=\"{}\" font-size=\"{}\" {} {}>{}</text>\n",
+                     x, y, anchor, size, kFont, extra, xml_escape(s));
+}
+
+std::string header(double w, double h) {
+  return fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{0:.0f}\" height=\"{1:.0f}\" viewBox=\"0 0 {0:.0f} "
+      "{1:.0f}\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n",
+      w, h);
+}
+
+}  // namespace
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+std::string heatmap_svg(const Heatmap& h) {
+  const double cw = 64, ch = 30, left = 70, top = 44, bottom = 60, legend = 90;
+  const double nx = static_cast<double>(h.x_labels.size()), ny = static_cast<double>(h.y_labels.size());
+  const double w = left + cw * nx + legend, ht = top + ch * ny + bottom;
+  std::string s = header(w, ht);
+  s += text(w / 2, 24, h.title, "middle", 15, "font-weight=\"bold\"");
+  for (size_t y = 0; y < h.y_labels.size(); ++y) {
+    for (size_t x = 0; x < h.x_labels.size(); ++x) {
+      const double v = y < h.values.size() && x < h.values[y].size() ? h.values[y][x] : NAN;
+      const double px = left + cw * static_cast<double>(x), py = top + ch * static_cast<double>(y);
+      s += fmt::format(
+          "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"{}\" "
+          "stroke=\"white\" stroke-width=\"1\"/>\n",
+          px, py, cw, ch, heat_color(v));
+      s += text(px + cw / 2, py + ch / 2 + 4, std::isfinite(v) ? fmt::format("{:.0f}", v * 100) : "-",
+                "middle", 11);
+    }
+    s += text(left - 6, top + ch * (static_cast<double>(y) + 0.5) + 4, h.y_labels[y], "end", 11);
+  }
+  for (size_t x = 0; x < h.x_labels.size(); ++x)
+    s += text(left + cw * (static_cast<double>(x) + 0.5), top + ch * ny + 16, h.x_labels[x], "middle", 11);
+  s += text(left + cw * nx / 2, top + ch * ny + 40, "context length (tokens)", "middle", 12);
+  s += text(16, top + ch * ny / 2, "needle depth", "middle", 12,
+            fmt::format("transform=\"rotate(-90 16 {:.1f})\"", top + ch * ny / 2).c_str());
+  // Colour scale.
+  const double lx = left + cw * nx + 24, lh = std::max(ch * ny, 100.0);
+  for (int i = 0; i < 20; ++i) {
+    s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"{:.2f}\" fill=\"{}\"/>\n", lx,
+                     top + lh * i / 20.0, lh / 20.0 + 0.5, heat_color(1.0 - i / 19.0));
+  }
+  s += text(lx + 18, top + 8, "100%", "start", 10);
+  s += text(lx + 18, top + lh, "0%", "start", 10);
+  s += "</svg>\n";
+  return s;
+}
+
+std::string line_plot_svg(const LinePlot& p) {
+  const double left = 70, right = 150, top = 44,
+               pw = std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())), ph = 260, bottom = 56;
+  const double w = left + pw + right, ht = top + ph + bottom;
+  double lo = 0, hi = 1;
+  if (!p.unit_range) {
+    lo = INFINITY;
+    hi = -INFINITY;
+    for (const Series& se : p.series) {
+      for (double v : se.y) {
+        if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+      }
+    }
+    if (!std::isfinite(lo)) lo = 0, hi = 1;
+    const double pad = std::max((hi - lo) * 0.1, std::abs(hi) * 0.01 + 1e-9);
+    lo -= pad;
+    hi += pad;
+  }
+  const size_t n = p.x_labels.size();
+  const auto px = [&](size_t i) {
+    return left + (n <= 1 ? pw / 2 : pw * static_cast<double>(i) / static_cast<double>(n - 1));
+  };
+  const auto py = [&](double v) { return top + ph - (v - lo) / (hi - lo) * ph; };
+  std::string s = header(w, ht);
+  s += text(left + pw / 2, 24, p.title, "middle", 15, "font-weight=\"bold\"");
+  for (int i = 0; i <= 4; ++i) {  // horizontal grid and y ticks
+    const double v = lo + (hi - lo) * i / 4.0;
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e0e0e0\"/>\n",
+                     left, py(v), left + pw, py(v));
+    s += text(left - 6, py(v) + 4, p.unit_range ? fmt::format("{:.0f}%", v * 100) : fmt::format("{:.3g}", v),
+              "end", 11);
+  }
+  s += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#888\"/>\n",
+      left, top, pw, ph);
+  for (size_t i = 0; i < n; ++i) s += text(px(i), top + ph + 16, p.x_labels[i], "middle", 11);
+  s += text(left + pw / 2, top + ph + 40, "context length (tokens)", "middle", 12);
+  s += text(16, top + ph / 2, p.y_label, "middle", 12,
+            fmt::format("transform=\"rotate(-90 16 {:.1f})\"", top + ph / 2).c_str());
+  for (size_t k = 0; k < p.series.size(); ++k) {
+    const Series& se = p.series[k];
+    const char* color = kColors[k % std::size(kColors)];
+    const char* dash = kDashes[k % std::size(kDashes)];
+    std::string pts;
+    for (size_t i = 0; i < se.y.size() && i < n; ++i) {
+      if (!std::isfinite(se.y[i])) continue;
+      pts += fmt::format("{:.1f},{:.1f} ", px(i), py(se.y[i]));
+      const double r = 6.0 - 1.5 * static_cast<double>(k % 3);  // shrinking markers: overlaps stay visible
+      s +=
+          fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{:.1f}\" fill=\"{}\" fill-opacity=\"0.8\"/>\n",
+                      px(i), py(se.y[i]), r, color);
+    }
+    s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{}/>\n", pts,
+                     color, *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
+    const double ly = top + 10 + 20 * static_cast<double>(k);
+    s += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
+        "stroke-width=\"2\"{}/>\n",
+        left + pw + 14, ly, left + pw + 40, ly, color,
+        *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
+    s += text(left + pw + 46, ly + 4, se.name, "start", 12);
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+}  // namespace kvtier::eval

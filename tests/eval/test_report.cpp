@@ -1,0 +1,139 @@
+// Report and JSON writing from hand-made results.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "eval/json_out.h"
+#include "eval/report.h"
+#include "eval/svg.h"
+
+namespace kvtier::eval {
+namespace {
+
+RunInfo info() {
+  RunInfo i;
+  i.model = "models/m.gguf";
+  i.model_name = "M";
+  i.policies = {"resident", "layer"};
+  i.tasks = {TaskKind::kNiah, TaskKind::kVt, TaskKind::kPpl};
+  i.lengths = {1024, 2048};
+  i.depths = {0.0, 1.0};
+  i.samples = 1;
+  i.seed = 5;
+  return i;
+}
+
+Results results() {
+  Results r;
+  for (const std::string policy : {"resident", "layer"}) {
+    for (int64_t len : {1024, 2048}) {
+      for (int d = 0; d < 2; ++d) {
+        SampleResult s;
+        s.policy = policy;
+        s.task = TaskKind::kNiah;
+        s.length = len;
+        s.depth_index = d;
+        s.depth = d;
+        s.expected = {"1234567"};
+        s.answer = len == 1024 ? " 1234567." : " <no> & \"idea\"";
+        s.score = len == 1024 ? 1.0 : 0.0;
+        r.add(s);
+      }
+      SampleResult v;
+      v.policy = policy;
+      v.task = TaskKind::kVt;
+      v.length = len;
+      v.score = 0.6;
+      r.add(v);
+      SampleResult p;
+      p.policy = policy;
+      p.task = TaskKind::kPpl;
+      p.length = len;
+      p.nll_sum = 10.0;
+      p.n_scored = 5;
+      r.add(p);
+    }
+  }
+  return r;
+}
+
+size_t count(const std::string& s, const std::string& sub) {
+  size_t n = 0;
+  for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + 1)) ++n;
+  return n;
+}
+
+TEST(Report, FilesTablesAndPlots) {
+  const auto files = report_files(info(), results());
+  ASSERT_TRUE(files.count("README.md"));
+  EXPECT_TRUE(files.count("niah-resident-heatmap.svg"));
+  EXPECT_TRUE(files.count("niah-layer-heatmap.svg"));
+  EXPECT_TRUE(files.count("niah-by-length.svg"));
+  EXPECT_TRUE(files.count("vt-by-length.svg"));
+  EXPECT_TRUE(files.count("ppl-by-length.svg"));
+  EXPECT_FALSE(files.count("vt-resident-heatmap.svg"));  // no depth axis
+  const std::string& md = files.at("README.md");
+  EXPECT_NE(md.find("| resident | 100.0 | 0.0 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| layer | 60.0 | 60.0 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| resident | 7.389 | 7.389 |"), std::string::npos) << md;  // exp(10 / 5)
+  EXPECT_NE(md.find("| 100% | 100.0 | 0.0 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("![niah resident heatmap](niah-resident-heatmap.svg)"), std::string::npos);
+  for (const auto& [name, svg] : files) {
+    if (name.ends_with(".svg")) {
+      EXPECT_TRUE(svg.starts_with("<svg ")) << name;
+      EXPECT_TRUE(svg.ends_with("</svg>\n")) << name;
+      EXPECT_EQ(count(svg, "<text"), count(svg, "</text>")) << name;
+    }
+  }
+  // A heatmap has one cell per (length, depth) plus the background and the colour scale.
+  EXPECT_EQ(count(files.at("niah-resident-heatmap.svg"), "<rect"), 1u + 4u + 20u);
+  EXPECT_EQ(count(files.at("niah-by-length.svg"), "<polyline"), 2u);
+  EXPECT_NE(task_markdown(info(), results(), TaskKind::kNiah, "accuracy/")
+                .find("](accuracy/niah-resident-heatmap.svg)"),
+            std::string::npos);
+}
+
+TEST(Report, XmlEscape) {
+  EXPECT_EQ(xml_escape("a<b>&\"c\""), "a&lt;b&gt;&amp;&quot;c&quot;");
+}
+
+TEST(Report, JsonHasSamplesCellsAndMeta) {
+  const auto j = results_json(info(), results());
+  EXPECT_EQ(j["meta"]["model_name"], "M");
+  EXPECT_EQ(j["meta"]["tasks"].size(), 3u);
+  EXPECT_EQ(j["samples"].size(), 2u * 2 * 4);
+  const auto& s0 = j["samples"][0];
+  EXPECT_EQ(s0["task"], "niah");
+  EXPECT_EQ(s0["expected"][0], "1234567");
+  EXPECT_EQ(s0["answer"], " 1234567.");
+  EXPECT_EQ(s0["score"], 1.0);
+  EXPECT_EQ(j["cells"].size(), 2u * 2 * 2);
+  EXPECT_EQ(j["overall"].size(), 2u * 3);
+  bool saw_ppl = false;
+  for (const auto& c : j["overall"]) {
+    if (c["task"] == "ppl") {
+      EXPECT_NEAR(c["perplexity"].get<double>(), 7.389056, 1e-5);
+      saw_ppl = true;
+    }
+  }
+  EXPECT_TRUE(saw_ppl);
+}
+
+TEST(Report, WritesDirectory) {
+  const auto dir = std::filesystem::temp_directory_path() / "kvtier_eval_report_test";
+  std::filesystem::remove_all(dir);
+  write_report(dir.string(), info(), results());
+  EXPECT_TRUE(std::filesystem::exists(dir / "README.md"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "niah-layer-heatmap.svg"));
+  write_json_file((dir / "r.json").string(), results_json(info(), results()));
+  std::ifstream in(dir / "r.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("\"answer\": \" <no> & \\\"idea\\\"\""), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kvtier::eval
