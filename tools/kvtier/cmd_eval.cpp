@@ -1,0 +1,324 @@
+// kvtier eval TASK[,TASK...] -m MODEL [--kv-policy P1,P2,...] [--lengths 1k,2k,...] [--depths 0,0.5,1]
+//             [--samples N] [--seed S] [--json FILE] [--report DIR] [--text FILE] [--expect-equal]
+// Long-context accuracy of KV policies: the src/eval harness run through the generation engine
+// (greedy decoding). Progress goes to stderr, one line per sample with an ETA.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "core/error.h"
+#include "eval/json_out.h"
+#include "eval/kv_policy.h"
+#include "eval/report.h"
+#include "eval/runner.h"
+#include "eval/text.h"
+#include "run_common.h"
+#include "runtime/generate.h"
+#include "tokenizer/chat_template.h"
+
+namespace kvtier::cli {
+namespace {
+
+struct EvalArgs {
+  EngineArgs engine;
+  std::string tasks;
+  std::string policies = "resident";
+  std::string lengths = "1k,2k,4k";
+  std::string depths = "0,0.25,0.5,0.75,1";
+  int samples = 1;
+  uint64_t seed = 0;
+  std::string json;
+  std::string report;
+  std::string text;
+  std::string chat_template;
+  bool no_chat = false;
+  bool expect_equal = false;
+  std::string command;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = s.find(',', start);
+    out.push_back(s.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+// "512,1k,32k" -> tokens (k = 1024).
+std::vector<int64_t> parse_lengths(const std::string& s) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split(s)) {
+    std::string digits = item;
+    int64_t mult = 1;
+    if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
+      mult = 1024;
+      digits.pop_back();
+    }
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(digits, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != digits.size() || v <= 0)
+      fail(ErrorKind::kInvalidArgument, "--lengths: '{}' is not a length (e.g. 512, 4k)", item);
+    out.push_back(v * mult);
+  }
+  return out;
+}
+
+std::vector<double> parse_depths(const std::string& s) {
+  std::vector<double> out;
+  for (const std::string& item : split(s)) {
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || !(v >= 0.0 && v <= 1.0))
+      fail(ErrorKind::kInvalidArgument, "--depths: '{}' is not a depth in [0, 1]", item);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// The engine behind the harness: one model, one session per policy, greedy decoding.
+class ModelEngine final : public eval::Engine {
+ public:
+  ModelEngine(const runtime::LoadedModel& m, runtime::SessionOptions opts,
+              std::optional<tokenizer::ChatTemplate> t)
+      : model_(m), opts_(opts), tmpl_(t) {}
+
+  std::vector<int32_t> prompt_tokens(const eval::Prompt& p) const {
+    const auto& tok = *model_.tokenizer;
+    if (!tmpl_) return tok.encode(p.user + "\n\n" + p.answer_prefix);
+    const auto& v = tok.vocab();
+    const std::string bos = v.special.bos != tokenizer::kNoToken ? v.text[v.special.bos] : "";
+    const std::string eos = v.special.eos != tokenizer::kNoToken ? v.text[v.special.eos] : "";
+    const std::vector<tokenizer::ChatMessage> msgs = {{"user", p.user}};
+    const std::string text = tokenizer::format_chat(*tmpl_, msgs, true, bos, eos) + p.answer_prefix;
+    return tok.encode(text, {.add_special = !tokenizer::template_writes_bos(*tmpl_), .parse_special = true});
+  }
+  int64_t count_tokens(const eval::Prompt& p) override {
+    return static_cast<int64_t>(prompt_tokens(p).size());
+  }
+  std::vector<int32_t> tokenize(std::string_view text) override {
+    return model_.tokenizer->encode(text, {.add_special = false, .parse_special = false});
+  }
+  void use_policy(const std::string& name) override {
+    // Only resident placement exists: every policy name parsed by eval::parse_kv_policy maps to it.
+    switch (eval::parse_kv_policy(name)) {
+      case eval::KvPolicy::kResident:
+        break;
+    }
+    session_.reset();
+    session_ = std::make_unique<runtime::Session>(model_, opts_);
+  }
+  std::string generate(const eval::Prompt& p, int max_new_tokens) override {
+    throw_if_interrupted();
+    session_->truncate(0);
+    const auto prompt = prompt_tokens(p);
+    runtime::Sampler sampler(runtime::SamplerParams{}, model_.config.n_vocab);  // greedy
+    runtime::GenerateOptions g;
+    g.max_tokens = max_new_tokens;
+    g.interrupted = [] { return interrupted(); };
+    std::vector<runtime::TokenId> history;
+    return runtime::generate(*session_, sampler, prompt, g, history).text;
+  }
+  void evaluate(std::span<const int32_t> tokens,
+                const std::function<void(int64_t, std::span<const float>)>& fn) override {
+    throw_if_interrupted();
+    session_->truncate(0);
+    session_->evaluate(tokens, fn);
+  }
+  const runtime::Session* session() const { return session_.get(); }
+
+ private:
+  const runtime::LoadedModel& model_;
+  runtime::SessionOptions opts_;
+  std::optional<tokenizer::ChatTemplate> tmpl_;
+  std::unique_ptr<runtime::Session> session_;
+};
+
+std::string run_capture(const std::string& cmd) {
+  std::string out;
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) return out;
+  char buf[256];
+  while (fgets(buf, sizeof buf, f)) out += buf;
+  pclose(f);
+  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
+  return out;
+}
+
+std::string machine_description() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line, cpu = "unknown CPU";
+  while (std::getline(in, line)) {
+    if (line.starts_with("model name")) {
+      cpu = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  return fmt::format("{}, {} hardware threads", cpu, std::thread::hardware_concurrency());
+}
+
+std::string now_iso() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+std::string duration(double s) {
+  if (s < 0) return "?";
+  const auto total = static_cast<int64_t>(s + 0.5);
+  return total >= 60 ? fmt::format("{}m{:02d}s", total / 60, total % 60) : fmt::format("{}s", total);
+}
+
+// The command that reproduces the run (every option that changes results, spelled out).
+std::string command_line(const EvalArgs& a) {
+  std::string c = fmt::format("kvtier eval {} -m {} --kv-policy {} --lengths {}", a.tasks, a.engine.model,
+                              a.policies, a.lengths);
+  if (!a.depths.empty()) c += " --depths " + a.depths;
+  c += fmt::format(" --samples {} --seed {}", a.samples, a.seed);
+  if (a.engine.ctx > 0) c += fmt::format(" --ctx {}", a.engine.ctx);
+  if (a.engine.chunk > 0) c += fmt::format(" --chunk {}", a.engine.chunk);
+  if (a.engine.kv_type != "f16") c += " --kv-type " + a.engine.kv_type;
+  if (!a.engine.isa.empty()) c += " --isa " + a.engine.isa;
+  if (!a.text.empty()) c += " --text " + a.text;
+  if (!a.chat_template.empty()) c += " --chat-template " + a.chat_template;
+  if (a.no_chat) c += " --no-chat";
+  return c;
+}
+
+int run_eval_cmd(const EvalArgs& a) {
+  eval::EvalPlan plan;
+  plan.tasks = eval::parse_task_list(a.tasks);
+  for (const std::string& p : split(a.policies)) plan.policies.push_back(p);
+  (void)eval::parse_kv_policy_list(a.policies);  // unknown or repeated names are errors before loading
+  plan.grid.lengths = parse_lengths(a.lengths);
+  plan.grid.depths = parse_depths(a.depths);
+  plan.grid.samples = a.samples;
+  plan.grid.seed = a.seed;
+  if (!a.text.empty()) plan.ppl_text = read_text_file(a.text);
+
+  const auto model = runtime::load_model(a.engine.model);
+  int64_t max_len = 0;
+  for (int64_t l : plan.grid.lengths) max_len = std::max(max_len, l);
+  const int64_t train = model->config.n_ctx_train;
+  if (train > 0 && max_len > train)
+    std::fprintf(stderr, "kvtier eval: note: length %lld is beyond the model's trained context %lld\n",
+                 static_cast<long long>(max_len), static_cast<long long>(train));
+  runtime::SessionOptions opts = session_options(a.engine, model->config, max_len);
+  if (opts.n_ctx < max_len)
+    fail(ErrorKind::kInvalidArgument, "--ctx {} is smaller than the longest length {}", opts.n_ctx, max_len);
+  std::optional<tokenizer::ChatTemplate> tmpl;
+  if (!a.no_chat) {
+    tmpl = tokenizer::chat_template_for(
+        model->tokenizer->vocab(),
+        a.chat_template.empty() ? std::nullopt : std::optional<std::string_view>(a.chat_template));
+  }
+  ModelEngine engine(*model, opts, tmpl);
+
+  eval::RunInfo info;
+  info.model = a.engine.model;
+  info.model_name = std::filesystem::path(a.engine.model).stem().string();
+  info.commit =
+      run_capture(fmt::format("git -C '{}' describe --always --dirty 2>/dev/null", KVTIER_SOURCE_DIR));
+  if (info.commit.empty()) info.commit = "unknown";
+  info.machine = machine_description();
+  info.command = a.command;
+  info.options = fmt::format("ctx={} chunk={} threads={} kv_type={} chat_template={}", opts.n_ctx, opts.chunk,
+                             opts.threads, a.engine.kv_type,
+                             tmpl ? std::string(tokenizer::chat_template_name(*tmpl)) : "none (raw text)");
+  info.started = now_iso();
+  info.seed = a.seed;
+  info.policies = plan.policies;
+  info.tasks = plan.tasks;
+  info.lengths = plan.grid.lengths;
+  info.depths = plan.grid.depths;
+  info.samples = a.samples;
+  info.haystack = fmt::format("generated: passkey filler (passkey), {} (niah, vt, ppl); pseudo-words (cwe){}",
+                              eval::ppl_default_source(), a.text.empty() ? "" : "; ppl text: " + a.text);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const eval::Results results = eval::run_eval(engine, plan, [](const eval::Progress& p) {
+    std::fprintf(stderr, "[eval %lld/%lld] %s | %s elapsed, ETA %s\n", static_cast<long long>(p.done),
+                 static_cast<long long>(p.total), p.current.c_str(), duration(p.elapsed_s).c_str(),
+                 duration(p.eta_s).c_str());
+  });
+  info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  if (!a.json.empty()) eval::write_json_file(a.json, eval::results_json(info, results));
+  if (!a.report.empty()) eval::write_report(a.report, info, results);
+  for (const eval::Cell& c : results.overall()) {
+    std::printf("%-10s %-10s %s %.4f\n", std::string(eval::task_name(c.task)).c_str(), c.policy.c_str(),
+                c.task == eval::TaskKind::kPpl ? "perplexity" : "accuracy", c.value);
+  }
+  int status = 0;
+  for (size_t i = 1; i < plan.policies.size(); ++i) {
+    const auto mism = eval::compare_policies(results, plan.policies[0], plan.policies[i]);
+    std::printf("%s vs %s: %zu of the samples differ\n", plan.policies[i].c_str(), plan.policies[0].c_str(),
+                mism.size());
+    for (const auto& m : mism) {
+      std::fprintf(stderr, "  %s %lld d=%.2f #%d: '%s' vs '%s'\n",
+                   std::string(eval::task_name(m.task)).c_str(), static_cast<long long>(m.length), m.depth,
+                   m.index, m.answer_a.c_str(), m.answer_b.c_str());
+    }
+    if (a.expect_equal && !mism.empty()) status = 1;
+  }
+  return status;
+}
+
+}  // namespace
+
+void add_eval(CLI::App& app, Runner& run) {
+  auto a = std::make_shared<EvalArgs>();
+  CLI::App* cmd =
+      app.add_subcommand("eval", "Long-context accuracy of KV policies (ppl, passkey, niah, vt, cwe)");
+  cmd->add_option(
+         "task", a->tasks,
+         "task or comma-separated tasks: " + eval::task_names() + "; 'niah-all' = the niah variants; 'all'")
+      ->required();
+  add_engine_flags(cmd, a->engine);
+  cmd->add_option("--kv-policy", a->policies,
+                  "KV policies to compare, comma-separated (the first is the reference); known: " +
+                      eval::kv_policy_names())
+      ->default_val(a->policies);
+  cmd->add_option("--lengths", a->lengths, "context lengths in tokens (prompt + answer), e.g. 1k,2k,4k")
+      ->default_val(a->lengths);
+  cmd->add_option("--depths", a->depths, "needle depths in [0, 1] (passkey, niah)")->default_val(a->depths);
+  cmd->add_option("--samples", a->samples, "samples per cell (ppl: windows per length)")
+      ->default_val(a->samples)
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--seed", a->seed, "seed of the generated prompts")->default_val(a->seed);
+  cmd->add_option("--json", a->json, "write every sample, the cells and run metadata to this JSON file");
+  cmd->add_option("--report", a->report, "write README.md tables and SVG plots into this directory");
+  cmd->add_option("--text", a->text, "ppl: evaluate this text file instead of the generated essay");
+  cmd->add_option("--chat-template", a->chat_template, "chat template name (default: the model's)");
+  cmd->add_flag("--no-chat", a->no_chat, "send prompts as raw text, without the chat template");
+  cmd->add_flag("--expect-equal", a->expect_equal,
+                "exit 1 if any policy's answers or NLLs differ from the first policy's (exact policies)");
+  cmd->callback([&run, a] {
+    a->command = command_line(*a);
+    run = [a] { return run_eval_cmd(*a); };
+  });
+}
+
+}  // namespace kvtier::cli
