@@ -4,7 +4,7 @@
 // equals vec_dot of the same ISA bit for bit, and lies within test_vec_dot.cpp's bound of the scalar
 // reference. Shapes: odd row counts (partial 16-row split units and partial register tiles), odd
 // token counts (partial 32-token tiles and partial register tiles), odd block counts (AVX-512's
-// 256-bit tail block), float sizes off every vector width; 1..4 threads.
+// 256-bit tail block), float sizes off every vector width and past one k chunk; 1..4 threads.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -43,7 +43,7 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
   const int64_t max_tokens = 67;
   for (GgmlType type : test::all_weight_types()) {
     const int64_t bs = ggml_traits(type).block_size;
-    for (int64_t k : bs == 1 ? std::vector<int64_t>{75, 200} : std::vector<int64_t>{3 * bs, 4 * bs}) {
+    for (int64_t k : bs == 1 ? std::vector<int64_t>{75, 2100} : std::vector<int64_t>{3 * bs, 4 * bs}) {
       for (int64_t n_rows : {5, 37}) {
         const auto w_bytes = test::random_weights(type, n_rows, k, rng);
         const WeightMatrix w{type, w_bytes.data(), n_rows, k};

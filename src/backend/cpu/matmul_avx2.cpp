@@ -3,6 +3,8 @@
 // per pass. Per output the arithmetic is exactly vec_dot_avx2.cpp's (same integer lanes, same scale
 // products, same FMA chains in the same order, same reductions), so every output is bit-identical to
 // the single-token vec_dot.
+#include <algorithm>
+
 #include "backend/cpu/block_unpack.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd_avx2.h"
@@ -11,6 +13,8 @@ namespace kvtier::cpu {
 namespace {
 
 using namespace avx2;
+
+constexpr int64_t kChunk = 1024;  // elements of k per pass of the float tiles
 
 enum class Float { kF32, kF16, kBF16 };
 
@@ -40,26 +44,32 @@ void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
                 float* y, int64_t ldy) {
   const int64_t main_end = k / 32 * 32;
   const int64_t vec_end = k / 8 * 8;
-  __m256 part[4][R][T];  // [chain][row][token] lane sums
-  for (int c = 0; c < 4; ++c) {
+  __m256 part[4][R][T];  // [chain][row][token] lane sums, carried across k chunks
+  for (int c = 0; c < 4; ++c)
+    for (int r = 0; r < R; ++r)
+      for (int t = 0; t < T; ++t) part[c][r][t] = _mm256_setzero_ps();
+  auto run_chain = [&](int c, int64_t begin, int64_t end, int64_t stride) {
     __m256 acc[R][T];
     for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
-    auto step = [&](int64_t i) {
+      for (int t = 0; t < T; ++t) acc[r][t] = part[c][r][t];
+    for (int64_t i = begin; i < end; i += stride) {
       __m256 wv[R];
       for (int r = 0; r < R; ++r) wv[r] = load_w8<kKind>(w + r * row_bytes, i);
       for (int t = 0; t < T; ++t) {
         const __m256 av = _mm256_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
         for (int r = 0; r < R; ++r) acc[r][t] = _mm256_fmadd_ps(wv[r], av, acc[r][t]);
       }
-    };
-    for (int64_t i = 8 * c; i < main_end; i += 32) step(i);
-    if (c == 0) {
-      for (int64_t i = main_end; i < vec_end; i += 8) step(i);
     }
     for (int r = 0; r < R; ++r)
       for (int t = 0; t < T; ++t) part[c][r][t] = acc[r][t];
+  };
+  // k in chunks whose weights and activations stay in L1 while the 4 chains pass over them; each
+  // chain still adds its steps in increasing i, as vec_dot does.
+  for (int64_t k0 = 0; k0 < main_end; k0 += kChunk) {
+    const int64_t k1 = std::min(main_end, k0 + kChunk);
+    for (int c = 0; c < 4; ++c) run_chain(c, k0 + 8 * c, k1, 32);
   }
+  run_chain(0, main_end, vec_end, 8);
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       const float* a = reinterpret_cast<const float*>(act + t * act_bytes);
