@@ -66,7 +66,9 @@ std::string xml_escape(const std::string& s) {
 std::string heatmap_svg(const Heatmap& h) {
   const double cw = 64, ch = 30, left = 70, top = 44, bottom = 60, legend = 90;
   const double nx = static_cast<double>(h.x_labels.size()), ny = static_cast<double>(h.y_labels.size());
-  const double w = left + cw * nx + legend, ht = top + ch * ny + bottom;
+  // Wide enough for the title (about 9 px per character at 15 px bold).
+  const double w = std::max(left + cw * nx + legend, 9.0 * static_cast<double>(h.title.size()) + 20),
+               ht = top + ch * ny + bottom;
   std::string s = header(w, ht);
   s += text(w / 2, 24, h.title, "middle", 15, "font-weight=\"bold\"");
   for (size_t y = 0; y < h.y_labels.size(); ++y) {
