@@ -1,0 +1,352 @@
+#include "kv/tiered_kv.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/half.h"
+
+namespace kvtier::kv {
+namespace {
+
+constexpr uint64_t kPageAlign = 4096;
+
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+uint64_t round_down(uint64_t v, uint64_t a) {
+  return v / a * a;
+}
+
+void store_row(KvDtype dt, const float* src, int64_t n, uint8_t* dst) {
+  if (dt == KvDtype::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  auto* h = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
+}
+
+uint8_t* aligned_bytes(uint64_t bytes, const char* what) {
+  void* p = std::aligned_alloc(kPageAlign, round_up(std::max<uint64_t>(bytes, 1), kPageAlign));
+  if (p == nullptr) fail(ErrorKind::kBudget, "cannot allocate {} bytes for {}", bytes, what);
+  return static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+void TieredKv::FreeDeleter::operator()(uint8_t* p) const {
+  std::free(p);
+}
+
+TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
+                   ThreadPool& pool, cpu::Isa isa, const TieredOptions& options)
+    : geo_(geometry), capacity_(capacity), threads_(pool), isa_(isa), opt_(options) {
+  geo_.validate();
+  if (capacity_ <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity_);
+  if (opt_.placement.placement == policy::Placement::kResident) {
+    fail(ErrorKind::kInvalidArgument, "TieredKv serves offloaded placements, not resident");
+  }
+  if (opt_.placement.prefetch_depth == 0)
+    fail(ErrorKind::kInvalidArgument, "prefetch depth must be at least 1");
+  if (opt_.max_new_rows <= 0) opt_.max_new_rows = capacity_;
+  const uint32_t L = geo_.n_layer();
+  esz_ = cpu::kv_dtype_bytes(geo_.dtype);
+  row_max_ = std::max(geo_.head_dim_k, geo_.head_dim_v) * esz_;
+  shape_.n_head_kv = geo_.n_head_kv;
+  shape_.head_bytes_per_token = 2 * row_max_;
+  const uint32_t h_max = *std::max_element(geo_.n_head_kv.begin(), geo_.n_head_kv.end());
+  uint32_t max_q_per_kv = 1;
+  uint32_t n_heads_total = 0;
+  for (uint32_t l = 0; l < L; ++l) {
+    if (n_head % geo_.n_head_kv[l] != 0) {
+      fail(ErrorKind::kInvalidArgument, "{} KV heads of layer {} do not divide {} query heads",
+           geo_.n_head_kv[l], l, n_head);
+    }
+    max_q_per_kv = std::max(max_q_per_kv, n_head / geo_.n_head_kv[l]);
+    head_offset_.push_back(n_heads_total);
+    n_heads_total += geo_.n_head_kv[l];
+  }
+  length_.assign(L, 0);
+
+  // Compute-local: static heads, new-row staging, attention scratch, then the staging buffers.
+  static_heads_ = policy::static_heads_per_layer(opt_.placement, shape_);
+  static_pitch_ = round_up(static_cast<uint64_t>(capacity_) * row_max_, 64);
+  uint64_t static_bytes = 0;
+  for (uint32_t l = 0; l < L; ++l) {
+    static_offset_.push_back(static_bytes);
+    static_bytes += uint64_t{static_heads_[l]} * 2 * static_pitch_;
+  }
+  const uint64_t staging_bytes =
+      static_cast<uint64_t>(opt_.max_new_rows) * h_max * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
+  cpu::AttnParams ap;
+  ap.head_dim_k = geo_.head_dim_k;
+  ap.head_dim_v = geo_.head_dim_v;
+  ap.q_per_kv = max_q_per_kv;
+  const uint64_t scratch_bytes = cpu::attention_scratch_bytes(ap, pool.size());
+
+  n_buffers_ = opt_.placement.prefetch_depth + 1;
+  const bool layer_mode = opt_.placement.placement == policy::Placement::kLayer;
+  const uint32_t g_min = layer_mode ? h_max : (opt_.placement.group ? opt_.placement.group : 1);
+  const uint32_t g_pref = layer_mode ? h_max : (opt_.placement.group ? opt_.placement.group : h_max);
+  const uint64_t plane_for_ctx = round_up(static_cast<uint64_t>(capacity_) * row_max_, kPageAlign);
+  const uint64_t need_buffer = 2ull * g_min * plane_for_ctx;
+  const uint64_t fixed = static_bytes + staging_bytes + scratch_bytes;
+  if (opt_.kv_mem == 0) {
+    buffer_bytes_ = 2ull * g_pref * plane_for_ctx;
+  } else {
+    const uint64_t need = fixed + n_buffers_ * need_buffer;
+    if (opt_.kv_mem < need) {
+      fail(ErrorKind::kBudget,
+           "--kv-mem {} bytes cannot hold {} staging buffer(s) of {} KV head(s) for {} positions plus static "
+           "heads, "
+           "new-row staging and scratch: {} bytes are needed ({} for the buffers, {} fixed); raise --kv-mem, "
+           "lower --ctx{}",
+           opt_.kv_mem, n_buffers_, g_min, capacity_, need, n_buffers_ * need_buffer, fixed,
+           layer_mode ? ", or use --kv-policy headinfer" : ", lower --static-heads or the prefetch depth");
+    }
+    buffer_bytes_ = round_down((opt_.kv_mem - fixed) / n_buffers_, kPageAlign);
+    // No use holding more than the largest unit needs.
+    buffer_bytes_ = std::min<uint64_t>(buffer_bytes_, 2ull * h_max * plane_for_ctx);
+  }
+  static_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, static_bytes);
+  if (static_bytes > 0) static_.reset(aligned_bytes(static_bytes, "static KV heads"));
+  staging_reservation_ = Reservation(ledger, Tier::kDevice, Category::kStaging, staging_bytes);
+  new_k_.resize(static_cast<size_t>(opt_.max_new_rows) * h_max * geo_.head_dim_k * esz_);
+  new_v_.resize(static_cast<size_t>(opt_.max_new_rows) * h_max * geo_.head_dim_v * esz_);
+  scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, scratch_bytes);
+  scratch_.resize(scratch_bytes);
+  arena_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, n_buffers_ * buffer_bytes_);
+  arena_.reset(aligned_bytes(n_buffers_ * buffer_bytes_, "KV staging buffers"));
+
+  // Home tier: one plane per (layer, head, K|V), page-aligned.
+  home_pitch_ = plane_for_ctx;
+  const uint64_t home_bytes = 2ull * n_heads_total * home_pitch_;
+  home_ = opt_.disk_dir.empty() ? make_host_store(ledger, home_bytes)
+                                : make_disk_store(ledger, opt_.disk_dir, home_bytes, opt_.disk_faults);
+  runs_.resize(2ull * h_max);
+  engine_ = std::make_unique<TransferEngine>(*home_, 4 * n_buffers_ + 4, runs_.size(), opt_.copy_delay_us);
+}
+
+TieredKv::~TieredKv() {
+  // The copy thread may still be writing into the buffers: stop it before they are freed.
+  try {
+    engine_->drain();
+  } catch (...) {  // the error was reported to whoever waited; nothing more to do at teardown
+  }
+  engine_.reset();
+}
+
+int64_t TieredKv::length() const {
+  return *std::min_element(length_.begin(), length_.end());
+}
+
+uint64_t TieredKv::home_plane(uint32_t layer, uint32_t head, int kv) const {
+  return (2ull * (head_offset_[layer] + head) + kv) * home_pitch_;
+}
+
+TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
+  Layout lay;
+  lay.group = group;
+  lay.pitch = round_down(buffer_bytes_ / (2ull * group), kPageAlign);
+  lay.rows = static_cast<int64_t>(lay.pitch / row_max_);
+  return lay;
+}
+
+void TieredKv::begin_pass(int64_t s_kv) {
+  policy::PassPlan plan =
+      policy::plan_pass(opt_.placement, shape_, s_kv, [this](uint32_t g) { return layout_for(g).rows; });
+  if (plan.group != layout_.group) {
+    engine_->drain();
+    inflight_.clear();
+    ++epoch_;
+    layout_ = layout_for(plan.group);
+  }
+  KVTIER_ASSERT(layout_.rows >= s_kv, "staging planes of {} rows for {} positions", layout_.rows, s_kv);
+  plan_ = std::move(plan);
+  first_unit_.assign(geo_.n_layer(), plan_.units.size());
+  offloaded_.clear();
+  for (size_t i = 0; i < plan_.units.size(); ++i) {
+    const auto& u = plan_.units[i];
+    if (first_unit_[u.layer] == plan_.units.size()) first_unit_[u.layer] = i;
+    if (!u.is_static) offloaded_.push_back(i);
+  }
+  pass_first_visit_ = next_visit_;
+  ++passes_;
+}
+
+void TieredKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) {
+  KVTIER_ASSERT(layer < geo_.n_layer(), "layer {}", layer);
+  KVTIER_ASSERT(pos0 == length_[layer], "layer {}: write at {} but {} positions stored", layer, pos0,
+                length_[layer]);
+  if (pos0 + n > capacity_) {
+    fail(ErrorKind::kBudget, "the KV cache holds {} positions; {} are needed (raise --ctx)", capacity_,
+         pos0 + n);
+  }
+  KVTIER_ASSERT(n <= opt_.max_new_rows, "pass of {} rows, staging for {}", n, opt_.max_new_rows);
+  if (layer == 0) {
+    pass_pos0_ = pos0;
+    pass_n_ = n;
+    begin_pass(pos0 + n);
+  }
+  KVTIER_ASSERT(pos0 == pass_pos0_ && n == pass_n_, "layer {} writes [{}, +{}) in pass [{}, +{})", layer,
+                pos0, n, pass_pos0_, pass_n_);
+  const int64_t hk = geo_.n_head_kv[layer];
+  const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < hk; ++h) {
+      store_row(geo_.dtype, k + (t * hk + h) * dk, dk,
+                new_k_.data() + static_cast<size_t>((t * hk + h) * dk) * esz_);
+      store_row(geo_.dtype, v + (t * hk + h) * dv, dv,
+                new_v_.data() + static_cast<size_t>((t * hk + h) * dv) * esz_);
+    }
+  }
+  length_[layer] = pos0 + n;
+}
+
+void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
+  const policy::Unit& u = plan_.units[unit_index];
+  uint8_t* base = buffer(visit);
+  const uint64_t a = home_->alignment();
+  const uint64_t rb[2] = {geo_.head_dim_k * esz_, geo_.head_dim_v * esz_};
+  size_t n_runs = 0;
+  for (uint32_t h = 0; h < u.n_heads; ++h) {
+    for (int kv = 0; kv < 2; ++kv) {
+      runs_[n_runs++] = {home_plane(u.layer, u.head0 + h, kv), base + (2ull * h + kv) * layout_.pitch,
+                         round_up(static_cast<uint64_t>(rows) * rb[kv], a)};
+    }
+  }
+  Visit vis;
+  vis.visit = visit;
+  vis.unit = u;
+  vis.rows = rows;
+  vis.epoch = epoch_;
+  // Submitted even with nothing to load: waiting on it also orders this visit after the store that
+  // last read the buffer (a zero-byte job is still a FIFO fence).
+  vis.ticket = engine_->submit(CopyDir::kLoad, std::span(runs_.data(), rows > 0 ? n_runs : 0));
+  inflight_.push_back(vis);
+}
+
+void TieredKv::prefetch_ahead(uint64_t visit) {
+  const uint64_t n_off = offloaded_.size();
+  const uint64_t last = inflight_.empty() ? visit : std::max(visit, inflight_.back().visit);
+  for (uint64_t v = last + 1; v <= visit + opt_.placement.prefetch_depth; ++v) {
+    const uint64_t rel = v - pass_first_visit_;
+    const uint64_t pass_ahead = rel / n_off;
+    if (pass_ahead > 1) break;  // two passes ahead: their lengths are unknown
+    const int64_t rows = pass_ahead == 0 ? pass_pos0_ : pass_pos0_ + pass_n_;
+    if (rows + 1 > layout_.rows) break;  // the next pass will need another layout
+    submit_load(v, offloaded_[rel % n_off], rows);
+  }
+}
+
+void TieredKv::scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0,
+                                int64_t n) {
+  const int64_t hk = geo_.n_head_kv[u.layer];
+  const uint64_t rk = geo_.head_dim_k * esz_, rv = geo_.head_dim_v * esz_;
+  for (int64_t t = 0; t < n; ++t) {
+    for (uint32_t h = 0; h < u.n_heads; ++h) {
+      const int64_t src = t * hk + u.head0 + h;
+      std::memcpy(base + 2ull * h * pitch + static_cast<uint64_t>(pos0 + t) * rk,
+                  new_k_.data() + static_cast<uint64_t>(src) * rk, rk);
+      std::memcpy(base + (2ull * h + 1) * pitch + static_cast<uint64_t>(pos0 + t) * rv,
+                  new_v_.data() + static_cast<uint64_t>(src) * rv, rv);
+    }
+  }
+}
+
+void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0,
+                           int64_t n, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
+  cpu::AttnParams ap;
+  ap.head_dim_k = geo_.head_dim_k;
+  ap.head_dim_v = geo_.head_dim_v;
+  ap.q_per_kv = n_head / geo_.n_head_kv[u.layer];
+  ap.scale = la.scale;
+  ap.softcap = la.softcap;
+  ap.window = la.window;
+  ap.kv_dtype = geo_.dtype;
+  cpu::KvSpan span;
+  span.pos0 = 0;
+  span.n_tokens = pos0 + n;
+  span.k = base;
+  span.v = base + pitch;
+  span.k_head_stride = static_cast<int64_t>(2 * pitch / esz_);
+  span.v_head_stride = span.k_head_stride;
+  const int64_t qh = u.n_heads * ap.q_per_kv;
+  const int64_t first_q = u.head0 * ap.q_per_kv;
+  cpu::AttnQueries aq{q + first_q * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
+  cpu::AttnOutput out{o + first_q * ap.head_dim_v, n_head * ap.head_dim_v, nullptr, 0};
+  cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
+}
+
+void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
+                      const LayerAttention& la, float* o) {
+  KVTIER_ASSERT(pos0 == pass_pos0_ && n == pass_n_ && length_[layer] == pos0 + n,
+                "layer {}: attend [{}, +{})", layer, pos0, n);
+  const uint64_t a = home_->alignment();
+  const uint64_t rb[2] = {geo_.head_dim_k * esz_, geo_.head_dim_v * esz_};
+  for (size_t i = first_unit_[layer]; i < plan_.units.size() && plan_.units[i].layer == layer; ++i) {
+    const policy::Unit& u = plan_.units[i];
+    if (u.is_static) {
+      uint8_t* base = static_.get() + static_offset_[layer];
+      scatter_new_rows(base, static_pitch_, u, pos0, n);
+      attend_unit(base, static_pitch_, u, pos0, n, q, n_head, la, o);
+      continue;
+    }
+    const uint64_t visit = next_visit_++;
+    const bool ready = !inflight_.empty() && inflight_.front().visit == visit &&
+                       inflight_.front().epoch == epoch_ && inflight_.front().unit.layer == u.layer &&
+                       inflight_.front().unit.head0 == u.head0 &&
+                       inflight_.front().unit.n_heads == u.n_heads && inflight_.front().rows == pos0;
+    if (ready) {
+      engine_->wait(inflight_.front().ticket);
+      inflight_.erase(inflight_.begin());
+    } else {
+      // Not prefetched (first visit, after a truncation or a layout change): load now.
+      engine_->drain();
+      inflight_.clear();
+      submit_load(visit, i, pos0);
+      if (pos0 > 0) ++sync_loads_;
+      engine_->wait(inflight_.front().ticket);
+      inflight_.clear();
+    }
+    uint8_t* base = buffer(visit);
+    scatter_new_rows(base, layout_.pitch, u, pos0, n);
+    // Write back only the new rows (page-aligned around them for direct I/O; the bytes before the
+    // first new row in its page are the loaded rows, those after the last are never read as valid).
+    size_t n_runs = 0;
+    for (uint32_t h = 0; h < u.n_heads; ++h) {
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint64_t lo = round_down(static_cast<uint64_t>(pos0) * rb[kv], a);
+        const uint64_t hi = round_up(static_cast<uint64_t>(pos0 + n) * rb[kv], a);
+        runs_[n_runs++] = {home_plane(layer, u.head0 + h, kv) + lo,
+                           base + (2ull * h + kv) * layout_.pitch + lo, hi - lo};
+      }
+    }
+    engine_->submit(CopyDir::kStore, std::span(runs_.data(), n_runs));
+    prefetch_ahead(visit);
+    attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
+  }
+}
+
+void TieredKv::truncate(int64_t n_tokens) {
+  KVTIER_ASSERT(n_tokens >= 0 && n_tokens <= length(), "truncate to {} of {}", n_tokens, length());
+  engine_->drain();
+  inflight_.clear();
+  ++epoch_;
+  std::fill(length_.begin(), length_.end(), n_tokens);
+  pass_pos0_ = -1;
+}
+
+TieredStats TieredKv::stats() const {
+  TieredStats s;
+  s.transfer = engine_->stats();
+  s.group = layout_.group;
+  s.passes = passes_;
+  s.sync_loads = sync_loads_;
+  s.home = home_->describe();
+  return s;
+}
+
+}  // namespace kvtier::kv

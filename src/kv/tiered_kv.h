@@ -1,0 +1,140 @@
+// Offloaded KV placements (`layer`, `headinfer`): the master copy of each offloaded KV head lives in
+// a home tier (host DRAM or a disk file); attention of a unit (a group of KV heads of one layer)
+// runs on a compute-local staging buffer that the transfer engine filled ahead of time.
+//
+// Per unit visit (HeadInfer spec 3.4, on the CPU backend):
+//   1. wait for the unit's load (rows [0, S_past) of its heads, issued `depth` visits earlier);
+//   2. scatter the pass's new rows (already converted to the KV dtype) into the buffer;
+//   3. submit the store of the new rows to the home tier (only new rows are written back);
+//   4. submit the load of the unit `depth` visits ahead (crossing layer and pass boundaries) into
+//      the buffer that the previous visit used;
+//   5. attention of the unit's query heads over the buffer.
+// Buffers are used round-robin by visit, so a buffer is overwritten only by a load submitted after
+// the store that read it; the FIFO transfer engine orders both. Attention sees the same bytes at the
+// same positions as the resident placement, tiled identically: outputs are bit-identical.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "core/thread_pool.h"
+#include "kv/home_store.h"
+#include "kv/kv_cache.h"
+#include "kv/ledger.h"
+#include "kv/transfer_engine.h"
+#include "policy/placement.h"
+
+namespace kvtier::kv {
+
+struct TieredOptions {
+  policy::PlacementConfig placement;
+  uint64_t kv_mem = 0;         // compute-local bytes for staging buffers + static heads; 0 = as needed
+  std::string disk_dir;        // home tier on disk in this directory; empty = host DRAM
+  int64_t max_new_rows = 0;    // largest pass (prefill chunk); sizes the new-row staging
+  DiskFaults disk_faults;      // tests
+  uint32_t copy_delay_us = 0;  // tests: random delay before each copy job
+};
+
+struct TieredStats {
+  TransferStats transfer;
+  uint32_t group = 0;  // g of the last pass
+  uint64_t passes = 0;
+  uint64_t sync_loads = 0;  // loads that were not prefetched (first visit, group change, truncate)
+  std::string home;         // where the home tier lives
+};
+
+class TieredKv final : public KvCache {
+ public:
+  // Throws Error(kBudget) naming needed and available bytes when the placement cannot fit.
+  TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
+           ThreadPool& pool, cpu::Isa isa, const TieredOptions& options);
+  ~TieredKv() override;
+
+  const KvGeometry& geometry() const override { return geo_; }
+  int64_t capacity() const override { return capacity_; }
+  int64_t length() const override;
+  void write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) override;
+  void attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
+              const LayerAttention& la, float* o) override;
+  void truncate(int64_t n_tokens) override;
+
+  TieredStats stats() const;
+
+ private:
+  struct Visit {  // a load in flight (or done) for an upcoming unit visit
+    uint64_t visit = 0;
+    policy::Unit unit;
+    int64_t rows = 0;  // rows [0, rows) loaded
+    uint64_t epoch = 0;
+    TransferEngine::Ticket ticket = 0;
+  };
+  struct Layout {  // staging layout for one group size
+    uint32_t group = 0;
+    uint64_t pitch = 0;  // bytes per plane (one head's K or V)
+    int64_t rows = 0;    // rows a plane holds
+  };
+
+  void begin_pass(int64_t s_kv);
+  Layout layout_for(uint32_t group) const;
+  uint8_t* buffer(uint64_t visit) { return arena_.get() + (visit % n_buffers_) * buffer_bytes_; }
+  uint64_t home_plane(uint32_t layer, uint32_t head, int kv) const;
+  void submit_load(uint64_t visit, size_t unit_index, int64_t rows);
+  void prefetch_ahead(uint64_t visit);
+  void scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n);
+  void attend_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n,
+                   const float* q, int64_t n_head, const LayerAttention& la, float* o);
+
+  KvGeometry geo_;
+  int64_t capacity_;
+  ThreadPool& threads_;
+  cpu::Isa isa_;
+  TieredOptions opt_;
+  policy::KvShape shape_;
+  size_t esz_;
+  uint64_t row_max_;  // bytes of the longer of a K and a V row
+  uint64_t align_;
+  std::vector<uint32_t> head_offset_;  // [n_layer] first global head of each layer
+  std::vector<int64_t> length_;        // [n_layer]
+
+  std::unique_ptr<HomeStore> home_;
+  uint64_t home_pitch_ = 0;
+  std::unique_ptr<TransferEngine> engine_;
+
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  uint32_t n_buffers_ = 0;
+  uint64_t buffer_bytes_ = 0;
+  Reservation arena_reservation_;
+  std::unique_ptr<uint8_t, FreeDeleter> arena_;  // [n_buffers][buffer_bytes]
+  std::vector<uint32_t> static_heads_;           // [n_layer]
+  uint64_t static_pitch_ = 0;
+  Reservation static_reservation_;
+  std::unique_ptr<uint8_t, FreeDeleter> static_;  // [sum static heads][K,V][static_pitch]
+  std::vector<uint64_t> static_offset_;           // [n_layer] byte offset of the layer's static heads
+  Reservation staging_reservation_;
+  std::vector<uint8_t> new_k_;  // [max_new_rows, max heads, head_dim_k] KV dtype
+  std::vector<uint8_t> new_v_;  // [max_new_rows, max heads, head_dim_v] KV dtype
+  Reservation scratch_reservation_;
+  std::vector<uint8_t> scratch_;
+  std::vector<CopyRun> runs_;  // [2 * max heads] run list of one job
+
+  // The current pass.
+  policy::PassPlan plan_;
+  Layout layout_;
+  uint64_t epoch_ = 0;  // bumps when the layout changes (prefetches of older epochs are void)
+  int64_t pass_pos0_ = -1;
+  int64_t pass_n_ = 0;
+  std::vector<size_t> first_unit_;  // [n_layer] index into plan_.units of the layer's first unit
+  std::vector<size_t> offloaded_;   // indices into plan_.units of the offloaded units, in order
+  uint64_t next_visit_ = 0;         // visit counter (offloaded units only)
+  uint64_t pass_first_visit_ = 0;   // visit of the pass's first offloaded unit
+  std::vector<Visit> inflight_;     // loads submitted for visits >= next_visit_, in visit order
+  uint64_t passes_ = 0;
+  uint64_t sync_loads_ = 0;
+};
+
+}  // namespace kvtier::kv
