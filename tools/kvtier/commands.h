@@ -16,6 +16,9 @@ void add_synth(CLI::App& app, Runner& run);
 void add_tokenize(CLI::App& app, Runner& run);
 // Registers `kvtier run` (generation), `chat`, `perplexity` and `bench`.
 void add_run(CLI::App& app, Runner& run);
+void add_chat(CLI::App& app, Runner& run);
+void add_perplexity(CLI::App& app, Runner& run);
+void add_bench(CLI::App& app, Runner& run);
 // Registers `kvtier eval` (long-context accuracy of KV policies).
 void add_eval(CLI::App& app, Runner& run);
 

@@ -20,6 +20,9 @@ int main(int argc, char** argv) {
   cli::add_synth(app, run);
   cli::add_tokenize(app, run);
   cli::add_run(app, run);
+  cli::add_chat(app, run);
+  cli::add_perplexity(app, run);
+  cli::add_bench(app, run);
   cli::add_eval(app, run);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,64 @@
+// kvtier perplexity -m MODEL -f TEXT [--ctx N] [--chunks N] [--json]
+#include <fmt/format.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "core/error.h"
+#include "run_common.h"
+#include "runtime/perplexity.h"
+
+namespace kvtier::cli {
+namespace {
+
+struct PerplexityArgs {
+  EngineArgs engine;
+  std::string file;
+  int64_t max_windows = 0;
+  bool json = false;
+};
+
+int run_perplexity(PerplexityArgs a) {
+  const auto model = runtime::load_model(a.engine.model);
+  const std::string text = read_text_file(a.file);
+  const auto tokens = model->tokenizer->encode(text);
+  if (a.engine.ctx == 0) a.engine.ctx = 512;  // llama.cpp's default window
+  const auto opts = session_options(a.engine, model->config, a.engine.ctx);
+  runtime::Session session(*model, opts);
+  ProgressBar bar("perplexity", stderr_is_tty());
+  const auto r = runtime::perplexity(session, tokens, a.engine.ctx, a.max_windows,
+                                     [&](int64_t d, int64_t t) { bar.update(d, t); });
+  bar.finish();
+  const double tps = static_cast<double>(r.n_windows * a.engine.ctx) / r.seconds;
+  if (a.json) {
+    nlohmann::json j = {{"perplexity", r.perplexity}, {"nll", r.nll},
+                        {"n_tokens", tokens.size()},  {"n_windows", r.n_windows},
+                        {"ctx", a.engine.ctx},        {"n_scored", r.n_scored},
+                        {"window_ppl", r.window_ppl}, {"seconds", r.seconds},
+                        {"tokens_per_s", tps},        {"chunk", session.chunk()},
+                        {"threads", opts.threads},    {"peak_memory_bytes", memory_json(session.ledger())}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::cout << fmt::format(
+        "perplexity {:.4f} ({} windows of {} tokens, {} scored; {} tokens in the text; {:.1f} tok/s)\n",
+        r.perplexity, r.n_windows, a.engine.ctx, r.n_scored, tokens.size(), tps);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_perplexity(CLI::App& app, Runner& run) {
+  auto a = std::make_shared<PerplexityArgs>();
+  CLI::App* cmd = app.add_subcommand("perplexity", "Perplexity of a model on a text (llama.cpp's method)");
+  add_engine_flags(cmd, a->engine);
+  cmd->add_option("-f,--file", a->file, "text file")->required();
+  cmd->add_option("--chunks", a->max_windows, "score at most this many windows (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", a->json, "print one JSON object");
+  cmd->callback([&run, a] { run = [a] { return run_perplexity(*a); }; });
+}
+
+}  // namespace kvtier::cli
