@@ -18,5 +18,6 @@ void add_tokenize(CLI::App& app, Runner& run);
 void add_run(CLI::App& app, Runner& run);
 // Registers `kvtier eval` (long-context accuracy of KV policies).
 void add_eval(CLI::App& app, Runner& run);
+void add_plan(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   cli::add_tokenize(app, run);
   cli::add_run(app, run);
   cli::add_eval(app, run);
+  cli::add_plan(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
