@@ -1,47 +1,31 @@
 #include "eval/kv_policy.h"
 
-#include <array>
-
 #include "core/error.h"
 
 namespace kvtier::eval {
-namespace {
-
-constexpr std::array kPolicies = {KvPolicy::kResident};
-
-}  // namespace
-
-std::string_view kv_policy_name(KvPolicy p) {
-  switch (p) {
-    case KvPolicy::kResident:
-      return "resident";
-  }
-  return "?";
-}
 
 std::string kv_policy_names() {
   std::string s;
-  for (KvPolicy p : kPolicies) {
+  for (policy::Placement p : policy::all_placements()) {
     if (!s.empty()) s += ", ";
-    s += kv_policy_name(p);
+    s += policy::placement_name(p);
   }
   return s;
 }
 
-KvPolicy parse_kv_policy(std::string_view name) {
-  for (KvPolicy p : kPolicies) {
-    if (kv_policy_name(p) == name) return p;
-  }
+policy::Placement parse_kv_policy(std::string_view name) {
+  if (auto p = policy::placement_from_name(name)) return *p;
   fail(ErrorKind::kInvalidArgument, "unknown KV policy '{}' (this build has: {})", name, kv_policy_names());
 }
 
-std::vector<KvPolicy> parse_kv_policy_list(std::string_view list) {
-  std::vector<KvPolicy> out;
+std::vector<policy::Placement> parse_kv_policy_list(std::string_view list) {
+  std::vector<policy::Placement> out;
   while (true) {
     const size_t comma = list.find(',');
-    const KvPolicy p = parse_kv_policy(list.substr(0, comma));
-    for (KvPolicy q : out) {
-      if (q == p) fail(ErrorKind::kInvalidArgument, "KV policy '{}' is listed twice", kv_policy_name(p));
+    const policy::Placement p = parse_kv_policy(list.substr(0, comma));
+    for (policy::Placement q : out) {
+      if (q == p)
+        fail(ErrorKind::kInvalidArgument, "KV policy '{}' is listed twice", policy::placement_name(p));
     }
     out.push_back(p);
     if (comma == std::string_view::npos) break;

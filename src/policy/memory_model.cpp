@@ -167,11 +167,30 @@ uint64_t max_context(const ModelShape& m, Method method, const PlanInputs& in) {
     if (in.host_budget != 0 && l.host_per_token != 0) s = std::min(s, in.host_budget / l.host_per_token);
     return s;
   };
-  if (method != Method::kHeadInfer) return solve(0);
-  if (in.group != 0) return solve(in.group);
+  // Chunked methods hold activations for min(S, C) tokens: below one chunk they grow per token.
+  const bool chunked = method == Method::kChunked || method == Method::kHeadInfer;
+  auto best_for = [&](uint32_t g) {
+    uint64_t s = solve(g);
+    if (chunked && s < in.chunk) {
+      // Within the first chunk the activations scale with S: the standard-like line applies.
+      PlanInputs small = in;
+      small.chunk = 0;
+      const Linear l = linear_model(m, method, small, g);
+      const uint64_t act_tok = act_per_token(m, in.act_elem_bytes);
+      uint64_t t = kUnbounded;
+      if (in.device_budget != 0) {
+        t = in.device_budget < l.fixed ? 0 : (in.device_budget - l.fixed) / (l.per_token + act_tok);
+      }
+      if (in.host_budget != 0 && l.host_per_token != 0) t = std::min(t, in.host_budget / l.host_per_token);
+      s = std::min(t, in.chunk);
+    }
+    return s;
+  };
+  if (method != Method::kHeadInfer) return best_for(0);
+  if (in.group != 0) return best_for(in.group);
   uint64_t best = 0;
   for (uint32_t g = 1; g <= m.n_head_kv; ++g) {
-    if (divides(g, m.n_head_kv)) best = std::max(best, solve(g));
+    if (divides(g, m.n_head_kv)) best = std::max(best, best_for(g));
   }
   return best;
 }

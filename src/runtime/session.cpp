@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kv/make_kv_cache.h"
 
 namespace kvtier::runtime {
 
@@ -25,8 +26,11 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   weights_reservation_ =
       kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   forward_ = std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_);
-  kv_ = std::make_unique<kv::ResidentKv>(forward_->kv_geometry(opt_.kv_block_tokens, opt_.kv_dtype),
-                                         opt_.n_ctx, cfg.n_head, ledger_, pool_, isa_);
+  ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
+  kv::TieredOptions kvo = opt_.kv_placement;
+  kvo.max_new_rows = opt_.chunk;
+  kv_ = kv::make_kv_cache(kvo, forward_->kv_geometry(opt_.kv_block_tokens, opt_.kv_dtype), opt_.n_ctx,
+                          cfg.n_head, ledger_, pool_, isa_);
   const uint64_t n_logits = static_cast<uint64_t>(opt_.chunk) * cfg.n_vocab;
   logits_reservation_ = kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kActivations, n_logits * 4);
   logits_.resize(n_logits);
@@ -70,6 +74,11 @@ std::span<const float> Session::evaluate(std::span<const TokenId> tokens, const 
 
 void Session::truncate(int64_t n) {
   kv_->truncate(n);
+}
+
+std::optional<kv::TieredStats> Session::kv_stats() const {
+  if (const auto* t = dynamic_cast<const kv::TieredKv*>(kv_.get())) return t->stats();
+  return std::nullopt;
 }
 
 }  // namespace kvtier::runtime

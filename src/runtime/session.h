@@ -13,8 +13,9 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "core/thread_pool.h"
+#include "kv/kv_cache.h"
 #include "kv/ledger.h"
-#include "kv/resident_kv.h"
+#include "kv/tiered_kv.h"
 #include "model/forward.h"
 #include "runtime/model_files.h"
 
@@ -29,6 +30,9 @@ struct SessionOptions {
   uint32_t kv_block_tokens = 256;
   cpu::KvDtype kv_dtype = cpu::KvDtype::kF16;
   std::optional<cpu::Isa> isa;  // default: the best the CPU has
+  // KV placement (resident, layer, headinfer), its compute-local budget and home tier.
+  kv::TieredOptions kv_placement;
+  uint64_t host_mem = 0;  // budget of the host tier (offloaded KV in DRAM); 0 = unlimited
 };
 
 // Called after each prefill chunk: (tokens done, tokens total).
@@ -57,7 +61,9 @@ class Session {
   const kv::MemoryLedger& ledger() const { return ledger_; }
   const LoadedModel& model() const { return model_; }
   cpu::Isa isa() const { return isa_; }
-  kv::ResidentKv& kv() { return *kv_; }
+  kv::KvCache& kv() { return *kv_; }
+  // Transfer statistics of an offloaded placement (nullopt for resident).
+  std::optional<kv::TieredStats> kv_stats() const;
 
  private:
   const LoadedModel& model_;
@@ -67,7 +73,7 @@ class Session {
   kv::Reservation weights_reservation_;
   ThreadPool pool_;
   std::unique_ptr<model::Forward> forward_;
-  std::unique_ptr<kv::ResidentKv> kv_;
+  std::unique_ptr<kv::KvCache> kv_;
   kv::Reservation logits_reservation_;
   std::vector<float> logits_;  // [chunk, n_vocab] f32
 };

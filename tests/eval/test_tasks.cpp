@@ -77,7 +77,9 @@ TEST(Tasks, NamesRoundTripAndErrors) {
 }
 
 TEST(KvPolicy, KnownAndUnknown) {
-  EXPECT_EQ(parse_kv_policy("resident"), KvPolicy::kResident);
+  EXPECT_EQ(parse_kv_policy("resident"), policy::Placement::kResident);
+  EXPECT_EQ(parse_kv_policy_list("layer,headinfer"),
+            (std::vector<policy::Placement>{policy::Placement::kLayer, policy::Placement::kHeadInfer}));
   try {
     parse_kv_policy_list("resident,nonsense");
     FAIL() << "no error";

@@ -107,6 +107,25 @@ TEST(MemoryModel, MaxContextScalesInverselyWithGroup) {
   EXPECT_EQ(max_context(m, Method::kStandard, in), 0u);
 }
 
+TEST(MemoryModel, ChunkedEqualsStandardBelowOneChunk) {
+  const ModelShape m = llama3_8b();
+  PlanInputs in;
+  in.chunk = 10240;
+  in.device_budget = m.weight_bytes + (512ull << 20);  // room for a few thousand tokens
+  const uint64_t standard = max_context(m, Method::kStandard, in);
+  ASSERT_GT(standard, 0u);
+  ASSERT_LT(standard, in.chunk);
+  EXPECT_EQ(max_context(m, Method::kChunked, in), standard);
+  // And every reported maximum fits while one more token does not.
+  for (Method method : all_methods()) {
+    const uint64_t s = max_context(m, method, in);
+    in.n_ctx = s;
+    EXPECT_TRUE(plan_memory(m, method, in).fits) << method_name(method) << " at " << s;
+    in.n_ctx = s + 1;
+    EXPECT_FALSE(plan_memory(m, method, in).fits) << method_name(method) << " at " << s + 1;
+  }
+}
+
 TEST(MemoryModel, AdaptiveGroupAndFit) {
   const ModelShape m = llama3_8b();
   // Paper thresholds with a ~4 GiB ping-pong room: <=500K -> 8, 1M -> 4, 2M -> 2, 4M -> 1.

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "kv/resident_kv.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "runtime/session.h"

@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cctype>
+#include <cmath>
 #include <csignal>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -43,6 +46,57 @@ std::string human_bytes(uint64_t b) {
     ++u;
   }
   return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.2f} {}", v, units[u]);
+}
+
+namespace {
+
+// Splits "1.5GiB" into 1.5 and "GiB"; throws on anything that is not a non-negative number + suffix.
+std::pair<double, std::string> number_and_suffix(const std::string& text, const std::string& flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail(ErrorKind::kInvalidArgument, "{}: '{}' is not a number", flag, text);
+  }
+  if (!(v >= 0) || !std::isfinite(v))
+    fail(ErrorKind::kInvalidArgument, "{}: '{}' must be non-negative", flag, text);
+  std::string suffix = text.substr(used);
+  for (char& c : suffix) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return {v, suffix};
+}
+
+uint64_t scaled(double v, double scale, const std::string& text, const std::string& flag) {
+  const double r = std::round(v * scale);
+  if (r > 1.8e19) fail(ErrorKind::kInvalidArgument, "{}: '{}' is too large", flag, text);
+  return static_cast<uint64_t>(r);
+}
+
+}  // namespace
+
+uint64_t parse_bytes(const std::string& text, const std::string& flag) {
+  auto [v, suf] = number_and_suffix(text, flag);
+  const double k = 1024.0;
+  if (suf.empty() || suf == "B") return scaled(v, 1, text, flag);
+  if (suf == "K" || suf == "KIB") return scaled(v, k, text, flag);
+  if (suf == "M" || suf == "MIB") return scaled(v, k * k, text, flag);
+  if (suf == "G" || suf == "GIB") return scaled(v, k * k * k, text, flag);
+  if (suf == "T" || suf == "TIB") return scaled(v, k * k * k * k, text, flag);
+  if (suf == "KB") return scaled(v, 1e3, text, flag);
+  if (suf == "MB") return scaled(v, 1e6, text, flag);
+  if (suf == "GB") return scaled(v, 1e9, text, flag);
+  if (suf == "TB") return scaled(v, 1e12, text, flag);
+  fail(ErrorKind::kInvalidArgument,
+       "{}: unknown size suffix in '{}' (use B, K/KiB, M/MiB, G/GiB, T/TiB, KB, MB, GB)", flag, text);
+}
+
+uint64_t parse_tokens(const std::string& text, const std::string& flag) {
+  auto [v, suf] = number_and_suffix(text, flag);
+  if (suf.empty()) return scaled(v, 1, text, flag);
+  if (suf == "K") return scaled(v, 1024, text, flag);
+  if (suf == "M") return scaled(v, 1024.0 * 1024, text, flag);
+  fail(ErrorKind::kInvalidArgument, "{}: unknown suffix in '{}' (use K = 1024 or M = 1024^2 tokens)", flag,
+       text);
 }
 
 }  // namespace kvtier::cli

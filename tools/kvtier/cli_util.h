@@ -14,5 +14,10 @@ void throw_if_interrupted();
 
 bool stderr_is_tty();
 std::string human_bytes(uint64_t bytes);
+// "24GiB", "512M", "1.5G", "4096" -> bytes (K/M/G/T and KiB/MiB/GiB/TiB are powers of 1024; KB/MB/
+// GB/TB powers of 1000). Throws Error(kInvalidArgument) naming the flag.
+uint64_t parse_bytes(const std::string& text, const std::string& flag);
+// "128K", "1M", "4096" -> tokens (K = 1024, M = 1024^2). Throws Error(kInvalidArgument).
+uint64_t parse_tokens(const std::string& text, const std::string& flag);
 
 }  // namespace kvtier::cli

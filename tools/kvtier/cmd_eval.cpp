@@ -121,13 +121,15 @@ class ModelEngine final : public eval::Engine {
     return model_.tokenizer->encode(text, {.add_special = false, .parse_special = false});
   }
   void use_policy(const std::string& name) override {
-    // Only resident placement exists: every policy name parsed by eval::parse_kv_policy maps to it.
-    switch (eval::parse_kv_policy(name)) {
-      case eval::KvPolicy::kResident:
-        break;
+    runtime::SessionOptions o = opts_;
+    o.kv_placement.placement.placement = eval::parse_kv_policy(name);
+    if (o.kv_placement.placement.placement == policy::Placement::kResident) {
+      o.kv_placement.disk_dir.clear();  // placement options of the offloaded policies do not apply
+      o.kv_placement.placement.group = 0;
+      o.kv_placement.placement.static_heads = 0;
     }
     session_.reset();
-    session_ = std::make_unique<runtime::Session>(model_, opts_);
+    session_ = std::make_unique<runtime::Session>(model_, o);
   }
   std::string generate(const eval::Prompt& p, int max_new_tokens) override {
     throw_if_interrupted();
@@ -296,7 +298,7 @@ void add_eval(CLI::App& app, Runner& run) {
          "task", a->tasks,
          "task or comma-separated tasks: " + eval::task_names() + "; 'niah-all' = the niah variants; 'all'")
       ->required();
-  add_engine_flags(cmd, a->engine);
+  add_engine_flags(cmd, a->engine, /*with_policy=*/false);
   cmd->add_option("--kv-policy", a->policies,
                   "KV policies to compare, comma-separated (the first is the reference); known: " +
                       eval::kv_policy_names())

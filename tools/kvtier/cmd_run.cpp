@@ -108,6 +108,7 @@ int run_run(const RunArgs& a) {
         {"threads", opts.threads},
         {"isa", std::string(cpu::isa_name(session.isa()))},
         {"peak_memory_bytes", memory_json(session.ledger())},
+        {"kv", kv_json(session, a.engine)},
     };
     std::cout << j.dump() << "\n";
   } else {

@@ -21,5 +21,6 @@ void add_perplexity(CLI::App& app, Runner& run);
 void add_bench(CLI::App& app, Runner& run);
 // Registers `kvtier eval` (long-context accuracy of KV policies).
 void add_eval(CLI::App& app, Runner& run);
+void add_plan(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

@@ -12,10 +12,11 @@
 
 #include "cli_util.h"
 #include "core/error.h"
+#include "policy/placement.h"
 
 namespace kvtier::cli {
 
-void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
+void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("-m,--model", a.model, "GGUF model file")->required();
   cmd->add_option("--ctx", a.ctx, "context size in tokens (KV cache capacity)")
       ->check(CLI::NonNegativeNumber);
@@ -26,6 +27,30 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a) {
   cmd->add_option("--kv-type", a.kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
+  if (with_policy) {
+    cmd->add_option(
+           "--kv-policy", a.kv_policy,
+           "KV placement: resident (all KV in compute memory), layer (whole layers offloaded, next "
+           "layer prefetched), headinfer (groups of KV heads offloaded, ping-pong prefetch); all exact")
+        ->check(CLI::IsMember({"resident", "layer", "headinfer"}))
+        ->capture_default_str();
+  }
+  cmd->add_option(
+      "--kv-mem", a.kv_mem,
+      "compute-local memory for KV (resident: all of it; offloaded: staging buffers, static heads), "
+      "e.g. 256MiB; default: as needed");
+  cmd->add_option(
+      "--kv-disk", a.kv_disk,
+      "offloaded policies: keep the KV master copy in an unnamed file in this directory (O_DIRECT; "
+      "removed at exit) instead of host memory");
+  cmd->add_option("--host-mem", a.host_mem, "budget of host memory for offloaded KV, e.g. 8GiB");
+  cmd->add_option("--group", a.group, "headinfer: KV heads per offloaded unit (0: adaptive)")
+      ->capture_default_str();
+  cmd->add_option("--prefetch-depth", a.prefetch_depth, "offloaded policies: units loaded ahead")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
+      ->capture_default_str();
 }
 
 void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& d) {
@@ -63,7 +88,36 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
       o.n_ctx = std::min<int64_t>(o.n_ctx, cfg.n_ctx_train);
   }
   o.chunk = a.chunk > 0 ? a.chunk : runtime::default_chunk(cfg);
+  auto& p = o.kv_placement;
+  p.placement.placement = *policy::placement_from_name(a.kv_policy);
+  p.placement.group = a.group;
+  p.placement.prefetch_depth = a.prefetch_depth;
+  p.placement.static_heads = a.static_heads;
+  if (!a.kv_mem.empty()) p.kv_mem = parse_bytes(a.kv_mem, "--kv-mem");
+  p.disk_dir = a.kv_disk;
+  if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
   return o;
+}
+
+nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
+  nlohmann::json j;
+  j["policy"] = a.kv_policy;
+  const auto st = session.kv_stats();
+  if (!st) {
+    j["bytes_loaded"] = 0;
+    j["bytes_stored"] = 0;
+    j["stall_s"] = 0.0;
+    return j;
+  }
+  j["group"] = st->group;
+  j["home"] = st->home;
+  j["bytes_loaded"] = st->transfer.bytes_loaded;
+  j["bytes_stored"] = st->transfer.bytes_stored;
+  j["stall_s"] = st->transfer.wait_seconds;
+  j["copy_busy_s"] = st->transfer.busy_seconds;
+  j["copy_jobs"] = st->transfer.jobs;
+  j["sync_loads"] = st->sync_loads;
+  return j;
 }
 
 runtime::SamplerParams sampler_params(const SampleArgs& a) {

@@ -21,6 +21,14 @@ struct EngineArgs {
   int threads = 0;    // 0: all cores
   std::string kv_type = "f16";
   std::string isa;  // empty: best
+  // KV placement.
+  std::string kv_policy = "resident";
+  std::string kv_mem;   // compute-local KV budget ("512MiB"); empty = as needed
+  std::string kv_disk;  // directory of the disk home tier
+  std::string host_mem;
+  uint32_t group = 0;
+  uint32_t prefetch_depth = 1;
+  uint32_t static_heads = 0;
 };
 
 struct SampleArgs {
@@ -28,7 +36,8 @@ struct SampleArgs {
   std::optional<uint64_t> seed;
 };
 
-void add_engine_flags(CLI::App* cmd, EngineArgs& a);
+// with_policy = false leaves out --kv-policy (for commands that take a list of policies).
+void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy = true);
 void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& defaults);
 
 // Session options from the flags; `ctx_needed` is used when --ctx is not given (rounded up to a
@@ -40,6 +49,8 @@ runtime::SamplerParams sampler_params(const SampleArgs& a);
 
 // {"device": {"weights": B, "kv": B, ..., "total": B}, "host": {...}, "disk": {...}} of peak bytes.
 nlohmann::json memory_json(const kv::MemoryLedger& ledger);
+// {"policy": ..., "group": g, "home": ..., "bytes_loaded": B, "bytes_stored": B, "stall_s": s, ...}
+nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a);
 std::string read_text_file(const std::string& path);
 
 // A one-line progress bar on stderr, drawn only when stderr is a terminal.
