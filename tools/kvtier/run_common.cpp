@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -51,6 +52,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
+  // Hidden test hooks: fault injection and random copy delays (to flush out ordering races).
+  cmd->add_option("--debug-kv-disk-fail-after", a.debug_disk_fail_after)->group("");
+  cmd->add_option("--debug-copy-delay-us", a.debug_copy_delay_us)->group("");
 }
 
 void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& d) {
@@ -95,6 +99,11 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   p.placement.static_heads = a.static_heads;
   if (!a.kv_mem.empty()) p.kv_mem = parse_bytes(a.kv_mem, "--kv-mem");
   p.disk_dir = a.kv_disk;
+  if (a.debug_disk_fail_after > 0) {
+    p.disk_faults.fail_after_bytes = a.debug_disk_fail_after;
+    p.disk_faults.error = EIO;
+  }
+  p.copy_delay_us = a.debug_copy_delay_us;
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
   return o;
 }
