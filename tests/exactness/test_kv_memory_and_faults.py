@@ -69,3 +69,18 @@ def test_random_copy_delays_keep_outputs_identical(tmp_path):
     for extra in (["--kv-policy", "layer"], ["--kv-policy", "headinfer", "--group", "1", "--prefetch-depth", "3"]):
         j = run_json(*extra, "--kv-disk", tmp_path, "--debug-copy-delay-us", 300)
         assert j["tokens"] == ref["tokens"], extra
+
+
+def test_bench_compares_policies(tmp_path):
+    j = json.loads(run("bench", "-m", model("smollm2"), "--prompt-tokens", "64,128", "--gen", 4, "--repeat", 1,
+                       "-t", 2, "--kv-policy", "resident,layer,headinfer", "--group", 1, "--kv-disk", tmp_path,
+                       "--json").stdout)
+    rows = j["results"]
+    assert [(r["policy"], r["prompt_tokens"]) for r in rows] == [
+        (p, n) for n in (64, 128) for p in ("resident", "layer", "headinfer")]
+    for r in rows:
+        assert r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0
+        assert (r["bytes_loaded_per_run"] > 0) == (r["policy"] != "resident")
+    assert rows[0]["prefill_ratio_to_first"] == 1.0
+    p = run("bench", "-m", model("smollm2"), "--kv-policy", "resident,bogus", check=False)
+    assert p.returncode == 1 and "bogus" in p.stderr and "headinfer" in p.stderr

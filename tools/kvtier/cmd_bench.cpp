@@ -1,7 +1,10 @@
-// kvtier bench -m MODEL [--prompt-tokens 512,4096] [--gen 128] [--threads N] [--repeat 3] [--json]
-// Prefill and decode speed: for each prompt length, `repeat` runs of (prefill the prompt, then
-// decode `gen` tokens greedily); medians are reported. Prompt ids are a fixed pseudo-random
-// sequence of ordinary tokens (speed does not depend on the values).
+// kvtier bench -m MODEL [--prompt-tokens 512,4096] [--gen 128] [--threads N] [--repeat 3]
+//              [--kv-policy resident,layer,headinfer] [placement flags] [--json]
+// Prefill and decode speed: for each prompt length, `repeat` rounds in which every policy runs
+// (prefill the prompt, then decode `gen` tokens greedily), interleaved so machine noise hits all
+// policies alike (after one unrecorded warm-up round); medians are reported, with each policy's ratio to the
+// first, its transfer stall time and bytes moved. Prompt ids are a fixed pseudo-random sequence of ordinary
+// tokens (speed does not depend on the values).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "core/error.h"
+#include "eval/kv_policy.h"
 #include "run_common.h"
 #include "runtime/session.h"
 
@@ -25,7 +29,15 @@ struct BenchArgs {
   std::vector<int64_t> prompt_tokens{512, 4096};
   int64_t gen = 128;
   int repeat = 3;
+  std::string policies = "resident";
   bool json = false;
+};
+
+struct PolicyRun {
+  policy::Placement placement;
+  std::unique_ptr<runtime::Session> session;
+  std::vector<double> pre, dec, stall;
+  uint64_t loaded = 0, stored = 0;
 };
 
 double median(std::vector<double> v) {
@@ -49,54 +61,95 @@ std::vector<runtime::TokenId> bench_prompt(const runtime::LoadedModel& m, int64_
 }
 
 int run_bench(BenchArgs a) {
+  const auto placements = eval::parse_kv_policy_list(a.policies);
   const auto model = runtime::load_model(a.engine.model);
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   nlohmann::json rows = nlohmann::json::array();
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
-  const auto opts = session_options(a.engine, model->config, max_p + a.gen);
-  runtime::Session s(*model, opts);
-  for (int64_t p : a.prompt_tokens) {
-    if (p < 1 || p + a.gen > s.n_ctx())
-      fail(ErrorKind::kInvalidArgument, "prompt of {} tokens + {} generated", p, a.gen);
-    const auto prompt = bench_prompt(*model, p);
-    std::vector<double> pre, dec;
-    for (int r = 0; r < a.repeat; ++r) {
-      s.truncate(0);
-      const auto t0 = Clock::now();
-      auto logits = s.prefill(prompt);
-      const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
-      const auto t1 = Clock::now();
-      for (int64_t g = 0; g < a.gen; ++g) {
-        const auto id =
-            static_cast<runtime::TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-        logits = s.decode(id);
-      }
-      const double td = std::chrono::duration<double>(Clock::now() - t1).count();
-      pre.push_back(static_cast<double>(p) / tp);
-      dec.push_back(static_cast<double>(a.gen) / td);
-      throw_if_interrupted();
+  std::vector<PolicyRun> runs;
+  for (policy::Placement p : placements) {
+    EngineArgs e = a.engine;
+    e.kv_policy = std::string(policy::placement_name(p));
+    if (p == policy::Placement::kResident) {  // the offloaded policies' options do not apply
+      e.kv_disk.clear();
+      e.group = 0;
+      e.static_heads = 0;
     }
-    nlohmann::json row = {{"prompt_tokens", p},
-                          {"gen", a.gen},
-                          {"prefill_tokens_per_s", median(pre)},
-                          {"decode_tokens_per_s", median(dec)},
-                          {"prefill_runs", pre},
-                          {"decode_runs", dec}};
-    rows.push_back(row);
-    if (!a.json) {
-      std::cout << fmt::format(
-          "{}: prompt {:>5} -> prefill {:8.1f} tok/s | decode {:>4} -> {:7.1f} tok/s (median of {})\n",
-          a.engine.model, p, median(pre), a.gen, median(dec), a.repeat);
+    runs.push_back(
+        {p, std::make_unique<runtime::Session>(*model, session_options(e, model->config, max_p + a.gen))});
+  }
+  runtime::Session& first = *runs.front().session;
+  for (int64_t p : a.prompt_tokens) {
+    if (p < 1 || p + a.gen > first.n_ctx()) {
+      fail(ErrorKind::kInvalidArgument, "prompt of {} tokens + {} generated does not fit the context of {}",
+           p, a.gen, first.n_ctx());
+    }
+    const auto prompt = bench_prompt(*model, p);
+    for (auto& pr : runs) pr.pre.clear(), pr.dec.clear(), pr.stall.clear();
+    for (int r = -1; r < a.repeat; ++r) {  // round -1 warms caches and page tables; it is not recorded
+      for (auto& pr : runs) {
+        runtime::Session& s = *pr.session;
+        s.truncate(0);
+        const auto before = s.kv_stats();
+        const auto t0 = Clock::now();
+        auto logits = s.prefill(prompt);
+        const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
+        const auto t1 = Clock::now();
+        for (int64_t g = 0; g < a.gen; ++g) {
+          const auto id =
+              static_cast<runtime::TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          logits = s.decode(id);
+        }
+        const double td = std::chrono::duration<double>(Clock::now() - t1).count();
+        throw_if_interrupted();
+        if (r < 0) continue;
+        pr.pre.push_back(static_cast<double>(p) / tp);
+        pr.dec.push_back(static_cast<double>(a.gen) / td);
+        if (const auto after = s.kv_stats()) {
+          pr.stall.push_back(after->transfer.wait_seconds - before->transfer.wait_seconds);
+          pr.loaded = after->transfer.bytes_loaded - before->transfer.bytes_loaded;
+          pr.stored = after->transfer.bytes_stored - before->transfer.bytes_stored;
+        } else {
+          pr.stall.push_back(0);
+        }
+      }
+    }
+    const double base_pre = median(runs.front().pre), base_dec = median(runs.front().dec);
+    for (const auto& pr : runs) {
+      const std::string name(policy::placement_name(pr.placement));
+      nlohmann::json row = {{"policy", name},
+                            {"prompt_tokens", p},
+                            {"gen", a.gen},
+                            {"prefill_tokens_per_s", median(pr.pre)},
+                            {"decode_tokens_per_s", median(pr.dec)},
+                            {"prefill_ratio_to_first", median(pr.pre) / base_pre},
+                            {"decode_ratio_to_first", median(pr.dec) / base_dec},
+                            {"stall_s", median(pr.stall)},
+                            {"bytes_loaded_per_run", pr.loaded},
+                            {"bytes_stored_per_run", pr.stored},
+                            {"prefill_runs", pr.pre},
+                            {"decode_runs", pr.dec},
+                            {"peak_memory_bytes", memory_json(pr.session->ledger())}};
+      rows.push_back(row);
+      if (!a.json) {
+        std::cout << fmt::format(
+            "{:<9} prompt {:>6} -> prefill {:8.1f} tok/s ({:.3f}x) | decode {:>4} -> {:7.1f} tok/s ({:.3f}x) "
+            "| "
+            "stall {:.3f} s | moved {} in, {} out (median of {})\n",
+            name, p, median(pr.pre), median(pr.pre) / base_pre, a.gen, median(pr.dec),
+            median(pr.dec) / base_dec, median(pr.stall), human_bytes(pr.loaded), human_bytes(pr.stored),
+            a.repeat);
+      }
     }
   }
   if (a.json) {
     nlohmann::json j = {{"model", a.engine.model},
-                        {"threads", opts.threads},
-                        {"chunk", s.chunk()},
-                        {"isa", std::string(cpu::isa_name(s.isa()))},
+                        {"threads", session_options(a.engine, model->config, max_p + a.gen).threads},
+                        {"chunk", first.chunk()},
+                        {"ctx", first.n_ctx()},
+                        {"isa", std::string(cpu::isa_name(first.isa()))},
                         {"repeat", a.repeat},
-                        {"results", rows},
-                        {"peak_memory_bytes", memory_json(s.ledger())}};
+                        {"results", rows}};
     std::cout << j.dump() << "\n";
   }
   return 0;
@@ -107,7 +160,11 @@ int run_bench(BenchArgs a) {
 void add_bench(CLI::App& app, Runner& run) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed (medians of several runs)");
-  add_engine_flags(cmd, a->engine);
+  add_engine_flags(cmd, a->engine, /*with_policy=*/false);
+  cmd->add_option(
+         "--kv-policy", a->policies,
+         "KV placements to compare, comma-separated (resident, layer, headinfer); ratios are to the first")
+      ->capture_default_str();
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt lengths, comma-separated")->delimiter(',');
   cmd->add_option("--gen", a->gen, "tokens to decode after each prompt")->check(CLI::PositiveNumber);
   cmd->add_option("--repeat", a->repeat, "runs per length (the median is reported)")
