@@ -70,11 +70,11 @@ def test_same_seed_same_prompts_and_answers(first, tmp_path):
 
 
 def test_exact_policies_equal_resident(tmp_path):
-    exact = [p for p in known_policies() if p in EXACT]
-    if not exact:
-        pytest.skip("no exact offloading policy in this build yet (layer, headinfer)")
-    run("eval", "niah,ppl", "-m", model("smollm2"), "--kv-policy", ",".join(["resident", *exact]), *GRID,
-        "--expect-equal")
+    assert set(EXACT) <= set(known_policies())
+    # Offloaded policies with one KV head per unit and the master copy on disk: answers and NLLs
+    # must equal resident's sample by sample (--expect-equal exits 1 otherwise).
+    run("eval", "niah,ppl", "-m", model("smollm2"), "--kv-policy", ",".join(["resident", *EXACT]), *GRID,
+        "--group", "1", "--kv-disk", tmp_path, "--expect-equal")
 
 
 def test_unknown_policy_names_the_known_ones():
