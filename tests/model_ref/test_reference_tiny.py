@@ -1,5 +1,6 @@
-"""Exact structural check of the forward pass: tiny f32 models (llama, qwen2, gemma3 with sliding
-windows and a global layer) against the NumPy reference. With f32 weights no activation
+"""Exact structural check of the forward pass: tiny f32 models (llama GQA and MHA, Llama-3 RoPE
+frequency factors, Mistral sliding window, qwen2 biases, gemma3 with sliding windows and a global
+layer) against the NumPy reference. With f32 weights no activation
 quantisation enters, and the reference rounds K/V to f16 as the engine's KV cache does, so the
 remaining differences are float summation order: max |logit difference| <= 1e-3."""
 import json
@@ -28,10 +29,12 @@ def models(tmp_path_factory):
         "llama-mha": tiny_models.synth_llama(kt.kvtier_bin(), str(d / "mha.gguf"), "tiny-mha"),
         "qwen2": tiny_models.write_tiny(str(d / "qwen2.gguf"), llama, "qwen2"),
         "gemma3": tiny_models.write_tiny(str(d / "gemma3.gguf"), llama, "gemma3"),
+        "llama3": tiny_models.write_tiny(str(d / "llama3.gguf"), llama, "llama", variant="llama3"),
+        "mistral": tiny_models.write_tiny(str(d / "mistral.gguf"), llama, "llama", variant="mistral"),
     }
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-mha", "qwen2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-mha", "qwen2", "gemma3", "llama3", "mistral"])
 @pytest.mark.parametrize("chunk", [5, 512])
 def test_tiny_logits_match_reference(models, arch, chunk, tmp_path):
     path = models[arch]

@@ -27,8 +27,9 @@ def _copy_tokenizer(src: GGUFReader, w: GGUFWriter) -> int:
     return len(tokens)
 
 
-def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5) -> str:
-    """A 6-layer gemma3 (5 sliding-window layers of window 8, then a global one) or a 2-layer qwen2."""
+def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5, variant: str = "") -> str:
+    """A 6-layer gemma3 (5 sliding-window layers of window 8, then a global one), a 2-layer qwen2,
+    or a 2-layer llama variant: "llama3" (rope_freqs frequency factors), "mistral" (window 8)."""
     rng = np.random.default_rng(seed)
     src = GGUFReader(tokenizer_src)
     w = GGUFWriter(path, arch)
@@ -49,7 +50,9 @@ def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5) -> str:
         w.add_rope_freq_base(1e6)
         w.add_sliding_window(8)
     else:
-        w.add_rope_freq_base(1e4)
+        w.add_rope_freq_base(5e5 if variant == "llama3" else 1e4)
+    if variant == "mistral":
+        w.add_sliding_window(8)
 
     def t(name, *shape, scale=None, ones=False):  # numpy shape [rows, k]
         if ones:
@@ -61,6 +64,9 @@ def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5) -> str:
 
     t("token_embd.weight", n_vocab, E, scale=0.5)
     t("output_norm.weight", E, ones=True)
+    if variant == "llama3":  # Llama-3 style factors: high frequencies 1, low ones up to 8
+        w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, D // 2).astype(np.float32),
+                     raw_dtype=GGMLQuantizationType.F32)
     for i in range(L):
         p = f"blk.{i}."
         t(p + "attn_norm.weight", E, ones=True)

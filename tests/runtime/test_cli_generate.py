@@ -1,0 +1,82 @@
+"""kvtier run / chat / perplexity / bench from the command line: JSON fields, streaming equals the
+JSON text, seeds, stop strings, chat multi-turn, errors. Tiny synthetic model (fast) plus SmolLM2
+for the chat REPL."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "python"))
+import kvtier_testlib as kt  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = tmp_path_factory.mktemp("m") / "tiny.gguf"
+    kt.run("synth", "--preset", "tiny-llama", "-o", path, "--type", "q8_0", "--seed", "1")
+    return path
+
+
+def test_run_json_has_the_promised_fields(tiny):
+    j = kt.run_json("run", "-m", tiny, "-p", "hello world", "-n", 12, "--ignore-eos", "--json", "--threads", 2)
+    for k in ("text", "tokens", "n_prompt", "n_gen", "prefill_tokens_per_s", "decode_tokens_per_s",
+              "peak_memory_bytes", "seed", "stop_reason"):
+        assert k in j, k
+    assert j["n_gen"] == len(j["tokens"]) == 12 and j["n_prompt"] == len(j["prompt_tokens"]) == 12  # BOS + 11 bytes
+    mem = j["peak_memory_bytes"]["device"]
+    assert mem["weights"] > 0 and mem["kv"] > 0 and mem["activations"] > 0 and mem["total"] >= mem["kv"]
+    assert set(j["peak_memory_bytes"]) == {"device", "host", "disk"}
+
+
+def test_streamed_text_equals_json_text_and_greedy_is_default(tiny):
+    args = ["run", "-m", tiny, "-p", "abc", "-n", 20, "--ignore-eos"]
+    streamed = kt.run(*args).stdout
+    j = kt.run_json(*args, "--json")
+    assert streamed == j["text"] + "\n"
+    assert kt.run_json(*args, "--json")["tokens"] == j["tokens"]
+
+
+def test_seed_reproducible_sampling(tiny):
+    args = ["run", "-m", tiny, "-p", "abc", "-n", 24, "--ignore-eos", "--json", "--temp", "1.5", "--top-k", "50",
+            "--top-p", "0.95", "--min-p", "0.01", "--repeat-penalty", "1.1"]
+    a = kt.run_json(*args, "--seed", 5)
+    assert kt.run_json(*args, "--seed", 5)["tokens"] == a["tokens"]
+    assert kt.run_json(*args, "--seed", 6)["tokens"] != a["tokens"]
+
+
+def test_stop_string_cuts_the_text(tiny):
+    j = kt.run_json("run", "-m", tiny, "-p", "abc", "-n", 40, "--ignore-eos", "--json")
+    text = j["text"]
+    assert len(text) > 6
+    stop = text[3:5]
+    k = kt.run_json("run", "-m", tiny, "-p", "abc", "-n", 40, "--ignore-eos", "--json", "--stop", stop)
+    assert k["stop_reason"] == "stop_string" and k["text"] == text[:text.find(stop)]
+
+
+def test_context_and_flag_errors(tiny):
+    p = kt.run("run", "-m", tiny, "-n", 4, check=False)
+    assert p.returncode != 0 and "exactly one of -p TEXT and -f FILE" in p.stderr
+    p = kt.run("run", "-m", tiny, "-p", "x" * 300, "--ctx", 64, check=False)
+    assert p.returncode != 0 and "raise --ctx" in p.stderr
+
+
+def test_perplexity_and_bench_json(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 30)
+    j = kt.run_json("perplexity", "-m", tiny, "-f", text, "--ctx", 64, "--json")
+    assert j["n_windows"] >= 2 and j["perplexity"] > 1 and j["n_scored"] == j["n_windows"] * 31
+    b = kt.run_json("bench", "-m", tiny, "--prompt-tokens", "16,64", "--gen", 4, "--repeat", 2, "--json")
+    assert [r["prompt_tokens"] for r in b["results"]] == [16, 64]
+    assert all(r["prefill_tokens_per_s"] > 0 and r["decode_tokens_per_s"] > 0 for r in b["results"])
+
+
+def test_chat_two_turns_then_end_of_input():
+    proc = subprocess.run([kt.kvtier_bin(), "chat", "-m", str(kt.model("smollm2")), "--temp", "0", "-n", "24",
+                           "--threads", "2"], input="What is the capital of France?\nAnd of Italy?\n",
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    replies = [r for r in proc.stdout.split("\n") if r.strip()]
+    assert len(replies) >= 2
+    assert "Paris" in proc.stdout and "Rome" in proc.stdout, proc.stdout
