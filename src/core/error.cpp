@@ -17,6 +17,8 @@ const char* error_kind_name(ErrorKind kind) {
       return "I/O error";
     case ErrorKind::kBudget:
       return "budget";
+    case ErrorKind::kInterrupted:
+      return "interrupted";
     case ErrorKind::kInternal:
       return "internal error";
   }

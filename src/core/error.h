@@ -15,6 +15,7 @@ enum class ErrorKind {
   kUnsupported,      // valid input that this build cannot handle (architecture, type)
   kIo,               // the operating system refused a read, write, map, ...
   kBudget,           // a memory or disk budget cannot be met
+  kInterrupted,      // the user asked to stop (Ctrl-C, SIGTERM)
   kInternal,
 };
 

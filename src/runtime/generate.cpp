@@ -60,8 +60,13 @@ GenerateResult generate(Session& s, Sampler& sampler, std::span<const TokenId> p
   }
   history.insert(history.end(), prompt.begin(), prompt.end());
   const auto t0 = Clock::now();
+  // A long prefill stops at the next chunk boundary when interruption is requested.
+  const ProgressFn checked = [&](int64_t done, int64_t total) {
+    if (progress) progress(done, total);
+    if (opt.interrupted && opt.interrupted()) fail(ErrorKind::kInterrupted, "interrupted during the prompt");
+  };
   std::span<const float> logits =
-      opt.on_logits ? s.evaluate(prompt, opt.on_logits, progress) : s.prefill(prompt, progress);
+      opt.on_logits ? s.evaluate(prompt, opt.on_logits, checked) : s.prefill(prompt, checked);
   r.prefill_s = since(t0);
 
   tokenizer::StreamDecoder dec(tok, {.render_special = false});

@@ -30,7 +30,7 @@ bool interrupted() {
 }
 
 void throw_if_interrupted() {
-  if (interrupted()) fail(ErrorKind::kIo, "interrupted");
+  if (interrupted()) fail(ErrorKind::kInterrupted, "interrupted");
 }
 
 bool stderr_is_tty() {

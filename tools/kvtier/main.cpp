@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
   try {
     return run ? run() : 2;
   } catch (const Error& e) {
+    if (e.kind() == ErrorKind::kInterrupted) {
+      std::fprintf(stderr, "\nkvtier: interrupted\n");
+      return 130;
+    }
     std::fprintf(stderr, "kvtier: error: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc&) {
