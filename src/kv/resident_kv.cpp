@@ -4,22 +4,10 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/half.h"
+#include "kv/kv_row.h"
 
 namespace kvtier::kv {
-namespace {
-
-// One row of f32 values stored as the cache's dtype.
-void store_row(KvDtype dt, const float* src, int64_t n, uint8_t* dst) {
-  if (dt == KvDtype::kF32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  auto* h = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
-}
-
-}  // namespace
+namespace {}  // namespace
 
 ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                        ThreadPool& pool, cpu::Isa isa)
@@ -109,8 +97,8 @@ void ResidentKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, 
         const int64_t h = grp * g + i;
         uint8_t* kd = base + static_cast<size_t>((i * bt + row) * dk) * esz;
         uint8_t* vd = base + static_cast<size_t>(g * bt * dk + (i * bt + row) * dv) * esz;
-        store_row(geo_.dtype, k + (t * hk + h) * dk, dk, kd);
-        store_row(geo_.dtype, v + (t * hk + h) * dv, dv, vd);
+        store_kv_row(geo_.dtype, k + (t * hk + h) * dk, dk, kd);
+        store_kv_row(geo_.dtype, v + (t * hk + h) * dv, dv, vd);
       }
     }
   }

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/half.h"
+#include "kv/kv_row.h"
 
 namespace kvtier::kv {
 namespace {
@@ -17,15 +17,6 @@ uint64_t round_up(uint64_t v, uint64_t a) {
 }
 uint64_t round_down(uint64_t v, uint64_t a) {
   return v / a * a;
-}
-
-void store_row(KvDtype dt, const float* src, int64_t n, uint8_t* dst) {
-  if (dt == KvDtype::kF32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  auto* h = reinterpret_cast<uint16_t*>(dst);
-  for (int64_t i = 0; i < n; ++i) h[i] = f32_to_f16(src[i]);
 }
 
 uint8_t* aligned_bytes(uint64_t bytes, const char* what) {
@@ -196,10 +187,10 @@ void TieredKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, co
   const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < hk; ++h) {
-      store_row(geo_.dtype, k + (t * hk + h) * dk, dk,
-                new_k_.data() + static_cast<size_t>((t * hk + h) * dk) * esz_);
-      store_row(geo_.dtype, v + (t * hk + h) * dv, dv,
-                new_v_.data() + static_cast<size_t>((t * hk + h) * dv) * esz_);
+      store_kv_row(geo_.dtype, k + (t * hk + h) * dk, dk,
+                   new_k_.data() + static_cast<size_t>((t * hk + h) * dk) * esz_);
+      store_kv_row(geo_.dtype, v + (t * hk + h) * dv, dv,
+                   new_v_.data() + static_cast<size_t>((t * hk + h) * dv) * esz_);
     }
   }
   length_[layer] = pos0 + n;
