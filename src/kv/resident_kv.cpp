@@ -1,13 +1,11 @@
 #include "kv/resident_kv.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/error.h"
 #include "kv/kv_row.h"
 
 namespace kvtier::kv {
-namespace {}  // namespace
 
 ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                        ThreadPool& pool, cpu::Isa isa)
