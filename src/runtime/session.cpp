@@ -7,10 +7,14 @@
 
 namespace kvtier::runtime {
 
+namespace {
+constexpr uint64_t kLogitsBytes = uint64_t{64} << 20;  // all-position logits buffer of evaluate()
+}
+
 int64_t default_chunk(const model::ModelConfig& cfg) {
-  // Bytes per token of the activations (see Forward) and of one row of logits.
+  // Bytes per token of the activations (see Forward); logits have their own buffer.
   const uint64_t per_token = 4 * (3 * uint64_t{cfg.n_embd} + 2 * uint64_t{cfg.n_ff} +
-                                  uint64_t{cfg.n_head} * (cfg.head_dim_k + cfg.head_dim_v) + cfg.n_vocab / 4);
+                                  uint64_t{cfg.n_head} * (cfg.head_dim_k + cfg.head_dim_v));
   const uint64_t target = uint64_t{64} << 20;
   return std::clamp<int64_t>(static_cast<int64_t>(target / per_token), 16, 512);
 }
@@ -31,7 +35,10 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   kvo.max_new_rows = opt_.chunk;
   kv_ = kv::make_kv_cache(kvo, forward_->kv_geometry(opt_.kv_block_tokens, opt_.kv_dtype), opt_.n_ctx,
                           cfg.n_head, ledger_, pool_, isa_);
-  const uint64_t n_logits = static_cast<uint64_t>(opt_.chunk) * cfg.n_vocab;
+  // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
+  logit_rows_ =
+      std::clamp<int64_t>(static_cast<int64_t>(kLogitsBytes / (4 * uint64_t{cfg.n_vocab})), 1, opt_.chunk);
+  const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;
   logits_reservation_ = kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kActivations, n_logits * 4);
   logits_.resize(n_logits);
 }
@@ -60,8 +67,8 @@ std::span<const float> Session::evaluate(std::span<const TokenId> tokens, const 
   KVTIER_ASSERT(n > 0, "evaluation of no tokens");
   int64_t last_row = 0;
   const size_t V = model_.config.n_vocab;
-  for (int64_t i = 0; i < n; i += opt_.chunk) {
-    const int64_t m = std::min(opt_.chunk, n - i);
+  for (int64_t i = 0; i < n; i += logit_rows_) {
+    const int64_t m = std::min(logit_rows_, n - i);
     const int64_t pos0 = kv_->length();
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), pos0, *kv_,
                   model::LogitRows::kAll, logits_.data());

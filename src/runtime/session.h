@@ -48,7 +48,8 @@ class Session {
   std::span<const float> prefill(std::span<const TokenId> tokens, const ProgressFn& progress = {});
   // Appends one token; returns its logits.
   std::span<const float> decode(TokenId token);
-  // Appends tokens, calling `fn` with every position's logits (chunked; for perplexity / dumps).
+  // Appends tokens, calling `fn` with every position's logits (for perplexity / dumps), in passes of
+  // at most min(chunk, 64 MiB of logits) tokens (results do not depend on the pass size).
   // Returns the logits of the last position.
   std::span<const float> evaluate(std::span<const TokenId> tokens, const LogitsFn& fn,
                                   const ProgressFn& progress = {});
@@ -75,7 +76,8 @@ class Session {
   std::unique_ptr<model::Forward> forward_;
   std::unique_ptr<kv::KvCache> kv_;
   kv::Reservation logits_reservation_;
-  std::vector<float> logits_;  // [chunk, n_vocab] f32
+  int64_t logit_rows_ = 1;     // tokens per pass of evaluate() (its logits buffer's rows)
+  std::vector<float> logits_;  // [logit_rows_, n_vocab] f32
 };
 
 // Default prefill chunk for a model: keeps the per-chunk activations and all-position logits near
