@@ -5,6 +5,8 @@
 #include <cstring>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include "core/checked_math.h"
 #include "core/error.h"
 #include "gguf/reader.h"
@@ -239,7 +241,9 @@ void Writer::emit(Sink& sink, const WriteProgress& progress) const {
 }
 
 void Writer::write(const std::string& path, const WriteProgress& progress) const {
-  const std::string tmp = path + ".tmp";
+  // A private temporary name: two writers of the same path must not share one.
+  const std::string tmp =
+      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(reinterpret_cast<uintptr_t>(this));
   try {
     FileSink sink(tmp);
     emit(sink, progress);

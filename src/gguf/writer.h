@@ -1,6 +1,7 @@
 // GGUF writer: metadata in insertion order, tensors streamed one at a time from fill callbacks, so
-// files larger than memory (an 8B model) can be written. Files are written to `<path>.tmp` and
-// renamed into place only when complete: a failed write (disk full, I/O error) leaves nothing behind.
+// files larger than memory (an 8B model) can be written. Files are written to a private
+// `<path>.tmp.<pid>.<id>` and renamed into place only when complete: a failed write (disk full, I/O error)
+// leaves nothing behind.
 #pragma once
 
 #include <cstdint>

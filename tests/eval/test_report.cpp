@@ -1,5 +1,6 @@
 // Report and JSON writing from hand-made results.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -122,7 +123,8 @@ TEST(Report, JsonHasSamplesCellsAndMeta) {
 }
 
 TEST(Report, WritesDirectory) {
-  const auto dir = std::filesystem::temp_directory_path() / "kvtier_eval_report_test";
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("kvtier_eval_report_test_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   write_report(dir.string(), info(), results());
   EXPECT_TRUE(std::filesystem::exists(dir / "README.md"));

@@ -95,8 +95,11 @@ TEST(GgufRoundTrip, FileWriteIsAtomicAndReadable) {
   const fs::path dir = fs::path(KVTIER_BINARY_DIR) / "test_tmp" / "roundtrip";
   fs::create_directories(dir);
   const fs::path out = dir / "all.gguf";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
   testing::all_types_writer().write(out.string());
-  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
+  // Only the file itself is left: no temporary.
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1);
   const File f(out.string());
   EXPECT_EQ(f.get_string("general.architecture"), "test");
   EXPECT_EQ(f.get_int("t.i32"), INT32_MIN);
@@ -121,9 +124,9 @@ TEST(GgufRoundTrip, WriteIntoMissingDirectoryFailsCleanly) {
 // A full disk is simulated with a file-size limit: writes fail (EFBIG) part-way through.
 TEST(GgufRoundTrip, FullDiskLeavesNothingBehind) {
   const fs::path dir = fs::path(KVTIER_BINARY_DIR) / "test_tmp" / "fulldisk";
+  fs::remove_all(dir);
   fs::create_directories(dir);
   const fs::path out = dir / "big.gguf";
-  fs::remove(out);
   Writer w;
   w.set("general.architecture", Value::string("test"));
   w.add_tensor("big", GgmlType::kF32, {1u << 20},
@@ -145,7 +148,7 @@ TEST(GgufRoundTrip, FullDiskLeavesNothingBehind) {
   setrlimit(RLIMIT_FSIZE, &old);
   EXPECT_TRUE(threw);
   EXPECT_FALSE(fs::exists(out));
-  EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 0);  // no temporary left
 }
 
 TEST(GgufRoundTrip, WriterRejectsBadTensors) {

@@ -2,6 +2,7 @@
 // prefill chunk size, the thread count, the KV head grouping, or prefill vs decode (bit-identical:
 // the attention tiles follow absolute positions and the matmul rows are batch-independent).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <vector>
@@ -15,8 +16,10 @@ namespace kvtier::runtime {
 namespace {
 
 std::string synth_file(GgmlType type) {
+  // One file per process: CTest runs the tests of this binary as parallel processes.
   const auto path = std::filesystem::temp_directory_path() /
-                    ("kvtier_test_tiny_llama_" + std::string(ggml_type_name(type)) + ".gguf");
+                    ("kvtier_test_tiny_llama_" + std::string(ggml_type_name(type)) + "_" +
+                     std::to_string(::getpid()) + ".gguf");
   model::SynthOptions o;
   o.type = type;
   o.seed = 7;
