@@ -146,8 +146,15 @@ TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
 }
 
 void TieredKv::begin_pass(int64_t s_kv) {
-  policy::PassPlan plan =
-      policy::plan_pass(opt_.placement, shape_, s_kv, [this](uint32_t g) { return layout_for(g).rows; });
+  const policy::RowsForGroup rows = [this](uint32_t g) { return layout_for(g).rows; };
+  // Same group as the last pass: the schedule is unchanged, so nothing is re-planned or
+  // allocated on the decode path.
+  if (!plan_.units.empty() && policy::choose_group(opt_.placement, shape_, s_kv, rows) == layout_.group) {
+    pass_first_visit_ = next_visit_;
+    ++passes_;
+    return;
+  }
+  policy::PassPlan plan = policy::plan_pass(opt_.placement, shape_, s_kv, rows);
   if (plan.group != layout_.group) {
     engine_->drain();
     inflight_.clear();
