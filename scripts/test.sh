@@ -17,20 +17,40 @@ for arg in "$@"; do
 done
 jobs="$(nproc)"
 
+# Every CTest stage's counts are added up and printed as one closing line at the end, so a log
+# reader sees the whole run's totals (the last stage alone may be a GPU test that skips here).
+passed=0 failed=0 skipped=0
+log_dir="$(mktemp -d)"
+trap 'rm -rf "$log_dir"' EXIT
+run_ctest() {  # run_ctest ARGS...: ctest with its output shown and its counts added to the totals
+  local log="$log_dir/ctest.log" rc=0
+  ctest "$@" 2>&1 | tee "$log" || rc=$?
+  local total fail skip
+  total="$(sed -n 's/.*tests failed out of \([0-9][0-9]*\).*/\1/p' "$log" | tail -n 1)"
+  fail="$(sed -n 's/.* \([0-9][0-9]*\) tests failed out of.*/\1/p' "$log" | tail -n 1)"
+  skip="$(grep -c '(Skipped)$' "$log" || true)"
+  total="${total:-0}" fail="${fail:-0}"
+  passed=$((passed + total - fail - skip)) failed=$((failed + fail)) skipped=$((skipped + skip))
+  if [[ $rc != 0 ]]; then
+    echo "tests: $passed passed, $((failed > 0 ? failed : 1)) failed, $skipped skipped"
+  fi
+  return "$rc"
+}
+
 [[ $setup == 1 ]] && scripts/setup.sh
 
 echo "== cpu build"
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j "$jobs"
 echo "== cpu tests"
-ctest --preset cpu -j "$jobs"
+run_ctest --preset cpu -j "$jobs"
 
 if [[ $asan == 1 ]]; then
   echo "== asan build"
   cmake --preset asan >/dev/null
   cmake --build --preset asan -j "$jobs"
   echo "== asan tests (unit)"
-  ctest --preset asan -j "$jobs" -L unit
+  run_ctest --preset asan -j "$jobs" -L unit
 fi
 
 if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
@@ -38,7 +58,7 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   export PATH="$PATH:/usr/local/cuda/bin"
   cmake --preset cuda >/dev/null
   cmake --build --preset cuda -j "$jobs" --target test_cuda
-  ctest --preset cuda -L gpu
+  run_ctest --preset cuda -L gpu
 else
   echo "== cuda build skipped: nvcc not found" >&2
 fi
@@ -56,3 +76,4 @@ if [[ $fuzz == 1 ]]; then
   fi
 fi
 echo "== all tests passed"
+echo "tests: $passed passed, $failed failed, $skipped skipped"
