@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite from a fresh clone: set-up (packages, .venv, models), the CPU build and all
-# CTest tests, then the AddressSanitizer/UBSan build and its unit tests, then a short fuzz run of
-# the GGUF reader. Usage: scripts/test.sh [--no-setup] [--no-asan] [--no-fuzz]
+# CTest tests, the CUDA target's compile (GPU tests skip without a GPU), the AddressSanitizer/UBSan
+# build and its unit tests, then a short fuzz run of the GGUF reader. Usage: scripts/test.sh [--no-setup] [--no-asan] [--no-fuzz]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -45,14 +45,6 @@ cmake --build --preset cpu -j "$jobs"
 echo "== cpu tests"
 run_ctest --preset cpu -j "$jobs"
 
-if [[ $asan == 1 ]]; then
-  echo "== asan build"
-  cmake --preset asan >/dev/null
-  cmake --build --preset asan -j "$jobs"
-  echo "== asan tests (unit)"
-  run_ctest --preset asan -j "$jobs" -L unit
-fi
-
 if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   echo "== cuda build (the CUDA target compiles here; GPU tests run only where a GPU is)"
   export PATH="$PATH:/usr/local/cuda/bin"
@@ -61,6 +53,14 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   run_ctest --preset cuda -L gpu
 else
   echo "== cuda build skipped: nvcc not found" >&2
+fi
+
+if [[ $asan == 1 ]]; then
+  echo "== asan build"
+  cmake --preset asan >/dev/null
+  cmake --build --preset asan -j "$jobs"
+  echo "== asan tests (unit)"
+  run_ctest --preset asan -j "$jobs" -L unit
 fi
 
 if [[ $fuzz == 1 ]]; then
