@@ -43,13 +43,13 @@ void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t n_tokens,
   KVTIER_CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 
-void f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
+void cast_f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream) {
   if (n <= 0) return;
   f32_to_bf16_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, y);
   KVTIER_CUDA_CHECK_LAUNCH("f32_to_bf16_kernel");
 }
 
-void bf16_to_f32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
+void cast_bf16_to_f32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream) {
   if (n <= 0) return;
   bf16_to_f32_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, y);
   KVTIER_CUDA_CHECK_LAUNCH("bf16_to_f32_kernel");

@@ -54,7 +54,7 @@ void gemm_bf16(Blas& blas, const uint16_t* w, const uint16_t* x, int64_t n_token
 
 void gemm_bf16_f32in(Blas& blas, const uint16_t* w, const float* x, uint16_t* x_bf16, int64_t n_tokens,
                      int64_t k, int64_t n_out, float* y, cudaStream_t stream) {
-  f32_to_bf16(x, n_tokens * k, x_bf16, stream);
+  cast_f32_to_bf16(x, n_tokens * k, x_bf16, stream);
   gemm_bf16(blas, w, x_bf16, n_tokens, k, n_out, y, stream);
 }
 

@@ -19,9 +19,9 @@ void embedding_bf16(const uint16_t* table, const int32_t* ids, int64_t n_tokens,
                     float* out, cudaStream_t stream);
 
 // y = bf16(x) rounded to nearest even (GEMM inputs): x [n] f32, y [n] bf16 bits.
-void f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
+void cast_f32_to_bf16(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
 // y = f32(x): x [n] bf16 bits, y [n] f32 (exact).
-void bf16_to_f32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream);
+void cast_bf16_to_f32(const uint16_t* x, int64_t n, float* y, cudaStream_t stream);
 
 // ---- norms (norm.cu): x, y [n_rows, n] f32 contiguous; y may alias x
 
