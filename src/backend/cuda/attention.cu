@@ -182,6 +182,7 @@ void attend(const AttnParams& p, const AttnQueries& q, const KvSpan& span, const
         l.n_qtiles == 1 && n_chunks > 1 && n_chunks <= 65535 && scratch != nullptr && scratch_bytes >= need;
     schedule = split ? AttnSchedule::kSplit : AttnSchedule::kSingle;
   }
+  if (n_chunks == 0) schedule = AttnSchedule::kSingle;  // no keys: o = 0, lse = -inf
   Partials part;
   if (schedule == AttnSchedule::kSplit) {
     if (scratch == nullptr || scratch_bytes < need) {
@@ -190,7 +191,6 @@ void attend(const AttnParams& p, const AttnQueries& q, const KvSpan& span, const
     }
     if (n_chunks > 65535)
       fail(ErrorKind::kUnsupported, "CUDA attention: {} chunks in one split call", n_chunks);
-    if (n_chunks == 0) schedule = AttnSchedule::kSingle;  // nothing to split: o = 0, lse = -inf
     part.o = static_cast<float*>(scratch);
     part.ml = part.o + static_cast<size_t>(n_chunks) * static_cast<size_t>(q.n_tokens) *
                            static_cast<size_t>(q.n_heads) * static_cast<size_t>(p.head_dim_v);

@@ -28,11 +28,16 @@ int to_int(int64_t v, const char* what) {
 }  // namespace
 
 Blas::Blas(DeviceArena& arena) {
-  KVTIER_CUBLAS_CHECK(cublasCreate(&h_));
   void* ws = arena.allocate_bytes(kWorkspaceBytes, "cuBLAS workspace");
-  KVTIER_CUBLAS_CHECK(cublasSetWorkspace(h_, ws, kWorkspaceBytes));
-  KVTIER_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
-  KVTIER_CUBLAS_CHECK(cublasSetAtomicsMode(h_, CUBLAS_ATOMICS_NOT_ALLOWED));
+  KVTIER_CUBLAS_CHECK(cublasCreate(&h_));
+  try {
+    KVTIER_CUBLAS_CHECK(cublasSetWorkspace(h_, ws, kWorkspaceBytes));
+    KVTIER_CUBLAS_CHECK(cublasSetMathMode(h_, CUBLAS_DEFAULT_MATH));
+    KVTIER_CUBLAS_CHECK(cublasSetAtomicsMode(h_, CUBLAS_ATOMICS_NOT_ALLOWED));
+  } catch (...) {
+    cublasDestroy(h_);
+    throw;
+  }
 }
 
 Blas::~Blas() {
