@@ -129,8 +129,8 @@ class GpuCase {
   GpuCase(const Case& c, const HostData& d)
       : c_(c),
         q_(d.q),
-        k_(bytes(c.dtype == KvDtype::kF32 ? as_bytes(d.k32) : as_bytes(d.k_bits))),
-        v_(bytes(c.dtype == KvDtype::kF32 ? as_bytes(d.v32) : as_bytes(d.v_bits))) {}
+        k_(c.dtype == KvDtype::kF32 ? as_bytes(d.k32) : as_bytes(d.k_bits)),
+        v_(c.dtype == KvDtype::kF32 ? as_bytes(d.v32) : as_bytes(d.v_bits)) {}
 
   // Queries [t_first, t_first + n_tok) of KV heads [kv_first, kv_first + n_kv) over cache rows
   // [row_first, row_first + n_rows) (positions span_pos0 + row).
@@ -169,7 +169,6 @@ class GpuCase {
     std::memcpy(b.data(), v.data(), b.size());
     return b;
   }
-  static const std::vector<uint8_t>& bytes(const std::vector<uint8_t>& b) { return b; }
 
   Case c_;
   DeviceBuffer<float> q_;

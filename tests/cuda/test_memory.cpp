@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/cuda/bump_allocator.h"
+#include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/pinned_pool.h"
@@ -140,6 +141,23 @@ TEST(CudaStream, TimingEventsMeasureElapsedTime) {
   b.record(s.get());
   s.synchronize();
   EXPECT_GE(Event::elapsed_ms(a, b), 0.0f);
+}
+
+}  // namespace
+}  // namespace kvtier::cuda
+
+namespace kvtier::cuda {
+namespace {
+
+TEST(CudaContext, ReservesResourcesAndReportsMemory) {
+  KVTIER_REQUIRE_GPU();
+  Context ctx(ContextOptions{0, size_t{256} << 20, size_t{16} << 20});
+  const MemoryReport r = ctx.memory_report();
+  EXPECT_EQ(r.arena_budget, size_t{256} << 20);
+  EXPECT_EQ(r.arena_used, Blas::kWorkspaceBytes);  // the cuBLAS workspace
+  EXPECT_EQ(r.pinned_capacity, size_t{16} << 20);
+  EXPECT_GT(r.device_total, r.arena_budget);
+  EXPECT_THROW(Context(ContextOptions{1 << 20, 1 << 20, 0}), Error);
 }
 
 }  // namespace
