@@ -1,6 +1,6 @@
 // CUDA float ops and KV row ops against the CPU backend's scalar references, on random inputs.
 // Tolerances (NMSE = sum (gpu - ref)^2 / sum ref^2), each from how the two sides compute:
-// - add, mul, relu, scale, embedding, conversions, KV append/gather/scatter: the same single
+// - add, add_rows, mul, relu, scale, embedding, conversions, KV append/gather/scatter: the same single
 //   roundings on both sides: bit-identical.
 // - silu, gelu, softcap, SwiGLU/GeGLU: CUDA expf/tanhf are within 2 ulp of the C library's, plus the
 //   same few roundings: per-element relative error ~1e-6 at worst, NMSE <= 1e-12.
@@ -121,6 +121,17 @@ TEST(CudaOps, ElementwiseMatchCpuReference) {
   for (size_t i = 0; i < a.size(); ++i) ref[i] = 0.125f * a[i];
   scale(da.get(), 0.125f, n, dy.get(), nullptr);
   EXPECT_TRUE(same_bits(dy.download(), ref)) << "scale";
+
+  // Bias over rows of a strided view: rows of 1000 taken 1001 apart, written densely.
+  const int64_t rows = 9, cols = 1000;
+  for (int64_t r = 0; r < rows; ++r) {
+    cpu::add(kRef, a.data() + r * (cols + 1), b.data(), cols, ref.data() + r * cols);
+  }
+  add_rows(da.get(), cols + 1, db.get(), rows, cols, dy.get(), cols, nullptr);
+  const auto biased = dy.download();
+  EXPECT_TRUE(same_bits(std::vector<float>(biased.begin(), biased.begin() + rows * cols),
+                        std::vector<float>(ref.begin(), ref.begin() + rows * cols)))
+      << "add_rows";
 
   cpu::silu(kRef, a.data(), n, ref.data());
   silu(da.get(), n, dy.get(), nullptr);

@@ -50,6 +50,16 @@ __global__ void binary_kernel(const float* a, const float* b, int64_t n, float* 
   }
 }
 
+__global__ void add_rows_kernel(const float* x, int64_t x_stride, const float* b, int64_t n_rows, int64_t n,
+                                float* y, int64_t y_stride) {
+  const int64_t total = n_rows * n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / n, c = i % n;
+    y[r * y_stride + c] = __fadd_rn(x[r * x_stride + c], b[c]);
+  }
+}
+
 template <GluAct act>
 __global__ void glu_kernel(const float* gate, int64_t gate_stride, const float* up, int64_t up_stride,
                            int64_t n_rows, int64_t n_cols, float* y, int64_t y_stride) {
@@ -100,6 +110,14 @@ void add(const float* a, const float* b, int64_t n, float* y, cudaStream_t strea
 }
 void mul(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream) {
   launch_binary<Binary::kMul>(a, b, n, y, stream);
+}
+
+void add_rows(const float* x, int64_t x_stride, const float* b, int64_t n_rows, int64_t n, float* y,
+              int64_t y_stride, cudaStream_t stream) {
+  const int64_t total = n_rows * n;
+  if (total <= 0) return;
+  add_rows_kernel<<<grid_for(total, kThreads), kThreads, 0, stream>>>(x, x_stride, b, n_rows, n, y, y_stride);
+  KVTIER_CUDA_CHECK_LAUNCH("add_rows_kernel");
 }
 
 void glu(GluAct act, const float* gate, int64_t gate_stride, const float* up, int64_t up_stride,

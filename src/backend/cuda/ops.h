@@ -40,6 +40,9 @@ void relu(const float* x, int64_t n, float* y, cudaStream_t stream);       // ma
 void add(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 void mul(const float* a, const float* b, int64_t n, float* y, cudaStream_t stream);
 void scale(const float* x, float c, int64_t n, float* y, cudaStream_t stream);  // y = c x
+// Bias over rows: y[r * y_stride + i] = x[r * x_stride + i] + b[i], i < n (y may alias x).
+void add_rows(const float* x, int64_t x_stride, const float* b, int64_t n_rows, int64_t n, float* y,
+              int64_t y_stride, cudaStream_t stream);
 // y = cap * tanh(x / cap), cap > 0 (Gemma-2 logit / attention soft-capping)
 void softcap(const float* x, float cap, int64_t n, float* y, cudaStream_t stream);
 
