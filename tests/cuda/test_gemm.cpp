@@ -1,8 +1,9 @@
 // cuBLAS GEMM (bf16 in, f32 accumulate and out) and the upload of GGUF weights as bf16.
-// Tolerances: the GEMM's products of bf16 values are exact in f32; only the summation order and f32
-// rounding of the sums differ from a double reference over the same bf16 values: relative error
-// ~sqrt(k) u typically, k u at worst: NMSE <= 1e-9 for k <= 4096. The weight upload is exact: the
-// CPU backend's dequantisation, one bf16 rounding, a byte copy.
+// Tolerances: products of bf16 values are exact in f32; the sums differ from a double reference over
+// the same bf16 values in order and rounding. Tensor cores accumulate in f32 but may align addends
+// by truncation (one-sided error ~u per k-step of the MMA), so for k <= 4096 the relative error is
+// ~1e-5 at worst: NMSE <= 1e-8 (a wrong layout or transpose gives NMSE ~1). The weight upload is
+// exact: the CPU backend's dequantisation, one bf16 rounding, a byte copy.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -35,7 +36,7 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
 
 TEST(CudaGemm, Bf16MatchesDoubleReferenceAndIsDeterministic) {
   KVTIER_REQUIRE_GPU();
-  constexpr double kTol = 1e-9;
+  constexpr double kTol = 1e-8;
   std::mt19937 rng(7);
   DeviceArena arena(size_t{256} << 20);
   Blas blas(arena);

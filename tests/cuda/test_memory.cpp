@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_arena.h"
 #include "backend/cuda/pinned_pool.h"
+#include "backend/cuda/probe.h"
 #include "backend/cuda/stream.h"
 #include "gpu_test_util.h"
 
@@ -158,6 +159,23 @@ TEST(CudaContext, ReservesResourcesAndReportsMemory) {
   EXPECT_EQ(r.pinned_capacity, size_t{16} << 20);
   EXPECT_GT(r.device_total, r.arena_budget);
   EXPECT_THROW(Context(ContextOptions{1 << 20, 1 << 20, 0}), Error);
+}
+
+}  // namespace
+}  // namespace kvtier::cuda
+
+namespace kvtier::cuda {
+namespace {
+
+TEST(CudaProbe, MeasuresPinnedCopyBandwidth) {
+  KVTIER_REQUIRE_GPU();
+  Context ctx(ContextOptions{0, size_t{512} << 20, size_t{256} << 20});
+  const CopyBandwidth bw = measure_copy_bandwidth(ctx, size_t{256} << 20, 5);
+  std::fprintf(stderr, "pinned cudaMemcpyAsync, 256 MiB: H2D %.1f GiB/s, D2H %.1f GiB/s (median of %d)\n",
+               bw.h2d_gib_s, bw.d2h_gib_s, bw.reps);
+  EXPECT_GT(bw.h2d_gib_s, 1.0);
+  EXPECT_GT(bw.d2h_gib_s, 1.0);
+  EXPECT_EQ(ctx.pinned().used(), 0u);
 }
 
 }  // namespace
