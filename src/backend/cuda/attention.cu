@@ -1,12 +1,9 @@
-// The attention tile kernel and attend() (attention.h). A block serves one KV head and a tile of
-// query tokens: its rows are (token, query head) pairs, kRowsPerWarp rows per warp. K/V tiles of
-// kAttnTile keys are converted to f32 in shared memory and every row of the block runs its
-// online-softmax step on them (attention_row.cuh). Correctness first: scalar FMAs, no tensor cores.
+// attend() (attention.h): argument checks, the launch plan and the schedule; kernels in
+// attention_kernels.cuh.
 #include <algorithm>
 
 #include "backend/cuda/attention.h"
-#include "backend/cuda/attention_launch.h"
-#include "backend/cuda/attention_row.cuh"
+#include "backend/cuda/attention_kernels.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_types.cuh"
 
@@ -15,132 +12,6 @@ namespace {
 
 using attn::kWarp;
 using attn::Partials;
-using attn::RowState;
-
-constexpr int kRowsPerWarp = 2;
-constexpr int kMaxRowsPerBlock = 32;
-constexpr int kMaxThreads = kMaxRowsPerBlock / kRowsPerWarp * kWarp;
-
-struct Launch {
-  int tokens_per_block = 1;
-  int rows_per_block = 1;
-  int threads = kWarp;
-  int64_t n_qtiles = 1;
-  size_t smem_bytes = 0;
-};
-
-Launch plan(const AttnParams& p, const AttnQueries& q) {
-  Launch l;
-  const int g = static_cast<int>(p.q_per_kv);
-  l.tokens_per_block = static_cast<int>(std::min<int64_t>(std::max(1, kMaxRowsPerBlock / g), q.n_tokens));
-  l.rows_per_block = l.tokens_per_block * g;
-  l.threads = (l.rows_per_block + kRowsPerWarp - 1) / kRowsPerWarp * kWarp;
-  l.n_qtiles = (q.n_tokens + l.tokens_per_block - 1) / l.tokens_per_block;
-  const size_t dk = static_cast<size_t>(p.head_dim_k), dv = static_cast<size_t>(p.head_dim_v);
-  l.smem_bytes =
-      (static_cast<size_t>(l.rows_per_block) * dk + kAttnTile * (dk + 1) + kAttnTile * dv) * sizeof(float);
-  return l;
-}
-
-// Grid: (query tiles, KV heads, kSplit ? chunks : 1). Shared memory:
-//   qs [rows_per_block, dk] f32 | ks [kAttnTile, dk + 1] f32 | vs [kAttnTile, dv] f32
-template <typename T, bool kSplit>
-__global__ void __launch_bounds__(kMaxThreads)
-    attn_kernel(AttnParams p, AttnQueries q, KvSpan span, AttnOutput out, Partials part, int tokens_per_block,
-                int64_t chunk0, int64_t n_chunks) {
-  extern __shared__ float smem[];
-  const int dk = static_cast<int>(p.head_dim_k), dv = static_cast<int>(p.head_dim_v);
-  const int g = static_cast<int>(p.q_per_kv);
-  const int64_t kv = blockIdx.y;
-  const int64_t t0 = int64_t{blockIdx.x} * tokens_per_block;
-  const int64_t t1 = min(q.n_tokens, t0 + tokens_per_block);
-  const int rows = static_cast<int>(t1 - t0) * g;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp;
-  const int k_stride = dk + 1;  // padded: lane j reads row j without bank conflicts
-
-  float* qs = smem;
-  float* ks = qs + static_cast<size_t>(tokens_per_block) * g * dk;
-  float* vs = ks + kAttnTile * k_stride;
-
-  for (int idx = threadIdx.x; idx < rows * dk; idx += blockDim.x) {
-    const int rr = idx / dk, i = idx % dk;
-    const int64_t t = t0 + rr / g, h = kv * g + rr % g;
-    qs[idx] = q.q[t * q.token_stride + h * dk + i];
-  }
-
-  // Rows of this warp: row index rr -> token t0 + rr / g, head kv * g + rr % g.
-  const T* kbase = static_cast<const T*>(span.k) + kv * span.k_head_stride;
-  const T* vbase = static_cast<const T*>(span.v) + kv * span.v_head_stride;
-  const int64_t span_end = span.pos0 + span.n_tokens;
-  int64_t row_lo[kRowsPerWarp], row_hi[kRowsPerWarp];  // visible keys [lo, hi) of each row
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int rr = warp * kRowsPerWarp + r;
-    const int64_t qpos = q.pos0 + t0 + rr / g;
-    row_lo[r] = p.window > 0 ? max(span.pos0, qpos - p.window + 1) : span.pos0;
-    row_hi[r] = rr < rows ? min(span_end, qpos + 1) : span.pos0;  // rows past the tile see nothing
-  }
-  // Keys visible to some row of the block.
-  const int64_t qpos_lo = q.pos0 + t0, qpos_hi = q.pos0 + t1 - 1;
-  const int64_t key_lo = p.window > 0 ? max(span.pos0, qpos_lo - p.window + 1) : span.pos0;
-  const int64_t key_hi = min(span_end, qpos_hi + 1);
-
-  RowState run[kRowsPerWarp], cur[kRowsPerWarp];
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) attn::row_reset(run[r]);
-
-  const int64_t c_first = kSplit ? chunk0 + blockIdx.z : chunk0;
-  const int64_t c_last = kSplit ? c_first : chunk0 + n_chunks - 1;
-  for (int64_t c = c_first; c <= c_last; ++c) {
-#pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) attn::row_reset(cur[r]);
-    const int64_t a0 = max(c * kAttnChunk, key_lo);
-    const int64_t a1 = min((c + 1) * kAttnChunk, key_hi);
-    for (int64_t a = a0; a < a1;) {
-      const int64_t base = a / kAttnTile * kAttnTile;
-      const int64_t b = min(a1, base + kAttnTile);  // tile keys [a, b) at slots [a - base, b - base)
-      __syncthreads();                              // previous tile consumed (and qs written)
-      for (int idx = threadIdx.x; idx < kAttnTile * dk; idx += blockDim.x) {
-        const int j = idx / dk, i = idx % dk;
-        const int64_t kp = base + j;
-        if (kp >= a && kp < b) ks[j * k_stride + i] = to_f32(kbase[(kp - span.pos0) * dk + i]);
-      }
-      for (int idx = threadIdx.x; idx < kAttnTile * dv; idx += blockDim.x) {
-        const int j = idx / dv, i = idx % dv;
-        const int64_t kp = base + j;
-        if (kp >= a && kp < b) vs[j * dv + i] = to_f32(vbase[(kp - span.pos0) * dv + i]);
-      }
-      __syncthreads();
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const int jlo = static_cast<int>(max(a, row_lo[r]) - base);
-        const int jhi = static_cast<int>(min(b, row_hi[r]) - base);
-        if (jlo < jhi) {
-          const float* qr = qs + (warp * kRowsPerWarp + r) * dk;
-          attn::row_tile(cur[r], qr, ks, k_stride, vs, dk, dv, jlo, jhi, p.scale, p.softcap);
-        }
-      }
-      a = b;
-    }
-    if constexpr (!kSplit) {
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) attn::row_merge(run[r], cur[r]);
-    }
-  }
-
-#pragma unroll
-  for (int r = 0; r < kRowsPerWarp; ++r) {
-    const int rr = warp * kRowsPerWarp + r;
-    if (rr >= rows) continue;
-    const int64_t t = t0 + rr / g, h = kv * g + rr % g;
-    if constexpr (kSplit) {
-      attn::row_save(cur[r], dv, (int64_t{blockIdx.z} * q.n_tokens + t) * q.n_heads + h, part);
-    } else {
-      float* lse = out.lse != nullptr ? out.lse + t * out.lse_stride + h : nullptr;
-      attn::row_store(run[r], dv, out.o + t * out.token_stride + h * dv, lse);
-    }
-  }
-}
 
 void check_args(const AttnParams& p, const AttnQueries& q) {
   if (p.head_dim_k <= 0 || p.head_dim_k > kAttnMaxHeadDim || p.head_dim_v <= 0 ||
@@ -173,7 +44,7 @@ void attend(const AttnParams& p, const AttnQueries& q, const KvSpan& span, const
             void* scratch, size_t scratch_bytes, cudaStream_t stream, AttnSchedule schedule) {
   check_args(p, q);
   if (q.n_tokens <= 0 || q.n_heads <= 0) return;
-  const Launch l = plan(p, q);
+  const attn::Launch l = attn::plan(p, q);
   const int64_t n_chunks = attention_chunks(span);
   const int64_t n_kv = q.n_heads / p.q_per_kv;
   const size_t need = attention_split_scratch_bytes(p, q, span);
@@ -201,7 +72,7 @@ void attend(const AttnParams& p, const AttnQueries& q, const KvSpan& span, const
                   split ? static_cast<unsigned>(n_chunks) : 1u);
   dispatch_kv_dtype(p.kv_dtype, [&](auto tag) {
     using T = decltype(tag);
-    auto* kernel = split ? attn_kernel<T, true> : attn_kernel<T, false>;
+    auto* kernel = split ? attn::attn_kernel<T, true> : attn::attn_kernel<T, false>;
     if (l.smem_bytes > 48 * 1024) {
       KVTIER_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(l.smem_bytes)));
@@ -210,8 +81,14 @@ void attend(const AttnParams& p, const AttnQueries& q, const KvSpan& span, const
                                                       n_chunks);
   });
   KVTIER_CUDA_CHECK_LAUNCH("attn_kernel");
-  if (split)
-    attn::launch_split_merge(part.o, part.ml, n_chunks, q.n_tokens, q.n_heads, p.head_dim_v, out, stream);
+  if (split) {
+    const int64_t rows = q.n_tokens * q.n_heads;
+    const auto blocks =
+        static_cast<unsigned>((rows + attn::kMergeWarpsPerBlock - 1) / attn::kMergeWarpsPerBlock);
+    attn::split_merge_kernel<<<blocks, attn::kMergeWarpsPerBlock * kWarp, 0, stream>>>(
+        part, n_chunks, q.n_tokens, q.n_heads, static_cast<int>(p.head_dim_v), out);
+    KVTIER_CUDA_CHECK_LAUNCH("split_merge_kernel");
+  }
 }
 
 }  // namespace kvtier::cuda

@@ -5,7 +5,9 @@
 // every kernel that uses these functions, whatever the surrounding code.
 #pragma once
 
+#ifndef KVTIER_CUDA_EMULATION
 #include <math_constants.h>
+#endif
 
 #include "backend/cuda/attention.h"
 
