@@ -17,7 +17,7 @@
 #define KVTIER_ATTN_DYNAMIC_SMEM(name) extern __shared__ float name[]
 #endif
 
-namespace kvtier::cuda::attn {
+namespace kvtier::cuda::KVTIER_ATTN_NS {
 
 constexpr int kRowsPerWarp = 2;
 constexpr int kMaxRowsPerBlock = 32;
@@ -162,4 +162,4 @@ __global__ void split_merge_kernel(Partials part, int64_t n_chunks, int64_t n_to
   row_store(run, dv, out.o + t * out.token_stride + h * dv, lse);
 }
 
-}  // namespace kvtier::cuda::attn
+}  // namespace kvtier::cuda::KVTIER_ATTN_NS

@@ -11,7 +11,15 @@
 
 #include "backend/cuda/attention.h"
 
-namespace kvtier::cuda::attn {
+// The host emulation (tests/cuda/cuda_emu.h) compiles this device code as host code: it goes into
+// its own namespace there, so that no symbol can collide with the CUDA build's.
+#ifdef KVTIER_CUDA_EMULATION
+#define KVTIER_ATTN_NS attn_emu
+#else
+#define KVTIER_ATTN_NS attn
+#endif
+
+namespace kvtier::cuda::KVTIER_ATTN_NS {
 
 constexpr int kWarp = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -141,4 +149,4 @@ __device__ __forceinline__ void row_load(RowState& s, int dv, int64_t row, const
   }
 }
 
-}  // namespace kvtier::cuda::attn
+}  // namespace kvtier::cuda::KVTIER_ATTN_NS
