@@ -56,7 +56,9 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     const auto pi = static_cast<uint32_t>(it - r.pool_block_bytes.begin());
     r.pool_index.push_back(pi);
     counts[pi] += uint64_t{geo.n_groups(l)} * static_cast<uint64_t>(r.max_blocks);
+    r.table_entries += size_t{geo.n_groups(l)} * static_cast<size_t>(r.max_blocks);
   }
+  r.kv_bytes = r.table_entries * sizeof(uint32_t) + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] > 0xfffffff0u) fail(ErrorKind::kBudget, "{} KV blocks are too many", counts[i]);
     r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
@@ -123,6 +125,8 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   // Home tier: one plane per (layer, head, K|V), page-aligned.
   t.home_pitch = plane_for_ctx;
   t.home_bytes = 2ull * t.n_heads_total * t.home_pitch;
+  t.home_block_bytes = round_up(uint64_t{geo.block_tokens} * row_max, kPageAlign);
+  t.home_pin_bytes = (t.home_bytes + t.home_block_bytes - 1) / t.home_block_bytes * sizeof(uint32_t);
   return t;
 }
 
@@ -166,6 +170,7 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
   f.device_staging = t.staging_bytes;
   f.device_scratch = t.scratch_bytes;
   (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;
+  f.host_kv += t.home_pin_bytes;
   return f;
 }
 

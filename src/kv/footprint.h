@@ -28,7 +28,8 @@ struct ResidentLayout {
   std::vector<uint32_t> pool_blocks;       // [n_pools] blocks of each pool
   std::vector<uint32_t> pool_index;        // [n_layer] pool of each layer
   int64_t max_blocks = 0;                  // token blocks per (layer, group)
-  uint64_t kv_bytes = 0;                   // all pools' slabs
+  size_t table_entries = 0;                // block table: [layer][group][block] -> slot
+  uint64_t kv_bytes = 0;                   // all pools' slabs, the block table and the span list
   uint64_t scratch_bytes = 0;              // attention scratch
 };
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads);
@@ -49,6 +50,8 @@ struct TieredLayout {
   uint64_t buffer_bytes = 0;   // bytes per staging buffer, page-aligned
   uint64_t home_pitch = 0;     // bytes per home plane (one head's K or V for `capacity` rows)
   uint64_t home_bytes = 0;
+  uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
+  uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
 };
 // Throws Error(kBudget) naming needed and available bytes when options.kv_mem cannot hold it.
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
@@ -59,7 +62,7 @@ struct KvFootprint {
   uint64_t device_kv = 0;
   uint64_t device_staging = 0;
   uint64_t device_scratch = 0;
-  uint64_t host_kv = 0;
+  uint64_t host_kv = 0;  // the home tier in DRAM, and the home tier's pin counts
   uint64_t disk_kv = 0;
 };
 // Errors for options that do not apply to the placement (make_kv_cache checks these first).

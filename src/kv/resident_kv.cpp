@@ -26,6 +26,10 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
     pools_.push_back(
         std::make_unique<BlockPool>(ledger, Tier::kDevice, r.pool_block_bytes[i], r.pool_blocks[i]));
   }
+  KVTIER_ASSERT(entries == r.table_entries);
+  meta_reservation_ =
+      Reservation(ledger, Tier::kDevice, Category::kKv,
+                  entries * sizeof(uint32_t) + static_cast<size_t>(max_blocks_) * sizeof(cpu::KvSpan));
   table_.assign(entries, BlockPool::kNoBlock);
   span_buf_.resize(static_cast<size_t>(max_blocks_));
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);

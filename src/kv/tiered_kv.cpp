@@ -1,6 +1,7 @@
 #include "kv/tiered_kv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -57,12 +58,14 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
 
   home_ = opt_.disk_dir.empty() ? make_host_store(ledger, lay_.home_bytes)
                                 : make_disk_store(ledger, opt_.disk_dir, lay_.home_bytes, opt_.disk_faults);
-  home_block_bytes_ = round_up(uint64_t{geo_.block_tokens} * row_max_, kPageAlign);
-  // A job moves at most every block of 2 planes per head of the largest unit (plus a partial block
-  // at each end of a plane).
-  blocks_.resize(2ull * lay_.h_max * (lay_.home_pitch / home_block_bytes_ + 2));
+  home_block_bytes_ = lay_.home_block_bytes;
+  home_pins_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.home_pin_bytes);
+  // A job moves one extent (a run of whole or partial blocks) per plane: K and V of each head of the
+  // largest unit.
+  copies_.resize(2ull * lay_.h_max);
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, 4 * lay_.n_buffers + 4,
-                                             blocks_.size(), opt_.copy_delay_us);
+                                             copies_.size(), opt_.copy_delay_us);
 }
 
 TieredKv::~TieredKv() {
@@ -156,8 +159,8 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   size_t n_blocks = 0;
   for (uint32_t h = 0; h < u.n_heads && rows > 0; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
-      add_blocks(home_plane(u.layer, u.head0 + h, kv), base + (2ull * h + kv) * layout_.pitch,
-                 round_up(static_cast<uint64_t>(rows) * rb[kv], a), n_blocks);
+      add_copy(home_plane(u.layer, u.head0 + h, kv), base + (2ull * h + kv) * layout_.pitch,
+               round_up(static_cast<uint64_t>(rows) * rb[kv], a), n_blocks);
     }
   }
   Visit vis;
@@ -167,7 +170,7 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   vis.epoch = epoch_;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
   // last read the buffer (a zero-byte job is still a FIFO fence).
-  vis.ticket = engine_->prepare(CopyDir::kLoad, std::span(blocks_.data(), n_blocks),
+  vis.ticket = engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
                                 {staging_.get(), buffer_slot(visit)});
   inflight_.push_back(vis);
 }
@@ -268,11 +271,11 @@ void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, i
       for (int kv = 0; kv < 2; ++kv) {
         const uint64_t lo = round_down(static_cast<uint64_t>(pos0) * rb[kv], a);
         const uint64_t hi = round_up(static_cast<uint64_t>(pos0 + n) * rb[kv], a);
-        add_blocks(home_plane(layer, u.head0 + h, kv) + lo, base + (2ull * h + kv) * layout_.pitch + lo,
-                   hi - lo, n_blocks);
+        add_copy(home_plane(layer, u.head0 + h, kv) + lo, base + (2ull * h + kv) * layout_.pitch + lo,
+                 hi - lo, n_blocks);
       }
     }
-    engine_->prepare(CopyDir::kStore, std::span(blocks_.data(), n_blocks),
+    engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
                      {staging_.get(), buffer_slot(visit)});
     prefetch_ahead(visit);
     attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
@@ -292,16 +295,10 @@ void TieredKv::truncate(int64_t n_tokens) {
   pass_pos0_ = -1;
 }
 
-void TieredKv::add_blocks(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n) {
-  while (bytes > 0) {
-    const uint64_t end =
-        std::min(home_offset + bytes, (home_offset / home_block_bytes_ + 1) * home_block_bytes_);
-    KVTIER_ASSERT(n < blocks_.size(), "{} blocks in one job", n + 1);
-    blocks_[n++] = {home_offset, buf, end - home_offset};
-    buf += end - home_offset;
-    bytes -= end - home_offset;
-    home_offset = end;
-  }
+void TieredKv::add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n) {
+  if (bytes == 0) return;
+  KVTIER_ASSERT(n < copies_.size(), "{} extents in one job", n + 1);
+  copies_[n++] = {home_offset, buf, bytes};
 }
 
 size_t TieredKv::pinned_blocks() const {

@@ -79,8 +79,9 @@ class TieredKv final : public KvCache {
   Layout layout_for(uint32_t group) const;
   uint32_t buffer_slot(uint64_t visit) const { return buffer_slots_[visit % buffer_slots_.size()]; }
   uint8_t* buffer(uint64_t visit) { return staging_->data(buffer_slot(visit)); }
-  // Appends the home blocks of [home_offset, +bytes) <-> buf to blocks_ (split at block boundaries).
-  void add_blocks(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n);
+  // Appends the extent [home_offset, +bytes) <-> buf (one plane's rows: consecutive home blocks) to
+  // copies_.
+  void add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n);
   uint64_t home_plane(uint32_t layer, uint32_t head, int kv) const;
   void submit_load(uint64_t visit, size_t unit_index, int64_t rows);
   void prefetch_ahead(uint64_t visit);
@@ -101,7 +102,8 @@ class TieredKv final : public KvCache {
   std::vector<int64_t> length_;  // [n_layer]
 
   std::unique_ptr<HomeStore> home_;
-  uint64_t home_block_bytes_ = 0;  // pin granularity: block_tokens rows of one plane, page-rounded
+  uint64_t home_block_bytes_ = 0;      // pin granularity: block_tokens rows of one plane, page-rounded
+  Reservation home_pins_reservation_;  // the engine's pin counts of the home blocks
   std::unique_ptr<TransferEngine> engine_;
 
   struct FreeDeleter {
@@ -116,7 +118,7 @@ class TieredKv final : public KvCache {
   std::vector<uint8_t> new_v_;  // [max_new_rows, max heads, head_dim_v] KV dtype
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;
-  std::vector<BlockCopy> blocks_;  // [max blocks of a job] block list of one job
+  std::vector<BlockCopy> copies_;  // [2 * max heads] extents of one job
 
   // The current pass.
   policy::PassPlan plan_;

@@ -8,14 +8,15 @@
 namespace kvtier::kv {
 
 TransferEngine::TransferEngine(HomeStore& home, uint64_t home_block_bytes, size_t queue_slots,
-                               size_t max_blocks, uint32_t delay_us)
+                               size_t max_copies, uint32_t delay_us)
     : home_(home),
       home_block_bytes_(home_block_bytes),
       home_pins_(home_block_bytes > 0 ? (home.size() + home_block_bytes - 1) / home_block_bytes : 0),
       slots_(queue_slots),
       delay_us_(delay_us) {
-  KVTIER_ASSERT(home_block_bytes > 0 && queue_slots > 0 && max_blocks > 0);
-  for (auto& s : slots_) s.runs.resize(max_blocks);
+  KVTIER_ASSERT(home_block_bytes > 0 && queue_slots > 0 && max_copies > 0);
+  KVTIER_ASSERT(home_pins_.size() > 0, "home tier of {} bytes", home.size());
+  for (auto& s : slots_) s.runs.resize(max_copies);
   thread_ = std::thread([this] { worker(); });
 }
 
@@ -59,19 +60,22 @@ bool TransferEngine::home_pinned(uint64_t offset, uint64_t bytes) const {
   return false;
 }
 
-TransferEngine::Ticket TransferEngine::prepare(CopyDir dir, std::span<const BlockCopy> blocks,
+TransferEngine::Ticket TransferEngine::prepare(CopyDir dir, std::span<const BlockCopy> copies,
                                                BufferRef buffer) {
   std::unique_lock<std::mutex> lk(mu_);
-  KVTIER_ASSERT(blocks.size() <= slots_.front().runs.size(), "{} blocks in one job", blocks.size());
+  KVTIER_ASSERT(copies.size() <= slots_.front().runs.size(), "{} copies in one job", copies.size());
   cv_done_.wait(lk, [&] { return submitted_ - completed_ < slots_.size() || error_; });
   if (error_) std::rethrow_exception(error_);
   Slot& s = slots_[submitted_ % slots_.size()];
   s.dir = dir;
   s.buffer = buffer;
-  // Coalesce: a block that continues the previous one in both the home tier and the buffer extends
+  // Coalesce: a copy that continues the previous one in both the home tier and the buffer extends
   // its run.
   s.n_runs = 0;
-  for (const BlockCopy& b : blocks) {
+  uint64_t n_blocks = 0;
+  for (const BlockCopy& b : copies) {
+    if (b.bytes > 0)
+      n_blocks += (b.home_offset + b.bytes - 1) / home_block_bytes_ - b.home_offset / home_block_bytes_ + 1;
     KVTIER_ASSERT(b.home_offset + b.bytes <= home_.size(), "block [{}, +{}) outside the home tier",
                   b.home_offset, b.bytes);
     if (s.n_runs > 0) {
@@ -84,7 +88,7 @@ TransferEngine::Ticket TransferEngine::prepare(CopyDir dir, std::span<const Bloc
     s.runs[s.n_runs++] = b;
   }
   pin_runs(s);
-  stats_.blocks += blocks.size();
+  stats_.blocks += n_blocks;
   stats_.runs += s.n_runs;
   const Ticket t = ++submitted_;
   lk.unlock();

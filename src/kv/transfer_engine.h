@@ -1,9 +1,13 @@
 // Asynchronous KV transfers between the home tier and compute-local staging buffers, in two phases.
 //
 //   prepare(): on the compute thread. Pins every home-tier block the job touches and the compute-side
-//              buffer (a BlockPool slot), coalesces adjacent blocks into runs (one I/O each), queues
+//              buffer (a BlockPool slot), coalesces adjacent copies into runs (one I/O each), queues
 //              the job and returns its ticket. Does not allocate: job slots and run lists are sized
 //              up front.
+//
+// A copy names one home block or an extent of consecutive ones (the home tier's pin granularity is
+// home_block_bytes; a copy need not be block-aligned). Copies that continue each other in both the
+// home tier and the buffer merge into one run; stats count blocks covered and runs issued.
 //   complete:  on the copy thread, when the job's runs are copied: the pins are released, then the
 //              ticket completes. wait(ticket) is the completion event the compute waits on for one
 //              span of KV; there is no global barrier in the layer loop.
@@ -33,7 +37,8 @@
 
 namespace kvtier::kv {
 
-// One block of a job: `bytes` at `home_offset` in the home tier <-> `buf` in compute memory.
+// One copy of a job: `bytes` at `home_offset` in the home tier <-> `buf` in compute memory (one home
+// block, or an extent of consecutive blocks).
 struct BlockCopy {
   uint64_t home_offset = 0;
   uint8_t* buf = nullptr;
@@ -52,8 +57,8 @@ struct TransferStats {
   uint64_t bytes_loaded = 0;  // home -> compute
   uint64_t bytes_stored = 0;  // compute -> home
   uint64_t jobs = 0;
-  uint64_t blocks = 0;      // blocks handed to prepare()
-  uint64_t runs = 0;        // I/O calls made for them after coalescing
+  uint64_t blocks = 0;      // home blocks the prepared copies cover (counted per copy)
+  uint64_t runs = 0;        // I/O calls issued for them after coalescing
   double wait_seconds = 0;  // time the compute thread spent blocked in wait()
   double busy_seconds = 0;  // time the copy thread spent copying
 };
@@ -63,16 +68,16 @@ class TransferEngine {
   using Ticket = uint64_t;
 
   // home_block_bytes: pin granularity of the home tier (block i = bytes [i * B, (i + 1) * B)).
-  // queue_slots: jobs in flight at most (prepare blocks when full); max_blocks: blocks per job.
+  // queue_slots: jobs in flight at most (prepare blocks when full); max_copies: copies per job.
   // delay_us > 0 (tests): each job sleeps a random 0..delay_us microseconds first, to expose races.
-  TransferEngine(HomeStore& home, uint64_t home_block_bytes, size_t queue_slots, size_t max_blocks,
+  TransferEngine(HomeStore& home, uint64_t home_block_bytes, size_t queue_slots, size_t max_copies,
                  uint32_t delay_us = 0);
   ~TransferEngine();
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
 
-  // Phase one (see above). Blocks are copied in the order given; an empty job is a FIFO fence.
-  Ticket prepare(CopyDir dir, std::span<const BlockCopy> blocks, BufferRef buffer = {});
+  // Phase one (see above). Copies run in the order given; an empty job is a FIFO fence.
+  Ticket prepare(CopyDir dir, std::span<const BlockCopy> copies, BufferRef buffer = {});
   // Blocks until the job has completed (its pins released); rethrows the engine's first error.
   void wait(Ticket t);
   bool done(Ticket t) const;
@@ -90,7 +95,7 @@ class TransferEngine {
   struct Slot {
     CopyDir dir = CopyDir::kLoad;
     size_t n_runs = 0;
-    std::vector<BlockCopy> runs;  // [max_blocks] coalesced runs
+    std::vector<BlockCopy> runs;  // [max_copies] coalesced runs
     BufferRef buffer;
   };
   void worker();

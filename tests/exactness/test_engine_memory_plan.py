@@ -96,7 +96,9 @@ def test_smollm2_disk_home_and_f32_kv(tmp_path):
     mdl = model("smollm2")
     flags = ["--kv-policy", "headinfer", "--group", "1", "--kv-disk", str(tmp_path), "--kv-type", "f32"]
     check_workload("smollm2", mdl, 768, 48, flags, budgets_for(mdl, 768, 48, flags))
-    assert RESULTS[-1][1]["disk"]["kv"] > 0 and RESULTS[-1][1]["host"]["kv"] == 0
+    # The home tier is the disk file; host memory holds only its pin counts (4 B per 256-row block).
+    measured = RESULTS[-1][1]
+    assert measured["disk"]["kv"] > 0 and 0 < measured["host"]["kv"] < measured["disk"]["kv"] / 1000
 
 
 @pytest.mark.parametrize("flags", [

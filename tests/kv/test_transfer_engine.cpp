@@ -144,9 +144,16 @@ TEST(TransferEngine, AdjacentBlocksCoalesceIntoOneIo) {
   const BlockCopy partial[] = {{kBlock - 100, buf, 100}, {kBlock, buf + 100, 50}};
   engine.wait(engine.prepare(CopyDir::kStore, partial));
   EXPECT_EQ(store.writes, 1u);
+  // One copy may name an extent of several blocks: it pins (and counts) every block it overlaps.
+  const BlockCopy extent[] = {{kBlock + 1, buf, 3 * kBlock}};
+  store.close_gate();
+  const auto t = engine.prepare(CopyDir::kLoad, extent);
+  EXPECT_EQ(engine.home_pins().pinned_blocks(), 4u);
+  store.open_gate();
+  engine.wait(t);
   st = engine.stats();
-  EXPECT_EQ(st.blocks, 8u + 8u + 2u + 2u);
-  EXPECT_EQ(st.runs, 1u + 8u + 2u + 1u);
+  EXPECT_EQ(st.blocks, 8u + 8u + 2u + 2u + 4u);
+  EXPECT_EQ(st.runs, 1u + 8u + 2u + 1u + 1u);
   EXPECT_EQ(engine.home_pins().pinned_blocks(), 0u);
 }
 
