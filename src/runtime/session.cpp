@@ -52,6 +52,7 @@ kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& 
   const auto& cfg = model.config;
   const SessionOptions o = resolve_session_options(cfg, options);
   kv::MemoryLedger p;
+  p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
   p.reserve(kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   p.reserve(kv::Tier::kDevice, kv::Category::kActivations,
             model::forward_buffers(cfg, model.weights, o.chunk).bytes());
