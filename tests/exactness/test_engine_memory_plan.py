@@ -48,6 +48,9 @@ def measure(mdl, ctx, chunk, flags, budget):
     j = json.loads(run("run", "-m", mdl, "-p", PROMPT, "-n", 4, "--ignore-eos", "--json",
                        *engine_flags(ctx, chunk, flags, budget)).stdout)
     assert j["ctx"] == ctx and j["chunk"] == chunk and j["n_prompt"] > 2 * chunk
+    if j["kv"]["policy"] != "resident":
+        # Every transfer names whole or partial home blocks; adjacent ones go out as one run.
+        assert j["kv"]["copy_blocks"] >= j["kv"]["copy_runs"] > 0, j["kv"]
     return j["peak_memory_bytes"]
 
 
