@@ -1,6 +1,6 @@
 """Measured compute-tier memory of real workloads against `kvtier plan`'s engine rows.
 
-For SmolLM2 and a synthetic MHA model, every placement (resident, layer, headinfer with several g,
+For SmolLM2, Gemma-3 and a synthetic MHA model, every placement (resident, layer, headinfer with several g,
 static heads, prefetch depth, a disk home) runs under several --kv-mem budgets (unlimited, the
 smallest that fits, 1.5x that). The peak bytes `kvtier run --json` measures per tier and category
 must be within 10% of what `kvtier plan -m` predicts for the same model/ctx/chunk/threads/flags
@@ -93,6 +93,16 @@ def budgets_for(mdl, ctx, chunk, flags):
 def test_smollm2(flags):
     mdl = model("smollm2")
     check_workload("smollm2", mdl, 1024, 64, flags, budgets_for(mdl, 1024, 64, flags))
+
+
+@pytest.mark.parametrize("flags", [
+    ["--kv-policy", "resident"],
+    ["--kv-policy", "headinfer", "--group", "1", "--prefetch-depth", "2"],
+], ids=lambda f: "-".join(f[1:]).replace("--", ""))
+def test_gemma3(flags):
+    """Two RoPE tables, sliding-window layers, Q4_K weights, a 262K vocabulary (logits)."""
+    mdl = model("gemma3")
+    check_workload("gemma3", mdl, 1024, 64, flags, budgets_for(mdl, 1024, 64, flags))
 
 
 def test_smollm2_disk_home_and_f32_kv(tmp_path):

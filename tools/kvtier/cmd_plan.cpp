@@ -17,6 +17,7 @@
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "policy/memory_model.h"
+#include "policy/placement.h"
 
 namespace kvtier::cli {
 namespace {
@@ -51,7 +52,7 @@ std::vector<std::string> engine_policies(const std::string& list) {
   for (size_t pos = 0; pos <= list.size();) {
     const size_t end = std::min(list.find(',', pos), list.size());
     const std::string p = list.substr(pos, end - pos);
-    if (p != "resident" && p != "layer" && p != "headinfer") {
+    if (!policy::placement_from_name(p)) {
       fail(ErrorKind::kInvalidArgument, "unknown --kv-policy '{}' (resident, layer, headinfer)", p);
     }
     out.push_back(p);
