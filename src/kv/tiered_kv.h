@@ -96,8 +96,7 @@ class TieredKv final : public KvCache {
   TieredOptions opt_;
   policy::KvShape shape_;
   size_t esz_;
-  uint64_t row_max_;  // bytes of the longer of a K and a V row
-  uint64_t align_;
+  uint64_t row_max_;             // bytes of the longer of a K and a V row
   TieredLayout lay_;             // sizes of everything below
   std::vector<int64_t> length_;  // [n_layer]
 
