@@ -31,6 +31,8 @@ std::string_view category_name(Category c) {
       return "staging";
     case Category::kScratch:
       return "scratch";
+    case Category::kLogits:
+      return "logits";
   }
   return "?";
 }

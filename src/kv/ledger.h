@@ -16,8 +16,15 @@ enum class Tier : uint8_t {
 };
 constexpr int kNumTiers = 3;
 
-enum class Category : uint8_t { kWeights, kKv, kActivations, kStaging, kScratch };
-constexpr int kNumCategories = 5;
+enum class Category : uint8_t {
+  kWeights,
+  kKv,           // KV blocks, staging buffers of offloaded KV, static heads, home-tier copies
+  kActivations,  // the forward pass's activation buffers (f32, and quantised for the matmuls)
+  kStaging,      // new KV rows converted to the KV dtype, waiting to be scattered / written back
+  kScratch,      // attention scratch
+  kLogits,       // the session's logits buffer
+};
+constexpr int kNumCategories = 6;
 
 std::string_view tier_name(Tier t);
 std::string_view category_name(Category c);

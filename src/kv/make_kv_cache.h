@@ -9,11 +9,9 @@
 
 namespace kvtier::kv {
 
-// Bytes the resident placement needs for `capacity` positions (all blocks of every layer).
-uint64_t resident_kv_bytes(const KvGeometry& geometry, int64_t capacity);
-
 // Throws Error(kBudget) with needed and available bytes when the placement cannot fit options.kv_mem,
-// and Error(kInvalidArgument) for options that do not apply to the placement.
+// and Error(kInvalidArgument) for options that do not apply to the placement. What it allocates is
+// kv_footprint(options, geometry, capacity, n_head, pool.size()) (kv/footprint.h).
 std::unique_ptr<KvCache> make_kv_cache(const TieredOptions& options, const KvGeometry& geometry,
                                        int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                                        ThreadPool& pool, cpu::Isa isa);

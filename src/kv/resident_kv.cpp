@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kv/footprint.h"
 #include "kv/kv_row.h"
 
 namespace kvtier::kv {
@@ -10,50 +11,29 @@ namespace kvtier::kv {
 ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                        ThreadPool& pool, cpu::Isa isa)
     : geo_(geometry), capacity_(capacity), threads_(pool), isa_(isa) {
-  geo_.validate();
-  if (capacity_ <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity_);
-  max_blocks_ = blocks_for(capacity_);
+  const ResidentLayout r = resident_layout(geo_, capacity_, n_head, pool.size());
+  max_blocks_ = r.max_blocks;
   const uint32_t L = geo_.n_layer();
-  pool_index_.resize(L);
+  pool_index_ = r.pool_index;
   table_offset_.resize(L);
   length_.assign(L, 0);
   size_t entries = 0;
-  std::vector<uint64_t> sizes;
-  std::vector<uint64_t> counts;
-  uint32_t max_q_per_kv = 1;
   for (uint32_t l = 0; l < L; ++l) {
-    const uint64_t bytes = geo_.block_bytes(l);
-    auto it = std::find(sizes.begin(), sizes.end(), bytes);
-    if (it == sizes.end()) {
-      sizes.push_back(bytes);
-      counts.push_back(0);
-      it = sizes.end() - 1;
-    }
-    const auto pi = static_cast<uint32_t>(it - sizes.begin());
-    pool_index_[l] = pi;
-    counts[pi] += uint64_t{geo_.n_groups(l)} * static_cast<uint64_t>(max_blocks_);
     table_offset_[l] = entries;
     entries += size_t{geo_.n_groups(l)} * static_cast<size_t>(max_blocks_);
-    if (n_head % geo_.n_head_kv[l] != 0) {
-      fail(ErrorKind::kInvalidArgument, "{} KV heads of layer {} do not divide {} query heads",
-           geo_.n_head_kv[l], l, n_head);
-    }
-    max_q_per_kv = std::max(max_q_per_kv, n_head / geo_.n_head_kv[l]);
   }
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    if (counts[i] > 0xfffffff0u) fail(ErrorKind::kBudget, "{} KV blocks are too many", counts[i]);
+  for (size_t i = 0; i < r.pool_blocks.size(); ++i) {
     pools_.push_back(
-        std::make_unique<BlockPool>(ledger, Tier::kDevice, sizes[i], static_cast<uint32_t>(counts[i])));
+        std::make_unique<BlockPool>(ledger, Tier::kDevice, r.pool_block_bytes[i], r.pool_blocks[i]));
   }
+  KVTIER_ASSERT(entries == r.table_entries);
+  meta_reservation_ =
+      Reservation(ledger, Tier::kDevice, Category::kKv,
+                  entries * sizeof(uint32_t) + static_cast<size_t>(max_blocks_) * sizeof(cpu::KvSpan));
   table_.assign(entries, BlockPool::kNoBlock);
   span_buf_.resize(static_cast<size_t>(max_blocks_));
-  cpu::AttnParams ap;
-  ap.head_dim_k = geo_.head_dim_k;
-  ap.head_dim_v = geo_.head_dim_v;
-  ap.q_per_kv = max_q_per_kv;
-  const size_t sb = cpu::attention_scratch_bytes(ap, pool.size());
-  scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, sb);
-  scratch_.resize(sb);
+  scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);
+  scratch_.resize(r.scratch_bytes);
 }
 
 uint32_t& ResidentKv::slot(uint32_t layer, uint32_t group, uint32_t block) {

@@ -53,6 +53,7 @@ class ResidentKv final : public KvCache {
   std::vector<std::unique_ptr<BlockPool>> pools_;  // one per distinct block size
   std::vector<uint32_t> pool_index_;               // [n_layer]
   std::vector<size_t> table_offset_;               // [n_layer] first entry of the layer in table_
+  Reservation meta_reservation_;                   // table_ and span_buf_
   std::vector<uint32_t> table_;                    // [layer][group][block] -> slot (kNoBlock if none)
   std::vector<int64_t> length_;                    // [n_layer] positions written
   std::vector<cpu::KvSpan> span_buf_;              // [max_blocks] spans of one attend call

@@ -1,6 +1,7 @@
 #include "kv/tiered_kv.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -34,90 +35,37 @@ void TieredKv::FreeDeleter::operator()(uint8_t* p) const {
 TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                    ThreadPool& pool, cpu::Isa isa, const TieredOptions& options)
     : geo_(geometry), capacity_(capacity), threads_(pool), isa_(isa), opt_(options) {
-  geo_.validate();
-  if (capacity_ <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity_);
-  if (opt_.placement.placement == policy::Placement::kResident) {
-    fail(ErrorKind::kInvalidArgument, "TieredKv serves offloaded placements, not resident");
-  }
-  if (opt_.placement.prefetch_depth == 0)
-    fail(ErrorKind::kInvalidArgument, "prefetch depth must be at least 1");
+  lay_ = tiered_layout(geo_, capacity_, n_head, pool.size(), opt_);  // validates, checks the budget
   if (opt_.max_new_rows <= 0) opt_.max_new_rows = capacity_;
   const uint32_t L = geo_.n_layer();
   esz_ = cpu::kv_dtype_bytes(geo_.dtype);
   row_max_ = std::max(geo_.head_dim_k, geo_.head_dim_v) * esz_;
   shape_.n_head_kv = geo_.n_head_kv;
   shape_.head_bytes_per_token = 2 * row_max_;
-  const uint32_t h_max = *std::max_element(geo_.n_head_kv.begin(), geo_.n_head_kv.end());
-  uint32_t max_q_per_kv = 1;
-  uint32_t n_heads_total = 0;
-  for (uint32_t l = 0; l < L; ++l) {
-    if (n_head % geo_.n_head_kv[l] != 0) {
-      fail(ErrorKind::kInvalidArgument, "{} KV heads of layer {} do not divide {} query heads",
-           geo_.n_head_kv[l], l, n_head);
-    }
-    max_q_per_kv = std::max(max_q_per_kv, n_head / geo_.n_head_kv[l]);
-    head_offset_.push_back(n_heads_total);
-    n_heads_total += geo_.n_head_kv[l];
-  }
   length_.assign(L, 0);
 
   // Compute-local: static heads, new-row staging, attention scratch, then the staging buffers.
-  static_heads_ = policy::static_heads_per_layer(opt_.placement, shape_);
-  static_pitch_ = round_up(static_cast<uint64_t>(capacity_) * row_max_, 64);
-  uint64_t static_bytes = 0;
-  for (uint32_t l = 0; l < L; ++l) {
-    static_offset_.push_back(static_bytes);
-    static_bytes += uint64_t{static_heads_[l]} * 2 * static_pitch_;
-  }
-  const uint64_t staging_bytes =
-      static_cast<uint64_t>(opt_.max_new_rows) * h_max * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
-  cpu::AttnParams ap;
-  ap.head_dim_k = geo_.head_dim_k;
-  ap.head_dim_v = geo_.head_dim_v;
-  ap.q_per_kv = max_q_per_kv;
-  const uint64_t scratch_bytes = cpu::attention_scratch_bytes(ap, pool.size());
+  static_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, lay_.static_bytes);
+  if (lay_.static_bytes > 0) static_.reset(aligned_bytes(lay_.static_bytes, "static KV heads"));
+  staging_reservation_ = Reservation(ledger, Tier::kDevice, Category::kStaging, lay_.staging_bytes);
+  new_k_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max * geo_.head_dim_k * esz_);
+  new_v_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max * geo_.head_dim_v * esz_);
+  scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay_.scratch_bytes);
+  scratch_.resize(lay_.scratch_bytes);
+  staging_ =
+      std::make_unique<BlockPool>(ledger, Tier::kDevice, lay_.buffer_bytes, lay_.n_buffers, kPageAlign);
+  for (uint32_t i = 0; i < lay_.n_buffers; ++i) buffer_slots_.push_back(staging_->acquire());
 
-  n_buffers_ = opt_.placement.prefetch_depth + 1;
-  const bool layer_mode = opt_.placement.placement == policy::Placement::kLayer;
-  const uint32_t g_min = layer_mode ? h_max : (opt_.placement.group ? opt_.placement.group : 1);
-  const uint32_t g_pref = layer_mode ? h_max : (opt_.placement.group ? opt_.placement.group : h_max);
-  const uint64_t plane_for_ctx = round_up(static_cast<uint64_t>(capacity_) * row_max_, kPageAlign);
-  const uint64_t need_buffer = 2ull * g_min * plane_for_ctx;
-  const uint64_t fixed = static_bytes + staging_bytes + scratch_bytes;
-  if (opt_.kv_mem == 0) {
-    buffer_bytes_ = 2ull * g_pref * plane_for_ctx;
-  } else {
-    const uint64_t need = fixed + n_buffers_ * need_buffer;
-    if (opt_.kv_mem < need) {
-      fail(ErrorKind::kBudget,
-           "--kv-mem {} bytes cannot hold {} staging buffer(s) of {} KV head(s) for {} positions plus static "
-           "heads, "
-           "new-row staging and scratch: {} bytes are needed ({} for the buffers, {} fixed); raise --kv-mem, "
-           "lower --ctx{}",
-           opt_.kv_mem, n_buffers_, g_min, capacity_, need, n_buffers_ * need_buffer, fixed,
-           layer_mode ? ", or use --kv-policy headinfer" : ", lower --static-heads or the prefetch depth");
-    }
-    buffer_bytes_ = round_down((opt_.kv_mem - fixed) / n_buffers_, kPageAlign);
-    // No use holding more than the largest unit needs.
-    buffer_bytes_ = std::min<uint64_t>(buffer_bytes_, 2ull * h_max * plane_for_ctx);
-  }
-  static_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, static_bytes);
-  if (static_bytes > 0) static_.reset(aligned_bytes(static_bytes, "static KV heads"));
-  staging_reservation_ = Reservation(ledger, Tier::kDevice, Category::kStaging, staging_bytes);
-  new_k_.resize(static_cast<size_t>(opt_.max_new_rows) * h_max * geo_.head_dim_k * esz_);
-  new_v_.resize(static_cast<size_t>(opt_.max_new_rows) * h_max * geo_.head_dim_v * esz_);
-  scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, scratch_bytes);
-  scratch_.resize(scratch_bytes);
-  arena_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, n_buffers_ * buffer_bytes_);
-  arena_.reset(aligned_bytes(n_buffers_ * buffer_bytes_, "KV staging buffers"));
-
-  // Home tier: one plane per (layer, head, K|V), page-aligned.
-  home_pitch_ = plane_for_ctx;
-  const uint64_t home_bytes = 2ull * n_heads_total * home_pitch_;
-  home_ = opt_.disk_dir.empty() ? make_host_store(ledger, home_bytes)
-                                : make_disk_store(ledger, opt_.disk_dir, home_bytes, opt_.disk_faults);
-  runs_.resize(2ull * h_max);
-  engine_ = std::make_unique<TransferEngine>(*home_, 4 * n_buffers_ + 4, runs_.size(), opt_.copy_delay_us);
+  home_ = opt_.disk_dir.empty() ? make_host_store(ledger, lay_.home_bytes)
+                                : make_disk_store(ledger, opt_.disk_dir, lay_.home_bytes, opt_.disk_faults);
+  home_block_bytes_ = lay_.home_block_bytes;
+  home_pins_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.home_pin_bytes);
+  // A job moves one extent (a run of whole or partial blocks) per plane: K and V of each head of the
+  // largest unit.
+  copies_.resize(2ull * lay_.h_max);
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+  engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, 4 * lay_.n_buffers + 4,
+                                             copies_.size(), opt_.copy_delay_us);
 }
 
 TieredKv::~TieredKv() {
@@ -134,13 +82,13 @@ int64_t TieredKv::length() const {
 }
 
 uint64_t TieredKv::home_plane(uint32_t layer, uint32_t head, int kv) const {
-  return (2ull * (head_offset_[layer] + head) + kv) * home_pitch_;
+  return (2ull * (lay_.head_offset[layer] + head) + kv) * lay_.home_pitch;
 }
 
 TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
   Layout lay;
   lay.group = group;
-  lay.pitch = round_down(buffer_bytes_ / (2ull * group), kPageAlign);
+  lay.pitch = round_down(lay_.buffer_bytes / (2ull * group), kPageAlign);
   lay.rows = static_cast<int64_t>(lay.pitch / row_max_);
   return lay;
 }
@@ -208,11 +156,11 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   uint8_t* base = buffer(visit);
   const uint64_t a = home_->alignment();
   const uint64_t rb[2] = {geo_.head_dim_k * esz_, geo_.head_dim_v * esz_};
-  size_t n_runs = 0;
-  for (uint32_t h = 0; h < u.n_heads; ++h) {
+  size_t n_blocks = 0;
+  for (uint32_t h = 0; h < u.n_heads && rows > 0; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
-      runs_[n_runs++] = {home_plane(u.layer, u.head0 + h, kv), base + (2ull * h + kv) * layout_.pitch,
-                         round_up(static_cast<uint64_t>(rows) * rb[kv], a)};
+      add_copy(home_plane(u.layer, u.head0 + h, kv), base + (2ull * h + kv) * layout_.pitch,
+               round_up(static_cast<uint64_t>(rows) * rb[kv], a), n_blocks);
     }
   }
   Visit vis;
@@ -222,7 +170,8 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   vis.epoch = epoch_;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
   // last read the buffer (a zero-byte job is still a FIFO fence).
-  vis.ticket = engine_->submit(CopyDir::kLoad, std::span(runs_.data(), rows > 0 ? n_runs : 0));
+  vis.ticket = engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
+                                {staging_.get(), buffer_slot(visit)});
   inflight_.push_back(vis);
 }
 
@@ -287,9 +236,9 @@ void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, i
   for (size_t i = first_unit_[layer]; i < plan_.units.size() && plan_.units[i].layer == layer; ++i) {
     const policy::Unit& u = plan_.units[i];
     if (u.is_static) {
-      uint8_t* base = static_.get() + static_offset_[layer];
-      scatter_new_rows(base, static_pitch_, u, pos0, n);
-      attend_unit(base, static_pitch_, u, pos0, n, q, n_head, la, o);
+      uint8_t* base = static_.get() + lay_.static_offset[layer];
+      scatter_new_rows(base, lay_.static_pitch, u, pos0, n);
+      attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
       continue;
     }
     const uint64_t visit = next_visit_++;
@@ -309,20 +258,25 @@ void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, i
       engine_->wait(inflight_.front().ticket);
       inflight_.clear();
     }
+    // The load has completed and FIFO order completed every earlier job on this buffer: nothing in
+    // flight may still read or write it when the compute writes into it.
+    KVTIER_ASSERT(staging_->pins(buffer_slot(visit)) == 0, "staging buffer {} is pinned by a transfer",
+                  buffer_slot(visit));
     uint8_t* base = buffer(visit);
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
     // Write back only the new rows (page-aligned around them for direct I/O; the bytes before the
     // first new row in its page are the loaded rows, those after the last are never read as valid).
-    size_t n_runs = 0;
+    size_t n_blocks = 0;
     for (uint32_t h = 0; h < u.n_heads; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
         const uint64_t lo = round_down(static_cast<uint64_t>(pos0) * rb[kv], a);
         const uint64_t hi = round_up(static_cast<uint64_t>(pos0 + n) * rb[kv], a);
-        runs_[n_runs++] = {home_plane(layer, u.head0 + h, kv) + lo,
-                           base + (2ull * h + kv) * layout_.pitch + lo, hi - lo};
+        add_copy(home_plane(layer, u.head0 + h, kv) + lo, base + (2ull * h + kv) * layout_.pitch + lo,
+                 hi - lo, n_blocks);
       }
     }
-    engine_->submit(CopyDir::kStore, std::span(runs_.data(), n_runs));
+    engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
+                     {staging_.get(), buffer_slot(visit)});
     prefetch_ahead(visit);
     attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
   }
@@ -330,11 +284,25 @@ void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, i
 
 void TieredKv::truncate(int64_t n_tokens) {
   KVTIER_ASSERT(n_tokens >= 0 && n_tokens <= length(), "truncate to {} of {}", n_tokens, length());
+  // Waits for every transfer in flight: their pins drop before rows are forgotten (a store of rows
+  // being truncated lands first; prefetched loads of the old length are void after the epoch bump).
   engine_->drain();
+  KVTIER_ASSERT(engine_->home_pins().pinned_blocks() == 0 && staging_->pinned_blocks() == 0,
+                "KV blocks pinned after the transfers drained");
   inflight_.clear();
   ++epoch_;
   std::fill(length_.begin(), length_.end(), n_tokens);
   pass_pos0_ = -1;
+}
+
+void TieredKv::add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n) {
+  if (bytes == 0) return;
+  KVTIER_ASSERT(n < copies_.size(), "{} extents in one job", n + 1);
+  copies_[n++] = {home_offset, buf, bytes};
+}
+
+size_t TieredKv::pinned_blocks() const {
+  return engine_->home_pins().pinned_blocks() + staging_->pinned_blocks();
 }
 
 TieredStats TieredKv::stats() const {

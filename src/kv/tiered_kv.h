@@ -10,8 +10,11 @@
 //      the buffer that the previous visit used;
 //   5. attention of the unit's query heads over the buffer.
 // Buffers are used round-robin by visit, so a buffer is overwritten only by a load submitted after
-// the store that read it; the FIFO transfer engine orders both. Attention sees the same bytes at the
-// same positions as the resident placement, tiled identically: outputs are bit-identical.
+// the store that read it; the FIFO transfer engine orders both. Every job pins its home blocks
+// (block_tokens rows of one head's K or V) and its staging buffer until it completes: truncate()
+// waits for the pins to drop, and the compute never writes into a pinned buffer (asserted).
+// Buffer sizes come from tiered_layout() (kv/footprint.h), which planners use too. Attention sees the same
+// bytes at the same positions as the resident placement, tiled identically: outputs are bit-identical.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +24,8 @@
 
 #include "backend/cpu/attention.h"
 #include "core/thread_pool.h"
+#include "kv/block_pool.h"
+#include "kv/footprint.h"
 #include "kv/home_store.h"
 #include "kv/kv_cache.h"
 #include "kv/ledger.h"
@@ -28,15 +33,6 @@
 #include "policy/placement.h"
 
 namespace kvtier::kv {
-
-struct TieredOptions {
-  policy::PlacementConfig placement;
-  uint64_t kv_mem = 0;         // compute-local bytes for staging buffers + static heads; 0 = as needed
-  std::string disk_dir;        // home tier on disk in this directory; empty = host DRAM
-  int64_t max_new_rows = 0;    // largest pass (prefill chunk); sizes the new-row staging
-  DiskFaults disk_faults;      // tests
-  uint32_t copy_delay_us = 0;  // tests: random delay before each copy job
-};
 
 struct TieredStats {
   TransferStats transfer;
@@ -62,6 +58,8 @@ class TieredKv final : public KvCache {
   void truncate(int64_t n_tokens) override;
 
   TieredStats stats() const;
+  // Home blocks and staging buffers pinned by transfers in flight now (tests).
+  size_t pinned_blocks() const;
 
  private:
   struct Visit {  // a load in flight (or done) for an upcoming unit visit
@@ -79,7 +77,11 @@ class TieredKv final : public KvCache {
 
   void begin_pass(int64_t s_kv);
   Layout layout_for(uint32_t group) const;
-  uint8_t* buffer(uint64_t visit) { return arena_.get() + (visit % n_buffers_) * buffer_bytes_; }
+  uint32_t buffer_slot(uint64_t visit) const { return buffer_slots_[visit % buffer_slots_.size()]; }
+  uint8_t* buffer(uint64_t visit) { return staging_->data(buffer_slot(visit)); }
+  // Appends the extent [home_offset, +bytes) <-> buf (one plane's rows: consecutive home blocks) to
+  // copies_.
+  void add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n);
   uint64_t home_plane(uint32_t layer, uint32_t head, int kv) const;
   void submit_load(uint64_t visit, size_t unit_index, int64_t rows);
   void prefetch_ahead(uint64_t visit);
@@ -94,33 +96,28 @@ class TieredKv final : public KvCache {
   TieredOptions opt_;
   policy::KvShape shape_;
   size_t esz_;
-  uint64_t row_max_;  // bytes of the longer of a K and a V row
-  uint64_t align_;
-  std::vector<uint32_t> head_offset_;  // [n_layer] first global head of each layer
-  std::vector<int64_t> length_;        // [n_layer]
+  uint64_t row_max_;             // bytes of the longer of a K and a V row
+  TieredLayout lay_;             // sizes of everything below
+  std::vector<int64_t> length_;  // [n_layer]
 
   std::unique_ptr<HomeStore> home_;
-  uint64_t home_pitch_ = 0;
+  uint64_t home_block_bytes_ = 0;      // pin granularity: block_tokens rows of one plane, page-rounded
+  Reservation home_pins_reservation_;  // the engine's pin counts of the home blocks
   std::unique_ptr<TransferEngine> engine_;
 
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
-  uint32_t n_buffers_ = 0;
-  uint64_t buffer_bytes_ = 0;
-  Reservation arena_reservation_;
-  std::unique_ptr<uint8_t, FreeDeleter> arena_;  // [n_buffers][buffer_bytes]
-  std::vector<uint32_t> static_heads_;           // [n_layer]
-  uint64_t static_pitch_ = 0;
+  std::unique_ptr<BlockPool> staging_;  // [n_buffers] staging buffers of buffer_bytes, page-aligned
+  std::vector<uint32_t> buffer_slots_;  // [n_buffers] the pool's slots, used round-robin by visit
   Reservation static_reservation_;
   std::unique_ptr<uint8_t, FreeDeleter> static_;  // [sum static heads][K,V][static_pitch]
-  std::vector<uint64_t> static_offset_;           // [n_layer] byte offset of the layer's static heads
   Reservation staging_reservation_;
   std::vector<uint8_t> new_k_;  // [max_new_rows, max heads, head_dim_k] KV dtype
   std::vector<uint8_t> new_v_;  // [max_new_rows, max heads, head_dim_v] KV dtype
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;
-  std::vector<CopyRun> runs_;  // [2 * max heads] run list of one job
+  std::vector<BlockCopy> copies_;  // [2 * max heads] extents of one job
 
   // The current pass.
   policy::PassPlan plan_;

@@ -20,39 +20,50 @@ constexpr int64_t kSoloMatmulBytes = int64_t{4} << 20;
 
 }  // namespace
 
-Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool,
-                 cpu::Isa isa, kv::MemoryLedger& ledger)
-    : cfg_(cfg), w_(w), max_tokens_(max_tokens), pool_(pool), isa_(isa) {
-  KVTIER_ASSERT(max_tokens > 0);
-  const int64_t T = max_tokens;
-  const int64_t E = cfg.n_embd;
-  const int64_t hk = cfg.max_head_kv();
-  const int64_t half = cfg.n_rot / 2;
-  const auto n_tables = static_cast<int64_t>(cfg.rope_tables.size());
-  size_t scratch = 0;
+uint64_t ForwardBuffers::bytes() const {
+  return 4 * uint64_t{x + xn + tmp + q + att + k + v + gate + up + cos + sin} + matmul_bytes;
+}
+
+ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens) {
+  const size_t T = sz(max_tokens);
+  const size_t hk = cfg.max_head_kv();
+  const size_t tables = cfg.rope_tables.size();
+  ForwardBuffers b;
+  b.x = b.xn = b.tmp = T * cfg.n_embd;
+  b.q = T * cfg.n_head * cfg.head_dim_k;
+  b.att = T * cfg.n_head * cfg.head_dim_v;
+  b.k = T * hk * cfg.head_dim_k;
+  b.v = T * hk * cfg.head_dim_v;
+  b.gate = b.up = T * cfg.n_ff;
+  b.cos = b.sin = tables * T * (cfg.n_rot / 2);
   auto need = [&](const cpu::WeightMatrix& m) {
-    scratch = std::max(scratch, cpu::matmul_scratch_bytes(m.type, m.k, T));
+    b.matmul_bytes = std::max(b.matmul_bytes, cpu::matmul_scratch_bytes(m.type, m.k, max_tokens));
   };
   need(w.output);
   for (const auto& L : w.layers) {
     for (const auto* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) need(*m);
   }
-  const uint64_t floats =
-      sz(T) * (3 * sz(E) + sz(cfg.n_head) * (cfg.head_dim_k + cfg.head_dim_v) +
-               sz(hk) * (cfg.head_dim_k + cfg.head_dim_v) + 2 * sz(cfg.n_ff) + 2 * sz(n_tables) * sz(half));
-  reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations, floats * 4 + scratch);
-  x_.resize(sz(T * E));
-  xn_.resize(sz(T * E));
-  q_.resize(sz(T) * cfg.n_head * cfg.head_dim_k);
-  k_.resize(sz(T * hk) * cfg.head_dim_k);
-  v_.resize(sz(T * hk) * cfg.head_dim_v);
-  att_.resize(sz(T) * cfg.n_head * cfg.head_dim_v);
-  tmp_.resize(sz(T * E));
-  gate_.resize(sz(T) * cfg.n_ff);
-  up_.resize(sz(T) * cfg.n_ff);
-  cos_.resize(sz(n_tables * T * half));
-  sin_.resize(sz(n_tables * T * half));
-  mm_scratch_.resize(scratch);
+  return b;
+}
+
+Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool,
+                 cpu::Isa isa, kv::MemoryLedger& ledger)
+    : cfg_(cfg), w_(w), max_tokens_(max_tokens), pool_(pool), isa_(isa) {
+  KVTIER_ASSERT(max_tokens > 0);
+  const ForwardBuffers b = forward_buffers(cfg, w, max_tokens);
+  reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations, b.bytes());
+  x_.resize(b.x);
+  xn_.resize(b.xn);
+  q_.resize(b.q);
+  k_.resize(b.k);
+  v_.resize(b.v);
+  att_.resize(b.att);
+  tmp_.resize(b.tmp);
+  gate_.resize(b.gate);
+  up_.resize(b.up);
+  cos_.resize(b.cos);
+  sin_.resize(b.sin);
+  mm_scratch_.resize(b.matmul_bytes);
 }
 
 kv::KvGeometry Forward::kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, uint32_t group_heads) const {

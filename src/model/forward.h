@@ -30,6 +30,20 @@ enum class LogitRows {
   kAll,   // logits of every token: [n_tokens, n_vocab]
 };
 
+// Sizes of Forward's buffers for passes of up to max_tokens tokens (T). The constructor allocates
+// exactly these, and planners predict the engine's activation memory from them.
+struct ForwardBuffers {
+  size_t x = 0, xn = 0, tmp = 0;  // [T, n_embd] f32 elements each
+  size_t q = 0, att = 0;          // [T, n_head, head_dim_k|v] f32 elements
+  size_t k = 0, v = 0;            // [T, max n_head_kv, head_dim_k|v] f32 elements
+  size_t gate = 0, up = 0;        // [T, n_ff] f32 elements
+  size_t cos = 0, sin = 0;        // [n_tables, T, n_rot / 2] f32 elements
+  size_t matmul_bytes = 0;        // activations quantised for the widest matmul, bytes
+  // All of them, in bytes (the ledger's activations of the forward pass).
+  uint64_t bytes() const;
+};
+ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens);
+
 class Forward {
  public:
   Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool, cpu::Isa isa,

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kv/footprint.h"
 #include "kv/make_kv_cache.h"
 
 namespace kvtier::runtime {
@@ -19,28 +20,83 @@ int64_t default_chunk(const model::ModelConfig& cfg) {
   return std::clamp<int64_t>(static_cast<int64_t>(target / per_token), 16, 512);
 }
 
-Session::Session(const LoadedModel& model, const SessionOptions& opt)
-    : model_(model), opt_(opt), isa_(opt.isa.value_or(cpu::best_isa())), pool_(std::max(1, opt.threads)) {
+SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOptions opt) {
+  if (opt.chunk <= 0) fail(ErrorKind::kInvalidArgument, "--chunk must be positive (got {})", opt.chunk);
+  if (opt.n_ctx <= 0) opt.n_ctx = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096;
+  if (opt.threads < 1) fail(ErrorKind::kInvalidArgument, "--threads must be at least 1");
+  opt.chunk = std::min(opt.chunk, opt.n_ctx);
+  opt.kv_placement.max_new_rows = opt.chunk;
+  return opt;
+}
+
+namespace {
+
+// Tokens per pass of evaluate(): its logits buffer holds that many rows.
+int64_t logit_rows(const model::ModelConfig& cfg, int64_t chunk) {
+  return std::clamp<int64_t>(static_cast<int64_t>(kLogitsBytes / (4 * uint64_t{cfg.n_vocab})), 1, chunk);
+}
+
+kv::KvGeometry kv_geometry(const model::ModelConfig& cfg, const SessionOptions& o) {
+  kv::KvGeometry g;
+  for (const auto& l : cfg.layers) g.n_head_kv.push_back(l.n_head_kv);
+  g.head_dim_k = cfg.head_dim_k;
+  g.head_dim_v = cfg.head_dim_v;
+  g.block_tokens = o.kv_block_tokens;
+  g.dtype = o.kv_dtype;
+  return g;
+}
+
+}  // namespace
+
+kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& options) {
   const auto& cfg = model.config;
-  if (opt_.chunk <= 0) fail(ErrorKind::kInvalidArgument, "--chunk must be positive (got {})", opt_.chunk);
-  if (opt_.n_ctx <= 0) opt_.n_ctx = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 4096;
-  if (opt_.threads < 1) fail(ErrorKind::kInvalidArgument, "--threads must be at least 1");
+  const SessionOptions o = resolve_session_options(cfg, options);
+  kv::MemoryLedger p;
+  p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
+  p.reserve(kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
+  p.reserve(kv::Tier::kDevice, kv::Category::kActivations,
+            model::forward_buffers(cfg, model.weights, o.chunk).bytes());
+  const kv::KvFootprint f =
+      kv::kv_footprint(o.kv_placement, kv_geometry(cfg, o), o.n_ctx, cfg.n_head, o.threads);
+  p.reserve(kv::Tier::kDevice, kv::Category::kKv, f.device_kv);
+  p.reserve(kv::Tier::kDevice, kv::Category::kStaging, f.device_staging);
+  p.reserve(kv::Tier::kDevice, kv::Category::kScratch, f.device_scratch);
+  p.reserve(kv::Tier::kHost, kv::Category::kKv, f.host_kv);
+  p.reserve(kv::Tier::kDisk, kv::Category::kKv, f.disk_kv);
+  p.reserve(kv::Tier::kDevice, kv::Category::kLogits,
+            static_cast<uint64_t>(logit_rows(cfg, o.chunk)) * cfg.n_vocab * 4);
+  return p;
+}
+
+Session::Session(const LoadedModel& model, const SessionOptions& opt)
+    : model_(model),
+      opt_(resolve_session_options(model.config, opt)),
+      isa_(opt.isa.value_or(cpu::best_isa())),
+      pool_(opt_.threads) {
+  const auto& cfg = model.config;
   if (!cpu::isa_supported(isa_)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", cpu::isa_name(isa_));
-  opt_.chunk = std::min(opt_.chunk, opt_.n_ctx);
   weights_reservation_ =
       kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   forward_ = std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_);
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
-  kv::TieredOptions kvo = opt_.kv_placement;
-  kvo.max_new_rows = opt_.chunk;
-  kv_ = kv::make_kv_cache(kvo, forward_->kv_geometry(opt_.kv_block_tokens, opt_.kv_dtype), opt_.n_ctx,
-                          cfg.n_head, ledger_, pool_, isa_);
+  kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(cfg, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
+                          isa_);
   // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
-  logit_rows_ =
-      std::clamp<int64_t>(static_cast<int64_t>(kLogitsBytes / (4 * uint64_t{cfg.n_vocab})), 1, opt_.chunk);
+  logit_rows_ = logit_rows(cfg, opt_.chunk);
   const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;
-  logits_reservation_ = kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kActivations, n_logits * 4);
+  logits_reservation_ = kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kLogits, n_logits * 4);
   logits_.resize(n_logits);
+  // Planners rely on this: what the session holds is what predict_memory says.
+  const kv::MemoryLedger predicted = predict_memory(model, opt_);
+  for (int t = 0; t < kv::kNumTiers; ++t) {
+    for (int c = 0; c < kv::kNumCategories; ++c) {
+      const auto tier = static_cast<kv::Tier>(t);
+      const auto cat = static_cast<kv::Category>(c);
+      KVTIER_ASSERT(ledger_.current(tier, cat) == predicted.current(tier, cat),
+                    "{} {}: {} bytes held, {} predicted", kv::tier_name(tier), kv::category_name(cat),
+                    ledger_.current(tier, cat), predicted.current(tier, cat));
+    }
+  }
 }
 
 std::span<const float> Session::prefill(std::span<const TokenId> tokens, const ProgressFn& progress) {

@@ -80,6 +80,16 @@ class Session {
   std::vector<float> logits_;  // [logit_rows_, n_vocab] f32
 };
 
+// The options as a Session applies them: context from the model when 0, chunk clipped to it; throws
+// Error(kInvalidArgument) for impossible values.
+SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOptions opt);
+
+// The bytes a Session with these options reserves, per tier and category, computed without
+// allocating from the same size functions its parts allocate with (model::forward_buffers,
+// kv::kv_footprint, the logits rows): a prediction equal to the session's ledger by construction
+// (the Session asserts it). Throws what the Session would (bad options, a --kv-mem that cannot fit).
+kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& opt);
+
 // Default prefill chunk for a model: keeps the per-chunk activations and all-position logits near
 // 64 MiB, between 16 and 512 tokens.
 int64_t default_chunk(const model::ModelConfig& cfg);

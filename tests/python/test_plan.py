@@ -40,3 +40,32 @@ def test_plan_bad_input():
     assert p.returncode == 1 and "does not divide" in p.stderr
     p = run("plan", "--preset", "llama3-8b", "--ctx", "1K", "--device-mem", "12XB", check=False)
     assert p.returncode == 1 and "--device-mem" in p.stderr
+
+
+def test_engine_rows_from_a_gguf_file():
+    j = run_json("plan", "-m", model("smollm2"), "--ctx", "2K", "--chunk", "64", "-t", "2", "--json")
+    eng = j["engine"]
+    assert (eng["ctx"], eng["chunk"], eng["threads"]) == (2048, 64, 2)
+    rows = {r["policy"]: r for r in eng["policies"]}
+    assert list(rows) == ["resident", "layer", "headinfer"] and all(r["fits"] for r in rows.values())
+    res, head = rows["resident"]["memory"], rows["headinfer"]["memory"]
+    # Same weights and activations (same chunk); the offloaded placement keeps the KV in host memory.
+    assert res["device"]["weights"] == head["device"]["weights"] > 0
+    assert res["device"]["activations"] == head["device"]["activations"] > 0
+    assert res["device"]["kv"] > 10 * head["device"]["kv"] and head["host"]["kv"] >= res["device"]["kv"] * 0.99
+    for tier in ("device", "host", "disk"):
+        m = res[tier]
+        assert m["total"] == sum(v for k, v in m.items() if k != "total")
+    # The paper's model stays as it was (Table 10/11 rows use --chunk as given).
+    assert {m["method"] for m in j["methods"]} == {"standard", "chunked", "kvquant4", "layer", "headinfer"}
+
+
+def test_engine_rows_report_budgets_that_do_not_fit():
+    j = run_json("plan", "-m", model("smollm2"), "--ctx", "2K", "--kv-policy", "resident,headinfer", "--kv-mem",
+                 "4MiB", "--host-mem", "1MiB", "--group", "1", "--json")
+    rows = {r["policy"]: r for r in j["engine"]["policies"]}
+    assert not rows["resident"]["fits"] and "--kv-mem" in rows["resident"]["error"]
+    assert not rows["headinfer"]["fits"] and "host budget" in rows["headinfer"]["error"]
+    assert "engine" not in run_json("plan", "--preset", "llama3-8b", "--ctx", "1K", "--json")
+    p = run("plan", "-m", model("smollm2"), "--ctx", "1K", "--kv-policy", "resident,bogus", check=False)
+    assert p.returncode == 1 and "bogus" in p.stderr

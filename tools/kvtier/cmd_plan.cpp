@@ -1,12 +1,15 @@
 // kvtier plan: predicted memory per tier and category of each KV placement method for a model and
-// context, the largest context each reaches within the budgets, and (given hardware rates) a
-// roofline estimate of prefill and decode time.
+// context as the HeadInfer paper models it (weights + KV + S*D + 2*S*I activations), the largest
+// context each reaches within the budgets, and (given hardware rates) a roofline estimate of prefill
+// and decode time. With -m, also what this engine allocates for `kvtier run` with the same flags
+// (cmd_plan_engine.h): every buffer by tier and category, equal to run's measured peaks.
 #include <fmt/format.h>
 
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "cli_util.h"
+#include "cmd_plan_engine.h"
 #include "commands.h"
 #include "core/error.h"
 #include "gguf/reader.h"
@@ -14,6 +17,7 @@
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "policy/memory_model.h"
+#include "policy/placement.h"
 
 namespace kvtier::cli {
 namespace {
@@ -22,7 +26,7 @@ struct PlanArgs {
   std::string model;
   std::string preset;
   std::string ctx;
-  std::string chunk = "10K";
+  std::string chunk;  // empty: 10K for the paper's methods, the engine's default for the engine rows
   std::string device_mem;
   std::string host_mem;
   std::string policy = "all";
@@ -33,7 +37,29 @@ struct PlanArgs {
   double link_gbps = 0;    // host <-> compute link, GB/s (1e9)
   double mem_gbps = 0;     // compute-local memory bandwidth, GB/s
   bool json = false;
+  // Engine rows (-m only): the flags `kvtier run` takes.
+  std::string kv_policies = "resident,layer,headinfer";
+  int threads = 0;
+  std::string kv_type = "f16";
+  std::string kv_mem;
+  std::string kv_disk;
+  uint32_t prefetch_depth = 1;
+  uint32_t static_heads = 0;
 };
+
+std::vector<std::string> engine_policies(const std::string& list) {
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos <= list.size();) {
+    const size_t end = std::min(list.find(',', pos), list.size());
+    const std::string p = list.substr(pos, end - pos);
+    if (!policy::placement_from_name(p)) {
+      fail(ErrorKind::kInvalidArgument, "unknown --kv-policy '{}' (resident, layer, headinfer)", p);
+    }
+    out.push_back(p);
+    pos = end + 1;
+  }
+  return out;
+}
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
   policy::ModelShape m;
@@ -75,7 +101,7 @@ int run_plan(const PlanArgs& a) {
   const policy::ModelShape m = shape_of(a, name);
   policy::PlanInputs in;
   in.n_ctx = parse_tokens(a.ctx, "--ctx");
-  in.chunk = parse_tokens(a.chunk, "--chunk");
+  in.chunk = a.chunk.empty() ? 10240 : parse_tokens(a.chunk, "--chunk");
   if (in.chunk == 0) fail(ErrorKind::kInvalidArgument, "--chunk must be positive");
   in.kv_elem_bytes = a.kv_bytes;
   in.act_elem_bytes = a.act_bytes;
@@ -153,6 +179,29 @@ int run_plan(const PlanArgs& a) {
       std::cout << "\n";
     }
   }
+  if (!a.json) {
+    std::cout << "\nG = GiB. Activations follow the paper's model (S*D + 2*S*I elements); KV(host) is the "
+                 "offloaded master copy.\n";
+  }
+  nlohmann::ordered_json engine;
+  if (!a.model.empty()) {
+    EnginePlanArgs e;
+    e.engine.model = a.model;
+    e.engine.ctx = static_cast<int64_t>(in.n_ctx);
+    e.engine.chunk = a.chunk.empty() ? 0 : static_cast<int64_t>(in.chunk);
+    e.engine.threads = a.threads;
+    e.engine.kv_type = a.kv_type;
+    e.engine.kv_mem = a.kv_mem;
+    e.engine.kv_disk = a.kv_disk;
+    e.engine.host_mem = a.host_mem;
+    e.engine.group = a.group;
+    e.engine.prefetch_depth = a.prefetch_depth;
+    e.engine.static_heads = a.static_heads;
+    e.policies = engine_policies(a.kv_policies);
+    engine = plan_engine(e, a.json);
+  } else if (!a.json) {
+    std::cout << "(engine rows need -m MODEL: they count the buffers this engine allocates for that file)\n";
+  }
   if (a.json) {
     nlohmann::ordered_json j;
     j["model"] = name;
@@ -161,11 +210,8 @@ int run_plan(const PlanArgs& a) {
     j["device_budget"] = in.device_budget;
     j["host_budget"] = in.host_budget;
     j["methods"] = rows;
+    if (!engine.is_null()) j["engine"] = engine;
     std::cout << j.dump(1) << "\n";
-  } else {
-    std::cout << "\nG = GiB. Activations follow the paper's model (S*D + 2*S*I elements); KV(host) is the "
-                 "offloaded "
-                 "master copy.\n";
   }
   return 0;
 }
@@ -179,7 +225,9 @@ void add_plan(CLI::App& app, Runner& run) {
   cmd->add_option("-m,--model", a->model, "GGUF model (weights counted as stored)");
   cmd->add_option("--preset", a->preset, "Preset shape instead of a file (bf16 weights), e.g. llama3-8b");
   cmd->add_option("--ctx", a->ctx, "Context length in tokens (K = 1024, M = 1024^2), e.g. 1M")->required();
-  cmd->add_option("--chunk", a->chunk, "Prefill chunk for the chunked methods")->capture_default_str();
+  cmd->add_option("--chunk", a->chunk,
+                  "Prefill chunk (default: 10K for the paper's chunked methods; the engine rows use run's "
+                  "default)");
   cmd->add_option("--device-mem", a->device_mem,
                   "Compute-local memory budget, e.g. 24GiB (default: unlimited)");
   cmd->add_option("--host-mem", a->host_mem, "Host memory budget for offloaded KV, e.g. 512GiB");
@@ -192,6 +240,22 @@ void add_plan(CLI::App& app, Runner& run) {
   cmd->add_option("--link-gbps", a->link_gbps, "Host-to-compute link bandwidth for the estimate (GB/s)");
   cmd->add_option("--mem-gbps", a->mem_gbps, "Compute-local memory bandwidth for the decode estimate (GB/s)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
+  // The engine rows (with -m): the same flags as `kvtier run`.
+  cmd->add_option("--kv-policy", a->kv_policies,
+                  "With -m: engine placements to size, comma-separated (resident, layer, headinfer)")
+      ->capture_default_str();
+  cmd->add_option("-t,--threads", a->threads, "With -m: worker threads, as for run (default: all cores)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--kv-type", a->kv_type, "With -m: KV cache element type")
+      ->check(CLI::IsMember({"f16", "f32"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-mem", a->kv_mem, "With -m: compute-local KV budget, as for run (default: as needed)");
+  cmd->add_option("--kv-disk", a->kv_disk, "With -m: offloaded KV home on disk (counted in the disk tier)");
+  cmd->add_option("--prefetch-depth", a->prefetch_depth, "With -m: offloaded policies: units loaded ahead")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  cmd->add_option("--static-heads", a->static_heads, "With -m: headinfer: KV heads kept resident")
+      ->capture_default_str();
   cmd->callback([a, &run] { run = [a] { return run_plan(*a); }; });
 }
 

@@ -38,8 +38,8 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   }
   cmd->add_option(
       "--kv-mem", a.kv_mem,
-      "compute-local memory for KV (resident: all of it; offloaded: staging buffers, static heads), "
-      "e.g. 256MiB; default: as needed");
+      "compute-local memory for KV (resident: all of it; offloaded: staging buffers, static heads), its "
+      "new-row staging and attention scratch, e.g. 256MiB; default: as needed");
   cmd->add_option(
       "--kv-disk", a.kv_disk,
       "offloaded policies: keep the KV master copy in an unnamed file in this directory (O_DIRECT; "
@@ -125,6 +125,8 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["stall_s"] = st->transfer.wait_seconds;
   j["copy_busy_s"] = st->transfer.busy_seconds;
   j["copy_jobs"] = st->transfer.jobs;
+  j["copy_blocks"] = st->transfer.blocks;  // blocks the jobs named
+  j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
   return j;
 }

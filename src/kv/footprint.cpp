@@ -1,0 +1,177 @@
+#include "kv/footprint.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kv/block_pool.h"
+
+namespace kvtier::kv {
+namespace {
+
+constexpr uint64_t kPageAlign = 4096;
+
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+uint64_t round_down(uint64_t v, uint64_t a) {
+  return v / a * a;
+}
+
+uint32_t max_q_per_kv(const KvGeometry& geo, uint32_t n_head) {
+  uint32_t m = 1;
+  for (uint32_t l = 0; l < geo.n_layer(); ++l) {
+    if (n_head % geo.n_head_kv[l] != 0) {
+      fail(ErrorKind::kInvalidArgument, "{} KV heads of layer {} do not divide {} query heads",
+           geo.n_head_kv[l], l, n_head);
+    }
+    m = std::max(m, n_head / geo.n_head_kv[l]);
+  }
+  return m;
+}
+
+uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) {
+  cpu::AttnParams ap;
+  ap.head_dim_k = geo.head_dim_k;
+  ap.head_dim_v = geo.head_dim_v;
+  ap.q_per_kv = max_q_per_kv(geo, n_head);
+  return cpu::attention_scratch_bytes(ap, threads);
+}
+
+}  // namespace
+
+ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads) {
+  geo.validate();
+  if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
+  ResidentLayout r;
+  r.max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  std::vector<uint64_t> counts;
+  for (uint32_t l = 0; l < geo.n_layer(); ++l) {
+    const uint64_t bytes = geo.block_bytes(l);
+    auto it = std::find(r.pool_block_bytes.begin(), r.pool_block_bytes.end(), bytes);
+    if (it == r.pool_block_bytes.end()) {
+      r.pool_block_bytes.push_back(bytes);
+      counts.push_back(0);
+      it = r.pool_block_bytes.end() - 1;
+    }
+    const auto pi = static_cast<uint32_t>(it - r.pool_block_bytes.begin());
+    r.pool_index.push_back(pi);
+    counts[pi] += uint64_t{geo.n_groups(l)} * static_cast<uint64_t>(r.max_blocks);
+    r.table_entries += size_t{geo.n_groups(l)} * static_cast<size_t>(r.max_blocks);
+  }
+  r.kv_bytes = r.table_entries * sizeof(uint32_t) + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i] > 0xfffffff0u) fail(ErrorKind::kBudget, "{} KV blocks are too many", counts[i]);
+    r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
+    r.kv_bytes += BlockPool::slab_bytes(r.pool_block_bytes[i], r.pool_blocks[i]);
+  }
+  r.scratch_bytes = attention_scratch(geo, n_head, threads);
+  return r;
+}
+
+TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                           const TieredOptions& o) {
+  geo.validate();
+  if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
+  if (o.placement.placement == policy::Placement::kResident) {
+    fail(ErrorKind::kInvalidArgument, "TieredKv serves offloaded placements, not resident");
+  }
+  if (o.placement.prefetch_depth == 0) fail(ErrorKind::kInvalidArgument, "prefetch depth must be at least 1");
+  const int64_t max_new_rows = o.max_new_rows > 0 ? o.max_new_rows : capacity;
+  const uint32_t L = geo.n_layer();
+  const uint64_t esz = cpu::kv_dtype_bytes(geo.dtype);
+  const uint64_t row_max = std::max(geo.head_dim_k, geo.head_dim_v) * esz;
+  TieredLayout t;
+  t.h_max = *std::max_element(geo.n_head_kv.begin(), geo.n_head_kv.end());
+  for (uint32_t l = 0; l < L; ++l) {
+    t.head_offset.push_back(t.n_heads_total);
+    t.n_heads_total += geo.n_head_kv[l];
+  }
+  t.scratch_bytes = attention_scratch(geo, n_head, threads);
+
+  policy::KvShape shape;
+  shape.n_head_kv = geo.n_head_kv;
+  shape.head_bytes_per_token = 2 * row_max;
+  t.static_heads = policy::static_heads_per_layer(o.placement, shape);
+  t.static_pitch = round_up(static_cast<uint64_t>(capacity) * row_max, 64);
+  for (uint32_t l = 0; l < L; ++l) {
+    t.static_offset.push_back(t.static_bytes);
+    t.static_bytes += uint64_t{t.static_heads[l]} * 2 * t.static_pitch;
+  }
+  t.staging_bytes = static_cast<uint64_t>(max_new_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * esz;
+
+  t.n_buffers = o.placement.prefetch_depth + 1;
+  const bool layer_mode = o.placement.placement == policy::Placement::kLayer;
+  const uint32_t g_min = layer_mode ? t.h_max : (o.placement.group ? o.placement.group : 1);
+  const uint32_t g_pref = layer_mode ? t.h_max : (o.placement.group ? o.placement.group : t.h_max);
+  const uint64_t plane_for_ctx = round_up(static_cast<uint64_t>(capacity) * row_max, kPageAlign);
+  const uint64_t need_buffer = 2ull * g_min * plane_for_ctx;
+  const uint64_t fixed = t.static_bytes + t.staging_bytes + t.scratch_bytes;
+  if (o.kv_mem == 0) {
+    t.buffer_bytes = 2ull * g_pref * plane_for_ctx;
+  } else {
+    const uint64_t need = fixed + t.n_buffers * need_buffer;
+    if (o.kv_mem < need) {
+      fail(ErrorKind::kBudget,
+           "--kv-mem {} bytes cannot hold {} staging buffer(s) of {} KV head(s) for {} positions plus static "
+           "heads, new-row staging and scratch: {} bytes are needed ({} for the buffers, {} fixed); raise "
+           "--kv-mem, lower --ctx{}",
+           o.kv_mem, t.n_buffers, g_min, capacity, need, t.n_buffers * need_buffer, fixed,
+           layer_mode ? ", or use --kv-policy headinfer" : ", lower --static-heads or the prefetch depth");
+    }
+    t.buffer_bytes = round_down((o.kv_mem - fixed) / t.n_buffers, kPageAlign);
+    // No use holding more than the largest unit needs.
+    t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, 2ull * t.h_max * plane_for_ctx);
+  }
+  // Home tier: one plane per (layer, head, K|V), page-aligned.
+  t.home_pitch = plane_for_ctx;
+  t.home_bytes = 2ull * t.n_heads_total * t.home_pitch;
+  t.home_block_bytes = round_up(uint64_t{geo.block_tokens} * row_max, kPageAlign);
+  t.home_pin_bytes = (t.home_bytes + t.home_block_bytes - 1) / t.home_block_bytes * sizeof(uint32_t);
+  return t;
+}
+
+void check_placement_options(const TieredOptions& o) {
+  if (o.placement.placement != policy::Placement::kResident) return;
+  if (!o.disk_dir.empty()) {
+    fail(ErrorKind::kInvalidArgument,
+         "--kv-disk applies to the offloaded policies (layer, headinfer); resident keeps all KV in compute "
+         "memory");
+  }
+  if (o.placement.static_heads != 0 || o.placement.group != 0) {
+    fail(ErrorKind::kInvalidArgument, "--group and --static-heads apply to --kv-policy headinfer");
+  }
+}
+
+void check_resident_budget(const ResidentLayout& r, int64_t capacity, uint64_t kv_mem) {
+  const uint64_t need = r.kv_bytes + r.scratch_bytes;
+  if (kv_mem != 0 && need > kv_mem) {
+    fail(
+        ErrorKind::kBudget,
+        "resident KV for {} positions needs {} bytes ({} of KV blocks, {} of attention scratch) but --kv-mem "
+        "is {} bytes; use --kv-policy layer or headinfer (KV offloaded to host memory or --kv-disk), raise "
+        "--kv-mem, or lower --ctx",
+        capacity, need, r.kv_bytes, r.scratch_bytes, kv_mem);
+  }
+}
+
+KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t capacity, uint32_t n_head,
+                         int threads) {
+  check_placement_options(o);
+  KvFootprint f;
+  if (o.placement.placement == policy::Placement::kResident) {
+    const ResidentLayout r = resident_layout(geo, capacity, n_head, threads);
+    check_resident_budget(r, capacity, o.kv_mem);
+    f.device_kv = r.kv_bytes;
+    f.device_scratch = r.scratch_bytes;
+    return f;
+  }
+  const TieredLayout t = tiered_layout(geo, capacity, n_head, threads, o);
+  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes;
+  f.device_staging = t.staging_bytes;
+  f.device_scratch = t.scratch_bytes;
+  (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;
+  f.host_kv += t.home_pin_bytes;
+  return f;
+}
+
+}  // namespace kvtier::kv

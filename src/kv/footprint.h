@@ -1,0 +1,77 @@
+// What a KV placement allocates, computed without allocating anything. ResidentKv and TieredKv size
+// their buffers from these layouts, and planners predict the engine's memory from the same numbers,
+// so a prediction equals the ledger's measurement by construction.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kv/geometry.h"
+#include "kv/home_store.h"
+#include "policy/placement.h"
+
+namespace kvtier::kv {
+
+struct TieredOptions {
+  policy::PlacementConfig placement;
+  uint64_t kv_mem = 0;         // compute-local bytes for KV, staging and scratch; 0 = as needed
+  std::string disk_dir;        // home tier on disk in this directory; empty = host DRAM
+  int64_t max_new_rows = 0;    // largest pass (prefill chunk); sizes the new-row staging
+  DiskFaults disk_faults;      // tests
+  uint32_t copy_delay_us = 0;  // tests: random delay before each copy job
+};
+
+// The resident placement: one block pool per distinct block size, all blocks for `capacity`.
+struct ResidentLayout {
+  std::vector<uint64_t> pool_block_bytes;  // [n_pools] block size of each pool
+  std::vector<uint32_t> pool_blocks;       // [n_pools] blocks of each pool
+  std::vector<uint32_t> pool_index;        // [n_layer] pool of each layer
+  int64_t max_blocks = 0;                  // token blocks per (layer, group)
+  size_t table_entries = 0;                // block table: [layer][group][block] -> slot
+  uint64_t kv_bytes = 0;                   // all pools' slabs, the block table and the span list
+  uint64_t scratch_bytes = 0;              // attention scratch
+};
+ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads);
+
+// The offloaded placements (layer, headinfer): compute-local static heads, new-row staging,
+// attention scratch and `n_buffers` staging buffers; the master copy in the home tier.
+struct TieredLayout {
+  uint32_t h_max = 0;                   // most KV heads of a layer
+  uint32_t n_heads_total = 0;           // KV heads of all layers
+  std::vector<uint32_t> head_offset;    // [n_layer] first global head of each layer
+  std::vector<uint32_t> static_heads;   // [n_layer] static (resident) heads of each layer
+  std::vector<uint64_t> static_offset;  // [n_layer] byte offset of the layer's static heads
+  uint64_t static_pitch = 0;            // bytes per static plane (one head's K or V)
+  uint64_t static_bytes = 0;
+  uint64_t staging_bytes = 0;  // new rows of the largest pass, KV dtype
+  uint64_t scratch_bytes = 0;  // attention scratch
+  uint32_t n_buffers = 0;      // staging buffers (prefetch depth + 1)
+  uint64_t buffer_bytes = 0;   // bytes per staging buffer, page-aligned
+  uint64_t home_pitch = 0;     // bytes per home plane (one head's K or V for `capacity` rows)
+  uint64_t home_bytes = 0;
+  uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
+  uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
+};
+// Throws Error(kBudget) naming needed and available bytes when options.kv_mem cannot hold it.
+TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                           const TieredOptions& options);
+
+// Ledger bytes of a placement by tier and category.
+struct KvFootprint {
+  uint64_t device_kv = 0;
+  uint64_t device_staging = 0;
+  uint64_t device_scratch = 0;
+  uint64_t host_kv = 0;  // the home tier in DRAM, and the home tier's pin counts
+  uint64_t disk_kv = 0;
+};
+// Errors for options that do not apply to the placement (make_kv_cache checks these first).
+void check_placement_options(const TieredOptions& options);
+// Throws Error(kBudget) when kv_mem (non-zero) cannot hold the resident KV and its scratch.
+void check_resident_budget(const ResidentLayout& layout, int64_t capacity, uint64_t kv_mem);
+
+// Validates the options as make_kv_cache does (same errors), then sizes the placement.
+KvFootprint kv_footprint(const TieredOptions& options, const KvGeometry& geo, int64_t capacity,
+                         uint32_t n_head, int threads);
+
+}  // namespace kvtier::kv

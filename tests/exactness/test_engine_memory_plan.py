@@ -1,0 +1,132 @@
+"""Measured compute-tier memory of real workloads against `kvtier plan`'s engine rows.
+
+For SmolLM2, Gemma-3 and a synthetic MHA model, every placement (resident, layer, headinfer with several g,
+static heads, prefetch depth, a disk home) runs under several --kv-mem budgets (unlimited, the
+smallest that fits, 1.5x that). The peak bytes `kvtier run --json` measures per tier and category
+must be within 10% of what `kvtier plan -m` predicts for the same model/ctx/chunk/threads/flags
+(they are equal by construction: both come from the size functions the buffers are allocated with),
+for the total and every category, and the bytes --kv-mem governs (KV, staging, scratch) never exceed
+the budget."""
+import json
+import re
+import sys
+import pathlib
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+from kvtier_testlib import model, run  # noqa: E402
+
+PROMPT = "A long document about tiered memory and the movement of bytes between tiers. " * 12
+CATEGORIES = ("weights", "kv", "activations", "staging", "scratch", "logits", "total")
+TIERS = ("device", "host", "disk")
+RESULTS = []  # (workload, measured, predicted) for the summary printed at the end
+
+
+@pytest.fixture(scope="module")
+def synthetic_mha(tmp_path_factory):
+    path = tmp_path_factory.mktemp("syn") / "mha.gguf"
+    run("synth", "--preset", "tiny-mha", "--type", "q8_0", "-o", path)
+    return path
+
+
+def engine_flags(ctx, chunk, flags, budget):
+    args = ["--ctx", ctx, "--chunk", chunk, "-t", 2, *flags]
+    return args + (["--kv-mem", budget] if budget else [])
+
+
+def smallest_budget(mdl, ctx, chunk, flags):
+    """The engine's own answer, from the error of a 1-byte budget."""
+    p = run("run", "-m", mdl, "-p", "x", "-n", 1, *engine_flags(ctx, chunk, flags, 1), check=False)
+    assert p.returncode == 1, p.stderr
+    m = re.search(r"(\d+) bytes are needed", p.stderr) or re.search(r"needs (\d+) bytes", p.stderr)
+    assert m, p.stderr
+    return int(m.group(1))
+
+
+def measure(mdl, ctx, chunk, flags, budget):
+    j = json.loads(run("run", "-m", mdl, "-p", PROMPT, "-n", 4, "--ignore-eos", "--json",
+                       *engine_flags(ctx, chunk, flags, budget)).stdout)
+    assert j["ctx"] == ctx and j["chunk"] == chunk and j["n_prompt"] > 2 * chunk
+    if j["kv"]["policy"] != "resident":
+        # Every transfer names whole or partial home blocks; adjacent ones go out as one run.
+        assert j["kv"]["copy_blocks"] >= j["kv"]["copy_runs"] > 0, j["kv"]
+    return j["peak_memory_bytes"]
+
+
+def predict(mdl, ctx, chunk, flags, budget):
+    j = json.loads(run("plan", "-m", mdl, "--json", *engine_flags(ctx, chunk, flags, budget)).stdout)
+    (row,) = j["engine"]["policies"]
+    assert row["fits"], row
+    return row["memory"]
+
+
+def check_workload(name, mdl, ctx, chunk, flags, budgets):
+    for budget in budgets:
+        measured = measure(mdl, ctx, chunk, flags, budget)
+        predicted = predict(mdl, ctx, chunk, flags, budget)
+        label = f"{name} {' '.join(map(str, flags))} kv-mem={budget or 'unlimited'}"
+        RESULTS.append((label, measured, predicted))
+        for tier in TIERS:
+            for cat in CATEGORIES:
+                m, p = measured[tier][cat], predicted[tier][cat]
+                assert abs(m - p) <= 0.10 * p, (label, tier, cat, m, p)
+        dev = measured["device"]
+        assert dev["kv"] > 0 and dev["activations"] > 0 and dev["logits"] > 0 and dev["weights"] > 0
+        if budget:
+            assert dev["kv"] + dev["staging"] + dev["scratch"] <= budget, (label, dev, budget)
+
+
+def budgets_for(mdl, ctx, chunk, flags):
+    need = smallest_budget(mdl, ctx, chunk, flags)
+    return [None, need, need * 3 // 2]
+
+
+@pytest.mark.parametrize("flags", [
+    ["--kv-policy", "resident"],
+    ["--kv-policy", "layer"],
+    ["--kv-policy", "headinfer", "--group", "3"],
+    ["--kv-policy", "headinfer", "--group", "1"],
+    ["--kv-policy", "headinfer"],  # adaptive g
+    ["--kv-policy", "headinfer", "--group", "1", "--static-heads", "4", "--prefetch-depth", "2"],
+], ids=lambda f: "-".join(f[1:]).replace("--", ""))
+def test_smollm2(flags):
+    mdl = model("smollm2")
+    check_workload("smollm2", mdl, 1024, 64, flags, budgets_for(mdl, 1024, 64, flags))
+
+
+@pytest.mark.parametrize("flags", [
+    ["--kv-policy", "resident"],
+    ["--kv-policy", "headinfer", "--group", "1", "--prefetch-depth", "2"],
+], ids=lambda f: "-".join(f[1:]).replace("--", ""))
+def test_gemma3(flags):
+    """Two RoPE tables, sliding-window layers, Q4_K weights, a 262K vocabulary (logits)."""
+    mdl = model("gemma3")
+    check_workload("gemma3", mdl, 1024, 64, flags, budgets_for(mdl, 1024, 64, flags))
+
+
+def test_smollm2_disk_home_and_f32_kv(tmp_path):
+    mdl = model("smollm2")
+    flags = ["--kv-policy", "headinfer", "--group", "1", "--kv-disk", str(tmp_path), "--kv-type", "f32"]
+    check_workload("smollm2", mdl, 768, 48, flags, budgets_for(mdl, 768, 48, flags))
+    # The home tier is the disk file; host memory holds only its pin counts (4 B per 256-row block).
+    measured = RESULTS[-1][1]
+    assert measured["disk"]["kv"] > 0 and 0 < measured["host"]["kv"] < measured["disk"]["kv"] / 1000
+
+
+@pytest.mark.parametrize("flags", [
+    ["--kv-policy", "resident"],
+    ["--kv-policy", "layer"],
+    ["--kv-policy", "headinfer", "--group", "2"],
+    ["--kv-policy", "headinfer", "--group", "1", "--prefetch-depth", "3"],
+], ids=lambda f: "-".join(f[1:]).replace("--", ""))
+def test_synthetic_mha(synthetic_mha, flags):
+    check_workload("tiny-mha", synthetic_mha, 1024, 96, flags, budgets_for(synthetic_mha, 1024, 96, flags))
+
+
+def test_zz_summary():
+    """Prints measured vs predicted per category (pytest -s shows it; CTest keeps it in the log)."""
+    for label, m, p in RESULTS:
+        cells = " ".join(f"{c}={m['device'][c]}/{p['device'][c]}" for c in CATEGORIES)
+        print(f"{label}: device measured/predicted {cells}; host kv {m['host']['kv']}/{p['host']['kv']}; "
+              f"disk kv {m['disk']['kv']}/{p['disk']['kv']}")
