@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "core/error.h"
+#include "cuda_backend.h"
 #include "eval/kv_policy.h"
 #include "run_common.h"
 #include "runtime/session.h"
@@ -64,6 +65,9 @@ int run_bench(BenchArgs a) {
   const auto placements = eval::parse_kv_policy_list(a.policies);
   const auto model = runtime::load_model(a.engine.model);
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
+  if (a.engine.backend == "cuda") {
+    return run_bench_cuda(a.engine, *model, {a.prompt_tokens, a.gen, a.repeat, a.policies, a.json});
+  }
   nlohmann::json rows = nlohmann::json::array();
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
   std::vector<PolicyRun> runs;

@@ -32,6 +32,9 @@ struct EngineArgs {
   // Test hooks (hidden flags): inject a disk-tier write failure, delay every copy job.
   uint64_t debug_disk_fail_after = 0;
   uint32_t debug_copy_delay_us = 0;
+  // Backend: "cpu" or "cuda" (cuda_backend.h); --device-mem is the CUDA arena budget.
+  std::string backend = "cpu";
+  std::string device_mem;
 };
 
 struct SampleArgs {
