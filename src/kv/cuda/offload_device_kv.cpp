@@ -7,6 +7,26 @@
 #include "core/error.h"
 
 namespace kvtier::kv_cuda {
+namespace {
+
+// cudaMemcpy2D takes pitches up to the device's memPitch (2^31 - 1 bytes on current GPUs): host
+// planes of more rows than that are copied one plane at a time instead.
+constexpr size_t kMaxPitch = (size_t{1} << 31) - 1;
+
+void copy_planes(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                 cudaMemcpyKind kind, cudaStream_t s) {
+  if (width == 0) return;
+  if (dpitch <= kMaxPitch && spitch <= kMaxPitch) {
+    KVTIER_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, s));
+    return;
+  }
+  for (size_t i = 0; i < height; ++i) {
+    KVTIER_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst) + i * dpitch,
+                                      static_cast<const uint8_t*>(src) + i * spitch, width, kind, s));
+  }
+}
+
+}  // namespace
 
 uint64_t offload_host_bytes(const DeviceKvShape& shape) {
   return make_plane_layout(shape, shape.max_positions).total_bytes;
@@ -52,12 +72,29 @@ OffloadDeviceKv::OffloadDeviceKv(cuda::Context& ctx, const DeviceKvShape& shape,
   staging_ =
       static_cast<uint8_t*>(ctx.arena().allocate_bytes(staging_bytes_, "KV staging (ping-pong) buffers"));
   rows_ = staging_rows(shape, staging_bytes_);
-  ev_layer_d2h_.resize(shape.n_head_kv.size());
+  layer_stored_.resize(shape.n_head_kv.size());
 }
 
-uint8_t* OffloadDeviceKv::buffer(int slot) const {
-  return staging_ +
-         static_cast<uint64_t>(slot) * plan_.group * 2 * static_cast<uint64_t>(cap_) * row_bytes(shape_);
+uint8_t* OffloadDeviceKv::buffer(uint32_t slot) const {
+  return staging_ + uint64_t{slot} * plan_.group * 2 * static_cast<uint64_t>(cap_) * row_bytes(shape_);
+}
+
+cudaStream_t OffloadDeviceKv::stream(StreamId s) const {
+  switch (s) {
+    case StreamId::kCompute:
+      return ctx_.streams().compute.get();
+    case StreamId::kH2D:
+      return ctx_.streams().h2d.get();
+    case StreamId::kD2H:
+      return ctx_.streams().d2h.get();
+  }
+  KVTIER_ASSERT(false, "stream id");
+  return nullptr;
+}
+
+cudaEvent_t OffloadDeviceKv::event(EventRef e) const {
+  if (e.kind == EventKind::kLayerStored) return layer_stored_[e.index].get();
+  return slot_events_[static_cast<int>(e.kind)][e.index].get();
 }
 
 void OffloadDeviceKv::delay(cudaStream_t s) {
@@ -68,49 +105,26 @@ void OffloadDeviceKv::delay(cudaStream_t s) {
 void OffloadDeviceKv::begin_pass(int64_t pos0, int64_t n) {
   KVTIER_ASSERT(pos0 == length_ && n > 0 && n <= shape_.max_pass_tokens, "pass [{}, +{}) at length {}", pos0,
                 n, length_);
+  KVTIER_ASSERT(cursor_ == ops_.size(), "a pass is still in flight");
   if (pos0 + n > capacity()) {
     fail(ErrorKind::kBudget, "context of {} positions is full ({} needed): raise --ctx", capacity(),
          pos0 + n);
   }
-  // Pure decision (policy/placement.h): the group size and the flattened unit schedule.
+  // Pure decisions: the group size and the flattened unit schedule (policy/placement.h), then the
+  // stream protocol over it (stream_plan.h); this object only applies them.
   plan_ = policy::plan_pass(opt_.placement, policy_shape(shape_), pos0 + n, rows_);
   cap_ = plan_.unit_capacity;
   KVTIER_ASSERT(cap_ >= pos0 + n && !plan_.units.empty());
   pos0_ = pos0;
   n_ = n;
-  next_unit_ = 0;
   stats_.last_group = plan_.group;
-  // The buffers may be re-sliced for another group size: the first loads wait for every earlier
-  // user of either slot.
-  cudaStream_t h2d = ctx_.streams().h2d.get();
-  for (int s = 0; s < 2; ++s) {
-    ev_comp_[s].wait_on(h2d);
-    ev_d2h_[s].wait_on(h2d);
-  }
-  prefetch(0);
-}
-
-void OffloadDeviceKv::prefetch(size_t unit) {
-  const policy::Unit& u = plan_.units[unit];
-  const int slot = static_cast<int>(unit % 2);
-  cudaStream_t h2d = ctx_.streams().h2d.get();
-  ev_comp_[slot].wait_on(h2d);          // compute is done with the slot's previous unit
-  ev_d2h_[slot].wait_on(h2d);           // and so is its write-back
-  ev_layer_d2h_[u.layer].wait_on(h2d);  // host rows written back by the last pass have landed
-  if (pos0_ > 0) {
-    delay(h2d);
-    const uint64_t rb = row_bytes(shape_);
-    KVTIER_CUDA_CHECK(cudaMemcpy2DAsync(buffer(slot), static_cast<size_t>(cap_) * rb,
-                                        host_ + host_layout_.plane(u.layer, u.head0, 0),
-                                        host_layout_.plane_bytes, static_cast<size_t>(pos0_) * rb,
-                                        size_t{2} * u.n_heads, cudaMemcpyHostToDevice, h2d));
-    stats_.bytes_h2d += static_cast<uint64_t>(pos0_) * rb * 2 * u.n_heads;
-  }
-  ev_h2d_[slot].record(h2d);  // recorded even for an empty copy
+  plan_stream_ops(plan_, pos0, ops_);
+  cursor_ = 0;
+  run_ops(kBeginOps, nullptr);
 }
 
 void OffloadDeviceKv::write(uint32_t layer, const float* k, const float* v, int64_t token_stride) {
-  KVTIER_ASSERT(next_unit_ < plan_.units.size() && plan_.units[next_unit_].layer == layer,
+  KVTIER_ASSERT(cursor_ < ops_.size() && ops_[cursor_].layer == layer,
                 "write of layer {} out of the schedule", layer);
   k_ = k;
   v_ = v;
@@ -121,62 +135,83 @@ void OffloadDeviceKv::attend(uint32_t layer, const float* q, int64_t n_head, con
                              float* o) {
   const uint32_t hk = shape_.n_head_kv[layer];
   KVTIER_ASSERT(n_head % hk == 0, "{} query heads over {} KV heads", n_head, hk);
+  const AttendArgs a{q, o, n_head, la};
+  run_ops(layer, &a);
+}
+
+void OffloadDeviceKv::run_ops(uint32_t layer, const AttendArgs* a) {
+  while (cursor_ < ops_.size() && ops_[cursor_].layer == layer) exec(ops_[cursor_++], a);
+}
+
+void OffloadDeviceKv::exec(const StreamOp& op, const AttendArgs* a) {
+  cudaStream_t s = stream(op.stream);
   const int64_t d = shape_.head_dim;
   const uint64_t rb = row_bytes(shape_);
   const int64_t head_stride = 2 * cap_ * d;  // elements between heads in a staging buffer
-  cudaStream_t comp = ctx_.streams().compute.get();
-  cudaStream_t d2h = ctx_.streams().d2h.get();
-  while (next_unit_ < plan_.units.size() && plan_.units[next_unit_].layer == layer) {
-    const size_t ui = next_unit_++;
-    const policy::Unit& u = plan_.units[ui];
-    const int slot = static_cast<int>(ui % 2);
-    uint8_t* buf = buffer(slot);
-    // 1. The unit's past rows have landed.
-    ev_h2d_[slot].wait_on(comp);
-    // 2. Append the pass's rows of the unit's heads at rows [pos0, pos0 + n).
-    const cuda::KvCacheView kview{buf, head_stride, d, shape_.dtype};
-    const cuda::KvCacheView vview{buf + static_cast<uint64_t>(cap_) * rb, head_stride, d, shape_.dtype};
-    cuda::kv_append(k_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, kview, pos0_, nullptr, comp);
-    cuda::kv_append(v_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, vview, pos0_, nullptr, comp);
-    // 3. Write only the new rows back to the host planes.
-    ev_new_[slot].record(comp);
-    ev_new_[slot].wait_on(d2h);
-    delay(d2h);
-    KVTIER_CUDA_CHECK(cudaMemcpy2DAsync(
-        host_ + host_layout_.plane(u.layer, u.head0, 0) + static_cast<uint64_t>(pos0_) * rb,
-        host_layout_.plane_bytes, buf + static_cast<uint64_t>(pos0_) * rb, static_cast<size_t>(cap_) * rb,
-        static_cast<size_t>(n_) * rb, size_t{2} * u.n_heads, cudaMemcpyDeviceToHost, d2h));
-    stats_.bytes_d2h += static_cast<uint64_t>(n_) * rb * 2 * u.n_heads;
-    ev_d2h_[slot].record(d2h);
-    const bool last_of_layer = next_unit_ == plan_.units.size() || plan_.units[next_unit_].layer != layer;
-    if (last_of_layer) ev_layer_d2h_[layer].record(d2h);
-    // 4. Prefetch the next unit of the flattened schedule into the other slot.
-    if (next_unit_ < plan_.units.size()) prefetch(next_unit_);
-    // 5. Attention of the unit's query heads over rows [0, pos0 + n).
-    UnitQueries uq;
-    uq.q = q;
-    uq.o = o;
-    uq.n_tokens = n_;
-    uq.pos0 = pos0_;
-    uq.n_q_heads_total = n_head;
-    uq.q_per_kv = n_head / hk;
-    uq.q_head0 = int64_t{u.head0} * uq.q_per_kv;
-    uq.n_kv = u.n_heads;
-    UnitRows rows;
-    rows.k = buf;
-    rows.v = buf + static_cast<uint64_t>(cap_) * rb;
-    rows.head_stride = head_stride;
-    rows.n_keys = pos0_ + n_;
-    attend_unit(shape_, la, uq, rows, scratch_, comp);
-    // 6. Compute is done with the slot once this is reached.
-    ev_comp_[slot].record(comp);
-    ++stats_.units;
+  const auto cap_bytes = static_cast<size_t>(cap_) * rb;
+  switch (op.kind) {
+    case OpKind::kWait:
+      KVTIER_CUDA_CHECK(cudaStreamWaitEvent(s, event(op.event), 0));
+      return;
+    case OpKind::kRecord:
+      KVTIER_CUDA_CHECK(cudaEventRecord(event(op.event), s));
+      return;
+    default:
+      break;
+  }
+  const policy::Unit& u = plan_.units[op.unit];
+  uint8_t* buf = buffer(op.slot);
+  uint8_t* host = host_ + host_layout_.plane(u.layer, u.head0, 0);
+  const size_t planes = size_t{2} * u.n_heads;
+  switch (op.kind) {
+    case OpKind::kLoad:  // host rows [0, pos0) -> slot
+      delay(s);
+      copy_planes(buf, cap_bytes, host, host_layout_.plane_bytes, static_cast<size_t>(pos0_) * rb, planes,
+                  cudaMemcpyHostToDevice, s);
+      stats_.bytes_h2d += static_cast<uint64_t>(pos0_) * rb * planes;
+      return;
+    case OpKind::kAppend: {  // the pass's rows -> slot rows [pos0, pos0 + n)
+      const cuda::KvCacheView kview{buf, head_stride, d, shape_.dtype};
+      const cuda::KvCacheView vview{buf + cap_bytes, head_stride, d, shape_.dtype};
+      cuda::kv_append(k_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, kview, pos0_, nullptr, s);
+      cuda::kv_append(v_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, vview, pos0_, nullptr, s);
+      return;
+    }
+    case OpKind::kStore: {  // slot rows [pos0, pos0 + n) -> host: only the new rows
+      delay(s);
+      const uint64_t off = static_cast<uint64_t>(pos0_) * rb;
+      copy_planes(host + off, host_layout_.plane_bytes, buf + off, cap_bytes, static_cast<size_t>(n_) * rb,
+                  planes, cudaMemcpyDeviceToHost, s);
+      stats_.bytes_d2h += static_cast<uint64_t>(n_) * rb * planes;
+      return;
+    }
+    case OpKind::kAttend: {
+      KVTIER_ASSERT(a != nullptr, "attention op outside attend()");
+      UnitQueries uq;
+      uq.q = a->q;
+      uq.o = a->o;
+      uq.n_tokens = n_;
+      uq.pos0 = pos0_;
+      uq.n_q_heads_total = a->n_head;
+      uq.q_per_kv = a->n_head / shape_.n_head_kv[u.layer];
+      uq.q_head0 = int64_t{u.head0} * uq.q_per_kv;
+      uq.n_kv = u.n_heads;
+      UnitRows rows;
+      rows.k = buf;
+      rows.v = buf + cap_bytes;
+      rows.head_stride = head_stride;
+      rows.n_keys = pos0_ + n_;
+      attend_unit(shape_, a->la, uq, rows, scratch_, s);
+      ++stats_.units;
+      return;
+    }
+    default:
+      KVTIER_ASSERT(false, "stream op");
   }
 }
 
 void OffloadDeviceKv::end_pass() {
-  KVTIER_ASSERT(next_unit_ == plan_.units.size(), "pass ended after {} of {} units", next_unit_,
-                plan_.units.size());
+  KVTIER_ASSERT(cursor_ == ops_.size(), "pass ended after {} of {} stream ops", cursor_, ops_.size());
   length_ = pos0_ + n_;
   pos0_ = -1;
   n_ = 0;

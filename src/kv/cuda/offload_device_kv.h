@@ -4,7 +4,8 @@
 //   H2D (h2d stream): rows [0, pos0) of unit u+1 into the other buffer while u computes
 //   compute: wait H2D(u); append the pass's new rows; attend over rows [0, pos0 + n)
 //   D2H (d2h stream): only the new rows of u back to the host planes
-// Events order the three streams; nothing synchronises the device. `layer` is the same executor
+// The operations and the events that order the three streams are the pure plan of stream_plan.h,
+// which this class applies; nothing synchronises the device. `layer` is the same executor
 // with one unit per layer (g = all heads). The group size of each pass comes from the pure policy
 // (fixed --group, or adaptive from the staging capacity and the context thresholds).
 #pragma once
@@ -17,6 +18,7 @@
 #include "backend/cuda/stream.h"
 #include "kv/cuda/device_kv.h"
 #include "kv/cuda/kv_layout.h"
+#include "kv/cuda/stream_plan.h"
 #include "kv/cuda/unit_attention.h"
 #include "kv/ledger.h"
 
@@ -43,9 +45,19 @@ class OffloadDeviceKv final : public DeviceKvCache {
   DeviceKvStats stats() const override { return stats_; }
 
  private:
-  uint8_t* buffer(int slot) const;  // slot 0/1 of the ping-pong pair, sliced for the pass's group
-  void prefetch(size_t unit);       // H2D of unit `unit` of the pass's plan into slot unit % 2
-  void delay(cudaStream_t s);       // debug: random wait on a copy stream
+  // Per-call arguments of attend() that the attention ops need.
+  struct AttendArgs {
+    const float* q = nullptr;
+    float* o = nullptr;
+    int64_t n_head = 0;
+    kv::LayerAttention la;
+  };
+  uint8_t* buffer(uint32_t slot) const;  // slot 0/1 of the ping-pong pair, sliced for the pass's group
+  cudaStream_t stream(StreamId s) const;
+  cudaEvent_t event(EventRef e) const;
+  void run_ops(uint32_t layer, const AttendArgs* a);  // issues the plan's ops of `layer`
+  void exec(const StreamOp& op, const AttendArgs* a);
+  void delay(cudaStream_t s);  // debug: random wait on a copy stream
 
   cuda::Context& ctx_;
   DeviceKvShape shape_;
@@ -61,17 +73,15 @@ class OffloadDeviceKv final : public DeviceKvCache {
   kv::Reservation staging_reservation_;
   kv::Reservation scratch_reservation_;
 
-  // Events of the ping-pong slots and of each layer's write-back.
-  cuda::Event ev_h2d_[2];                  // the slot's H2D has landed
-  cuda::Event ev_new_[2];                  // the slot's new rows are appended (D2H may read them)
-  cuda::Event ev_d2h_[2];                  // the slot's write-back has finished reading it
-  cuda::Event ev_comp_[2];                 // compute has finished with the slot
-  std::vector<cuda::Event> ev_layer_d2h_;  // [n_layer] the layer's last write-back of its pass
+  // Events of stream_plan.h: [kLoaded..kComputed][slot], and one per layer for kLayerStored.
+  cuda::Event slot_events_[4][2];
+  std::vector<cuda::Event> layer_stored_;  // [n_layer]
 
   // The pass in flight.
   policy::PassPlan plan_;
-  int64_t cap_ = 0;       // rows per staging buffer for plan_.group
-  size_t next_unit_ = 0;  // index in plan_.units of the next unit to attend
+  std::vector<StreamOp> ops_;  // stream_plan.h ops of the pass (capacity reused)
+  size_t cursor_ = 0;          // next op to issue
+  int64_t cap_ = 0;            // rows per staging buffer for plan_.group
   int64_t pos0_ = -1;
   int64_t n_ = 0;
   const float* k_ = nullptr;  // the current layer's new rows (write)
