@@ -101,6 +101,40 @@ TEST(CudaForward, SyntheticLlamaAndQwen2MatchCpu) {
   compare_with_cpu(synth_gqa8_file("qwen2"), 48);
 }
 
+// Weights generated on the device (--model synthetic:NAME) are the f32 synthetic GGUF's values
+// rounded to bf16, as an upload of that file gives: the logits of both are bit-identical.
+TEST(CudaForward, DeviceSyntheticWeightsEqualUploadedSyntheticFile) {
+  KVTIER_REQUIRE_GPU();
+  const model::Preset preset = *model::find_preset("tiny-llama");
+  model::SynthOptions so;
+  so.type = GgmlType::kF32;
+  so.seed = 5;
+  so.n_ctx = 1024;
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("kvtier_cuda_tiny_llama_f32_" + std::to_string(::getpid()) + ".gguf");
+  model::synth_writer(preset, so).write(path.string());
+  const auto file_model = runtime::load_model(path.string());
+  const model::ModelConfig cfg = model::make_config(model_cuda::preset_hparams(preset, so));
+  runtime_cuda::CudaSessionOptions o;
+  o.n_ctx = 512;
+  o.chunk = 64;
+  o.device_mem = uint64_t{1} << 30;
+  const auto prompt = test_prompt(200, 256);
+  SequenceResult a, b;
+  {
+    runtime_cuda::CudaSession s(*file_model, o);
+    a = run_sequence(s, prompt, o.chunk, 16);
+  }
+  {
+    runtime_cuda::CudaSession s(cfg, preset, so, o);
+    b = run_sequence(s, prompt, o.chunk, 16);
+  }
+  EXPECT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    EXPECT_TRUE(same_bits(a.logits[i], b.logits[i])) << "pass " << i;
+}
+
 // Runs everywhere: without a device the CUDA session fails with a clear error, not a crash.
 TEST(CudaForward, NoDeviceIsAClearError) {
   if (have_gpu()) GTEST_SKIP() << "a CUDA device is present";

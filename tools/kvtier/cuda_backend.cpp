@@ -7,12 +7,16 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "backend/cuda/device.h"
 #include "cli_util.h"
 #include "core/error.h"
 #include "eval/kv_policy.h"
+#include "model/cuda/synth_weights.h"
+#include "model/presets.h"
 #include "runtime/cuda/cuda_session.h"
 #include "tokenizer/utf8.h"
 
@@ -132,13 +136,35 @@ int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
   return 0;
 }
 
-int run_bench_cuda(const EngineArgs& e, const runtime::LoadedModel& model, const CudaBenchArgs& a) {
+int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
   const auto placements = eval::parse_kv_policy_list(a.policies);
+  if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
+  // A GGUF file, or an in-memory synthetic model generated on the device.
+  constexpr std::string_view kSynth = "synthetic:";
+  std::unique_ptr<runtime::LoadedModel> file_model;
+  std::optional<model::Preset> preset;
+  model::SynthOptions so;
+  model::ModelConfig synth_cfg;
+  if (e.model.rfind(kSynth, 0) == 0) {
+    preset = model::find_preset(e.model.substr(kSynth.size()));
+    if (!preset)
+      fail(ErrorKind::kInvalidArgument, "no preset '{}' (see kvtier synth --list)",
+           e.model.substr(kSynth.size()));
+    if (e.ctx > 0) so.n_ctx = static_cast<uint32_t>(std::max<int64_t>(e.ctx, preset->n_ctx));
+    synth_cfg = model::make_config(model_cuda::preset_hparams(*preset, so));
+  } else {
+    file_model = runtime::load_model(e.model);
+  }
+  const model::ModelConfig& cfg = file_model ? file_model->config : synth_cfg;
   nlohmann::json rows = nlohmann::json::array();
   for (policy::Placement p : placements) {
     // One session at a time: each takes the whole --device-mem arena.
-    runtime_cuda::CudaSession s(model, cuda_options(e, p, max_p + a.gen));
+    const auto opts = cuda_options(e, p, max_p + a.gen);
+    std::unique_ptr<runtime_cuda::CudaSession> sp =
+        file_model ? std::make_unique<runtime_cuda::CudaSession>(*file_model, opts)
+                   : std::make_unique<runtime_cuda::CudaSession>(synth_cfg, *preset, so, opts);
+    runtime_cuda::CudaSession& s = *sp;
     const std::string name(policy::placement_name(p));
     for (int64_t n : a.prompt_tokens) {
       if (n < 1 || n + a.gen > s.n_ctx()) {
@@ -147,7 +173,7 @@ int run_bench_cuda(const EngineArgs& e, const runtime::LoadedModel& model, const
       }
       std::vector<runtime::TokenId> prompt;
       for (int64_t i = 0; i < n; ++i)
-        prompt.push_back(static_cast<runtime::TokenId>((i * 7919 + 13) % model.config.n_vocab));
+        prompt.push_back(static_cast<runtime::TokenId>((i * 7919 + 13) % cfg.n_vocab));
       std::vector<double> pre, dec;
       for (int r = -1; r < a.repeat; ++r) {  // round -1 warms up (cuBLAS heuristics, page tables)
         s.truncate(0);

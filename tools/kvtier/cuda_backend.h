@@ -35,6 +35,7 @@ struct CudaBenchArgs {
 
 // Prefill and greedy decode speed per prompt length and placement (medians of `repeat` rounds
 // after one warm-up round), with the device named and the arena peak next to cudaMemGetInfo.
-int run_bench_cuda(const EngineArgs& e, const runtime::LoadedModel& model, const CudaBenchArgs& a);
+// e.model is a GGUF path or "synthetic:PRESET" (weights generated on the device, seed 0).
+int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a);
 
 }  // namespace kvtier::cli

@@ -18,7 +18,7 @@ int run_generate_cuda(const EngineArgs&, const runtime::LoadedModel&, std::span<
   no_cuda();
 }
 
-int run_bench_cuda(const EngineArgs&, const runtime::LoadedModel&, const CudaBenchArgs&) {
+int run_bench_cuda(const EngineArgs&, const CudaBenchArgs&) {
   no_cuda();
 }
 

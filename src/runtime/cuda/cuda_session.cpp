@@ -13,19 +13,33 @@ bool cuda_device_available() {
 }
 
 CudaSession::CudaSession(const runtime::LoadedModel& model, const CudaSessionOptions& opt)
-    : model_(model), opt_(opt) {
+    : cfg_(model.config), opt_(opt) {
+  init([&](cuda::Context& ctx, kv::MemoryLedger& ledger) {
+    return model_cuda::upload_weights(ctx, model.config, model.weights, ledger);
+  });
+}
+
+CudaSession::CudaSession(const model::ModelConfig& cfg, const model::Preset& preset,
+                         const model::SynthOptions& so, const CudaSessionOptions& opt)
+    : cfg_(cfg), opt_(opt) {
+  init([&](cuda::Context& ctx, kv::MemoryLedger& ledger) {
+    return model_cuda::synth_device_weights(ctx, preset, so, ledger);
+  });
+}
+
+void CudaSession::init(const MakeWeights& make_weights) {
   const auto devices = cuda::list_devices();
   if (devices.empty()) fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine");
-  if (opt.device < 0 || static_cast<size_t>(opt.device) >= devices.size()) {
-    fail(ErrorKind::kInvalidArgument, "CUDA device {} does not exist ({} visible)", opt.device,
+  if (opt_.device < 0 || static_cast<size_t>(opt_.device) >= devices.size()) {
+    fail(ErrorKind::kInvalidArgument, "CUDA device {} does not exist ({} visible)", opt_.device,
          devices.size());
   }
-  const model::ModelConfig& cfg = model.config;
+  const model::ModelConfig& cfg = cfg_;
   if (opt_.n_ctx <= 0) opt_.n_ctx = cfg.n_ctx_train;
   KVTIER_ASSERT(opt_.chunk > 0);
   opt_.chunk = std::min(opt_.chunk, opt_.n_ctx);
 
-  // The KV shape does not depend on the forward pass object: compute the pinned need up front.
+  // The pinned pool is sized up front: the host KV planes, the upload staging, the token/logits staging.
   kv_cuda::DeviceKvShape shape;
   for (const auto& l : cfg.layers) shape.n_head_kv.push_back(l.n_head_kv);
   shape.head_dim = cfg.head_dim_k;
@@ -34,14 +48,13 @@ CudaSession::CudaSession(const runtime::LoadedModel& model, const CudaSessionOpt
   const uint64_t pinned = kv_cuda::device_kv_host_bytes(shape, opt_.kv) + model_cuda::kUploadStagingBytes +
                           model_cuda::ForwardCuda::pinned_bytes(cfg, opt_.chunk, 1) + (uint64_t{1} << 20);
   cuda::ContextOptions co;
-  co.device = opt.device;
+  co.device = opt_.device;
   co.device_budget =
-      opt.device_mem != 0 ? opt.device_mem : devices[static_cast<size_t>(opt.device)].free_bytes / 10 * 9;
+      opt_.device_mem != 0 ? opt_.device_mem : devices[static_cast<size_t>(opt_.device)].free_bytes / 10 * 9;
   co.pinned_bytes = pinned;
   ledger_.set_budget(kv::Tier::kDevice, co.device_budget);
   ctx_ = std::make_unique<cuda::Context>(co);
-  weights_ = std::make_unique<model_cuda::DeviceWeights>(
-      model_cuda::upload_weights(*ctx_, cfg, model.weights, ledger_));
+  weights_ = std::make_unique<model_cuda::DeviceWeights>(make_weights(*ctx_, ledger_));
   forward_ = std::make_unique<model_cuda::ForwardCuda>(*ctx_, cfg, *weights_, opt_.chunk, 1, ledger_);
   kv_ = kv_cuda::make_device_kv(*ctx_, forward_->kv_shape(opt_.n_ctx, opt_.kv_dtype), opt_.kv, ledger_);
   logits_.resize(cfg.n_vocab);

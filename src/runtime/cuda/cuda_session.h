@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "kv/ledger.h"
 #include "model/cuda/device_weights.h"
 #include "model/cuda/forward_cuda.h"
+#include "model/cuda/synth_weights.h"
 #include "runtime/model_files.h"
 
 namespace kvtier::runtime_cuda {
@@ -34,6 +36,10 @@ class CudaSession {
   // Throws Error(kUnsupported) when there is no CUDA device, Error(kBudget) when the weights,
   // activations and KV do not fit --device-mem or pinning fails.
   CudaSession(const runtime::LoadedModel& model, const CudaSessionOptions& opt);
+  // An in-memory synthetic model (--model synthetic:NAME): weights generated on the device. `cfg`
+  // (make_config(preset_hparams(preset, so))) must outlive the session.
+  CudaSession(const model::ModelConfig& cfg, const model::Preset& preset, const model::SynthOptions& so,
+              const CudaSessionOptions& opt);
   ~CudaSession();
 
   // Appends tokens through chunked prefill; returns the logits after the last one ([n_vocab]).
@@ -50,7 +56,10 @@ class CudaSession {
   kv_cuda::DeviceKvStats kv_stats() const { return kv_->stats(); }
 
  private:
-  const runtime::LoadedModel& model_;
+  using MakeWeights = std::function<model_cuda::DeviceWeights(cuda::Context&, kv::MemoryLedger&)>;
+  void init(const MakeWeights& make_weights);
+
+  const model::ModelConfig& cfg_;
   CudaSessionOptions opt_;
   kv::MemoryLedger ledger_;
   std::unique_ptr<cuda::Context> ctx_;
