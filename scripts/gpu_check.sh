@@ -86,7 +86,9 @@ check() {  # check NAME LOG COMMAND...: runs the command, logs its output, recor
 for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer /opt/nvidia/compute-sanitizer; do
   [[ -d $d ]] && PATH=$PATH:$d
 done
-libdirs=$(find / -xdev \( -name 'libcublas.so.13' -o -name 'libcudart.so.13' -o -name 'libcublasLt.so.13' \) 2>/dev/null |
+# cuBLAS (500+ MB) cannot be carried: use the machine's (CUDA toolkit or PyTorch's nvidia wheels).
+libdirs=$(find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
+  \( -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) -print 2>/dev/null |
   xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$state/bin:${libdirs}${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/env.txt"
@@ -152,5 +154,9 @@ if [[ -e $smol ]]; then
   timeout 200 "$bin/kvtier" bench -m "$smol" --backend cuda --kv-policy resident,layer,headinfer --prompt-tokens 1024 --gen 32 --repeat 3 >>"$OUT/cli.log" 2>&1 ||
     { note "FAIL cli bench"; status=1; }
 fi
+# --- 8B scale, no file: a synthetic Llama-3-8B made on the device in a 24 GiB arena (smoke + first figures)
+timeout 300 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda --device-mem 24GiB --ctx 8192 \
+  --kv-policy resident,layer,headinfer --prompt-tokens 4096 --gen 16 --repeat 1 >>"$OUT/cli.log" 2>&1 ||
+  { note "FAIL synthetic llama3-8b bench"; status=1; }
 note "overall: $([[ $status -eq 0 ]] && echo PASS || echo FAIL)"
 exit $status

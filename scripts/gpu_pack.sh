@@ -24,10 +24,14 @@ rm -rf "$carry"
 mkdir -p "$carry/bin"
 cp "$build/bin/kvtier" "$build/tests/cuda/test_cuda" "$build/tests/cuda/test_cuda_model" "$carry/bin/"
 strip --strip-debug "$carry/bin/"* 2>/dev/null || true
-# Shared libraries outside glibc/libstdc++ and CUDA's own (the image has CUDA; cuBLAS is too big to carry).
+# Shared libraries outside glibc/libstdc++ and CUDA's (cuBLAS is too big to carry; the image has it).
 for b in "$carry/bin/"*; do
   ldd "$b" | awk '/=> \//{print $3}' | grep -Ev '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux)[.-]|libcu|libnv' || true
 done | sort -u | while read -r lib; do cp -L "$lib" "$carry/bin/"; done
+# The CUDA runtime the binaries were built with (small); cuBLAS comes from the machine.
+for b in "$carry/bin/"*; do ldd "$b" | awk '/libcudart/{print $3}'; done | sort -u | while read -r lib; do
+  [[ -n $lib ]] && cp -L "$lib" "$carry/bin/"
+done
 grep '^KVTIER_MODEL_DIR:' "$build/CMakeCache.txt" | cut -d= -f2- >"$carry/bin/model_dir.txt"
 echo "bin: $(du -sh "$carry/bin" | cut -f1) ($(ls "$carry/bin" | tr '\n' ' '))"
 

@@ -114,7 +114,8 @@ TEST(CudaPlacement, Gemma3LayerAndHeadInferAreExact) {
   KVTIER_REQUIRE_GPU();
   const std::string path = model_path("gemma-3-270m-q4_k_m.gguf");
   KVTIER_REQUIRE_FILE(path);
-  check_placements(path, 300, 128, 64);
+  // Past the 512-token sliding window of its local layers.
+  check_placements(path, 600, 128, 32);
 }
 
 }  // namespace
