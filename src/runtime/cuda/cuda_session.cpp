@@ -54,6 +54,8 @@ void CudaSession::init(const MakeWeights& make_weights) {
   co.pinned_bytes = pinned;
   ledger_.set_budget(kv::Tier::kDevice, co.device_budget);
   ctx_ = std::make_unique<cuda::Context>(co);
+  blas_reservation_ =
+      kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kScratch, cuda::Blas::kWorkspaceBytes);
   weights_ = std::make_unique<model_cuda::DeviceWeights>(make_weights(*ctx_, ledger_));
   forward_ = std::make_unique<model_cuda::ForwardCuda>(*ctx_, cfg, *weights_, opt_.chunk, 1, ledger_);
   kv_ = kv_cuda::make_device_kv(*ctx_, forward_->kv_shape(opt_.n_ctx, opt_.kv_dtype), opt_.kv, ledger_);

@@ -63,6 +63,7 @@ class CudaSession {
   CudaSessionOptions opt_;
   kv::MemoryLedger ledger_;
   std::unique_ptr<cuda::Context> ctx_;
+  kv::Reservation blas_reservation_;  // the cuBLAS workspace the context carved from the arena
   std::unique_ptr<model_cuda::DeviceWeights> weights_;
   std::unique_ptr<model_cuda::ForwardCuda> forward_;
   std::unique_ptr<kv_cuda::DeviceKvCache> kv_;
