@@ -22,12 +22,11 @@ mkdir -p "$state/bin" "$state/parts" "$state/models" "$OUT"
 
 receive() {
   local dir=$1
-  if [[ -e $dir/kvtier ]]; then
-    cp -a "$dir/." "$state/bin/"
+  if [[ -d $dir/bin ]]; then
+    cp -a "$dir/bin/." "$state/bin/"
     echo "received binaries: $(ls "$state/bin" | tr '\n' ' ')"
-  else
-    cp -a "$dir/." "$state/parts/"
   fi
+  find "$dir" -maxdepth 1 -type f \( -name '*.part*' -o -name '*.sha256' \) -exec cp {} "$state/parts/" \;
   # Reassemble every model whose parts are all here.
   for sumf in "$state/parts"/*.sha256; do
     [[ -e $sumf ]] || continue
@@ -87,8 +86,7 @@ for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer /opt/nvidia/compu
   [[ -d $d ]] && PATH=$PATH:$d
 done
 # cuBLAS (500+ MB) cannot be carried: use the machine's (CUDA toolkit or PyTorch's nvidia wheels).
-libdirs=$(find / \( -path /proc -o -path /sys -o -path /dev \) -prune -o \
-  \( -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) -print 2>/dev/null |
+libdirs=$(find /usr /opt /lib /lib64 /root /home \( -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) 2>/dev/null |
   xargs -r -n1 dirname | sort -u | tr '\n' ':')
 export LD_LIBRARY_PATH="$state/bin:${libdirs}${LD_LIBRARY_PATH:-}"
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/env.txt"
@@ -113,7 +111,8 @@ ldd "$bin/test_cuda_model" | grep 'not found' >>"$OUT/env.txt"
 model_dir=$(cat "$bin/model_dir.txt" 2>/dev/null || echo "$state/models")
 mkdir -p "$model_dir"
 for m in "$state/models"/*.gguf; do
-  [[ -e $m ]] && ln -sf "$m" "$model_dir/$(basename "$m")"
+  # Never replaces a file that is there (a checkout's own models/).
+  [[ -e $m && ! -e $model_dir/$(basename "$m") ]] && ln -s "$m" "$model_dir/$(basename "$m")"
 done
 note "models in $model_dir: $(ls "$model_dir" 2>/dev/null | tr '\n' ' ')"
 
@@ -124,6 +123,10 @@ skips=$(cat "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | grep -c '\*\*\* SK
 note "skipped tests: $skips (on a GPU only tests whose model file is missing may skip)"
 grep -h '\*\*\* SKIPPED' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | sort -u | tee -a "$summary"
 grep -h 'greedy tokens\|bit-identical\|NMSE' "$OUT/test_cuda_model.log" >>"$summary"
+if nvidia-smi -L >/dev/null 2>&1 && grep -q 'no CUDA device' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log"; then
+  note "FAIL the tests found no CUDA device although nvidia-smi sees one (libraries? see env.txt)"
+  status=1
+fi
 
 # --- compute-sanitizer on a small offloaded run (kernels' shared memory races, out-of-bounds accesses)
 tiny=$state/tiny-llama.gguf

@@ -2,10 +2,11 @@
 # Run HERE (no GPU needed), after `cmake --build --preset cuda`: packs what scripts/gpu_check.sh needs
 # on a bare GPU machine into .gpu_carry/ (ignored by git through .git/info/exclude), in pieces that
 # each fit one device call's 64 MiB carry limit:
-#   .gpu_carry/bin      the CUDA build's kvtier, test_cuda and test_cuda_model, the shared libraries
-#                       they need that a CUDA image may lack (libfmt, gtest), and the model directory
-#                       the tests were compiled to read (model_dir.txt)
-#   .gpu_carry/mN       the GGUF test models cut into parts of at most 60 MiB, with their sha256
+#   bin/     the CUDA build's kvtier, test_cuda and test_cuda_model, the shared libraries they need
+#            that a CUDA image may lack (libfmt, pcre2, the CUDA runtime; not cuBLAS, which is too big),
+#            and the model directory the tests were compiled to read (model_dir.txt)
+#   parts    the GGUF test models cut into parts of at most 60 MiB, with their sha256
+# packed into sets .gpu_carry/m1, m2, ... of at most 60 MiB each (one device call each).
 # Usage: scripts/gpu_pack.sh [MODEL.gguf ...]   (default: the two test models in models/)
 # It prints the device calls to make, in order.
 set -euo pipefail
@@ -39,27 +40,45 @@ models=("$@")
 if [[ ${#models[@]} -eq 0 ]]; then
   models=(models/SmolLM2-135M-Instruct.Q4_1.gguf models/gemma-3-270m-q4_k_m.gguf)
 fi
-set_no=1
+# Cut the models into parts, then pack the parts and the binaries into as few sets of at most 60 MiB
+# as first-fit decreasing finds: one device call per set.
+parts=$carry/parts
+mkdir -p "$parts"
 for m in "${models[@]}"; do
   [[ -f $m ]] || { echo "no model file $m" >&2; exit 1; }
   name=$(basename "$m")
-  tmp=$(mktemp -d)
-  split -b "$part_bytes" -d -a 2 "$m" "$tmp/$name.part"
-  n=$(ls "$tmp" | wc -l)
-  sum=$(sha256sum "$m" | cut -d' ' -f1)
-  for p in "$tmp"/*; do
-    d="$carry/m$set_no"
-    mkdir -p "$d"
-    mv "$p" "$d/$(basename "$p")of$n"
-    echo "$sum" >"$d/$name.sha256"
-    set_no=$((set_no + 1))
-  done
-  rmdir "$tmp"
+  split -b "$part_bytes" -d -a 2 "$m" "$parts/$name.part"
+  n=$(ls "$parts/$name".part* | wc -l)
+  for p in "$parts/$name".part*; do mv "$p" "${p}of$n"; done
+  sha256sum "$m" | cut -d' ' -f1 >"$parts/$name.sha256"
 done
+python3 - "$carry" "$part_bytes" <<'PY'
+import os, shutil, sys
+carry, cap = sys.argv[1], int(sys.argv[2])
+parts = os.path.join(carry, "parts")
+items = [(os.path.getsize(os.path.join(parts, f)), os.path.join(parts, f)) for f in os.listdir(parts) if ".part" in f]
+items.append((sum(os.path.getsize(os.path.join(carry, "bin", f)) for f in os.listdir(os.path.join(carry, "bin"))), os.path.join(carry, "bin")))
+sets = []  # [used bytes, [paths]]
+for size, path in sorted(items, reverse=True):
+    for s in sets:
+        if s[0] + size <= cap:
+            s[0] += size; s[1].append(path); break
+    else:
+        sets.append([size, [path]])
+for i, (_, paths) in enumerate(sets, 1):
+    d = os.path.join(carry, f"m{i}")
+    os.makedirs(d)
+    for p in paths:
+        shutil.move(p, os.path.join(d, os.path.basename(p)))
+    for f in os.listdir(parts):  # every set carries the checksums (tiny)
+        if f.endswith(".sha256"):
+            shutil.copy(os.path.join(parts, f), d)
+shutil.rmtree(parts)
+print(len(sets))
+PY
 echo
 echo "Device calls, back to back (a machine goes back 30 s after a call; the state lives in its /tmp):"
-echo "  run carry=[\".gpu_carry/bin\"] command='bash scripts/gpu_check.sh --receive .gpu_carry/bin'"
-for ((i = 1; i < set_no; i++)); do
-  echo "  run carry=[\".gpu_carry/m$i\"] command='bash scripts/gpu_check.sh --receive .gpu_carry/m$i'"
+for d in "$carry"/m*; do
+  echo "  run carry=[\"$d\"] command='bash scripts/gpu_check.sh --receive $d'"
 done
 echo "  run timeout_s=600 command='bash scripts/gpu_check.sh --run'"
