@@ -146,7 +146,7 @@ fi
 # --- the CLI end to end: CUDA vs CPU greedy text on SmolLM2 (informational; the tests above decide)
 smol=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
 if [[ -e $smol ]]; then
-  for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200"; do
+  for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200" "--backend cuda --kv-policy headinfer --group 1 --static-heads 40"; do
     echo "=== $args" >>"$OUT/cli.log"
     # shellcheck disable=SC2086
     timeout 120 "$bin/kvtier" run -m "$smol" $args --temp 0 -n 48 --json -p "Write a short poem about the sea." >>"$OUT/cli.log" 2>&1 ||

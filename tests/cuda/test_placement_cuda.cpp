@@ -3,7 +3,8 @@
 // budget that makes g shrink as the context grows) give bit-identical logits after every pass and
 // identical greedy tokens to `resident` with the same chunk size; also with every copy randomly
 // delayed (the debug option), which flushes out missing event waits. Decode runs past 256 keys so
-// the split (multi-chunk) attention schedule is exercised. NOT YET RUN ON A GPU.
+// the split (multi-chunk) attention schedule is exercised; static heads (kept in the arena) mix with
+// offloaded units. NOT YET RUN ON A GPU.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -23,6 +24,7 @@ struct Case {
   uint32_t group = 0;          // headinfer: 0 = adaptive
   uint64_t staging_bytes = 0;  // 0: the rest of the arena
   uint32_t delay_us = 0;
+  uint32_t static_heads = 0;  // headinfer: first KV heads (layer-major) kept in the arena
 };
 
 runtime_cuda::CudaSessionOptions options(const Case& c, int64_t n_ctx, int64_t chunk) {
@@ -34,6 +36,7 @@ runtime_cuda::CudaSessionOptions options(const Case& c, int64_t n_ctx, int64_t c
   o.kv.placement.group = c.group;
   o.kv.staging_bytes = c.staging_bytes;
   o.kv.debug_copy_delay_us = c.delay_us;
+  o.kv.placement.static_heads = c.static_heads;
   o.kv.debug_seed = 1234;
   return o;
 }
@@ -63,6 +66,9 @@ std::vector<Case> cases_for(const model::ModelConfig& cfg) {
   cs.push_back(
       {"headinfer adaptive, copies delayed", policy::Placement::kHeadInfer, 0, adaptive_staging, 300});
   cs.push_back({"layer, copies delayed", policy::Placement::kLayer, 0, 0, 300});
+  // Static heads: the whole first layer and part of the second stay in the arena.
+  cs.push_back({"headinfer g=1, static heads, copies delayed", policy::Placement::kHeadInfer, 1, 0, 300,
+                hk + (hk + 1) / 2});
   return cs;
 }
 

@@ -30,7 +30,9 @@ struct Access {
   std::vector<Interval> reads, writes;
 };
 
-constexpr uint64_t kStagingBase = uint64_t{1} << 60;  // staging and host in disjoint address spaces
+// Staging, static planes and host in disjoint address spaces.
+constexpr uint64_t kStagingBase = uint64_t{1} << 60;
+constexpr uint64_t kStaticBase = uint64_t{2} << 60;
 
 struct DataOp {
   StreamOp op;
@@ -49,17 +51,31 @@ struct Pass {
 struct Sim {
   DeviceKvShape shape;
   PlaneLayout host;
+  PlaneLayout statics;  // static heads' planes
   uint64_t rb = 0;
   std::vector<DataOp> data_ops;
   std::string error;  // first problem found
 
-  explicit Sim(const DeviceKvShape& s)
-      : shape(s), host(make_plane_layout(s, s.max_positions)), rb(row_bytes(s)) {}
+  Sim(const DeviceKvShape& s, const policy::PlacementConfig& c)
+      : shape(s), host(make_plane_layout(s, s.max_positions)), rb(row_bytes(s)) {
+    DeviceKvShape st = s;
+    st.n_head_kv = policy::static_heads_per_layer(c, policy_shape(s));
+    statics = make_plane_layout(st, s.max_positions);
+  }
 
   // Byte intervals of rows [r0, r1) of the unit's 2g planes, in the slot or on the host.
   std::vector<Interval> slot_rows(const Pass& p, const policy::Unit& u, uint32_t slot, int64_t r0,
                                   int64_t r1) const {
     std::vector<Interval> v;
+    if (slot == kStaticSlot) {
+      for (uint32_t h = u.head0; h < u.head0 + u.n_heads; ++h) {
+        for (uint32_t kv = 0; kv < 2; ++kv) {
+          const uint64_t b = kStaticBase + statics.plane(u.layer, h, kv);
+          v.push_back({b + static_cast<uint64_t>(r0) * rb, b + static_cast<uint64_t>(r1) * rb});
+        }
+      }
+      return v;
+    }
     const uint64_t cap = static_cast<uint64_t>(p.plan.unit_capacity) * rb;
     const uint64_t base = kStagingBase + uint64_t{slot} * p.plan.group * 2 * cap;
     for (uint64_t i = 0; i < 2ull * u.n_heads; ++i) {
@@ -270,10 +286,28 @@ TEST(CudaStreamPlan, EventsOrderEveryConflictingAccessAndAttentionSeesFreshRows)
     c.placement = sc.placement;
     c.group = sc.group;
     const auto passes = make_passes(s, c, sc.staging_bytes, 150, 40, 12);
-    Sim sim(s);
+    Sim sim(s, c);
     sim.order(passes);
     EXPECT_TRUE(sim.race_free()) << sc.name << ": " << sim.error;
     EXPECT_TRUE(sim.data_correct(passes)) << sc.name << ": " << sim.error;
+  }
+}
+
+TEST(CudaStreamPlan, StaticHeadsStayOnTheDeviceAndTheSlotsAlternateOverOffloadedUnits) {
+  const DeviceKvShape s = shape_of({8, 8, 8});
+  for (uint32_t n_static : {5u, 11u, 24u}) {  // part of a layer; a whole layer and 3 heads; all
+    policy::PlacementConfig c;
+    c.placement = policy::Placement::kHeadInfer;
+    c.group = 2;
+    c.static_heads = n_static;
+    const auto passes = make_passes(s, c, uint64_t{1} << 20, 150, 40, 6);
+    Sim sim(s, c);
+    sim.order(passes);
+    EXPECT_TRUE(sim.race_free()) << n_static << " static heads: " << sim.error;
+    EXPECT_TRUE(sim.data_correct(passes)) << n_static << " static heads: " << sim.error;
+    size_t loads = 0;
+    for (const auto& d : sim.data_ops) loads += d.op.kind == OpKind::kLoad;
+    EXPECT_EQ(loads == 0, n_static == 24) << n_static;
   }
 }
 
@@ -297,7 +331,7 @@ TEST(CudaStreamPlan, OddLayersAndSingleUnitLayers) {
   c.placement = policy::Placement::kHeadInfer;
   c.group = 1;
   const auto passes = make_passes(s, c, uint64_t{1} << 20, 70, 33, 9);
-  Sim sim(s);
+  Sim sim(s, c);
   sim.order(passes);
   EXPECT_TRUE(sim.race_free()) << sim.error;
   EXPECT_TRUE(sim.data_correct(passes)) << sim.error;
@@ -310,7 +344,7 @@ TEST(CudaStreamPlan, DroppingAnEventKindsWaitsIsCaught) {
   c.group = 2;
   for (EventKind k : {EventKind::kLoaded, EventKind::kAppended, EventKind::kStored, EventKind::kComputed}) {
     const auto passes = make_passes(s, c, uint64_t{1} << 20, 100, 40, 4, k);
-    Sim sim(s);
+    Sim sim(s, c);
     sim.order(passes);
     EXPECT_FALSE(sim.race_free() && sim.data_correct(passes))
         << "waits on event kind " << static_cast<int>(k);

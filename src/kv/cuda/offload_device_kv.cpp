@@ -41,9 +41,6 @@ OffloadDeviceKv::OffloadDeviceKv(cuda::Context& ctx, const DeviceKvShape& shape,
       rng_(opt.debug_seed) {
   const policy::Placement pl = opt.placement.placement;
   KVTIER_ASSERT(pl == policy::Placement::kLayer || pl == policy::Placement::kHeadInfer);
-  if (opt.placement.static_heads != 0) {
-    fail(ErrorKind::kUnsupported, "--static-heads is not implemented on the CUDA backend yet");
-  }
   if (opt.placement.prefetch_depth != 1) {
     fail(ErrorKind::kUnsupported,
          "the CUDA backend stages through two ping-pong buffers (--prefetch-depth 1), "
@@ -52,6 +49,17 @@ OffloadDeviceKv::OffloadDeviceKv(cuda::Context& ctx, const DeviceKvShape& shape,
   }
   host_reservation_ = kv::Reservation(ledger, kv::Tier::kHost, kv::Category::kKv, host_layout_.total_bytes);
   host_ = static_cast<uint8_t*>(ctx.pinned().allocate_bytes(host_layout_.total_bytes, "host KV planes"));
+
+  // Static heads (headinfer --static-heads): a prefix of each layer's heads kept in the arena.
+  DeviceKvShape static_shape = shape;
+  static_shape.n_head_kv = policy::static_heads_per_layer(opt.placement, policy_shape(shape));
+  static_layout_ = make_plane_layout(static_shape, shape.max_positions);
+  if (static_layout_.total_bytes > 0) {
+    static_reservation_ =
+        kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kKv, static_layout_.total_bytes);
+    static_ =
+        static_cast<uint8_t*>(ctx.arena().allocate_bytes(static_layout_.total_bytes, "static KV heads"));
+  }
 
   scratch_.bytes = split_scratch_bytes(shape);
   scratch_reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kScratch, scratch_.bytes);
@@ -147,8 +155,6 @@ void OffloadDeviceKv::exec(const StreamOp& op, const AttendArgs* a) {
   cudaStream_t s = stream(op.stream);
   const int64_t d = shape_.head_dim;
   const uint64_t rb = row_bytes(shape_);
-  const int64_t head_stride = 2 * cap_ * d;  // elements between heads in a staging buffer
-  const auto cap_bytes = static_cast<size_t>(cap_) * rb;
   switch (op.kind) {
     case OpKind::kWait:
       KVTIER_CUDA_CHECK(cudaStreamWaitEvent(s, event(op.event), 0));
@@ -160,7 +166,14 @@ void OffloadDeviceKv::exec(const StreamOp& op, const AttendArgs* a) {
       break;
   }
   const policy::Unit& u = plan_.units[op.unit];
-  uint8_t* buf = buffer(op.slot);
+  // The unit's rows: a staging slot ([g][2][cap][d]), or a static unit's planes in the arena
+  // ([n_static][2][max_positions][d]); either way K of head j at buf + 2j pitches, V one pitch on.
+  const bool is_static = op.slot == kStaticSlot;
+  KVTIER_ASSERT(is_static == u.is_static, "unit {} in slot {}", op.unit, op.slot);
+  uint8_t* buf = is_static ? static_ + static_layout_.plane(u.layer, u.head0, 0) : buffer(op.slot);
+  const int64_t rows_per_plane = is_static ? static_layout_.rows : cap_;
+  const int64_t head_stride = 2 * rows_per_plane * d;  // elements between heads
+  const auto cap_bytes = static_cast<size_t>(rows_per_plane) * rb;
   uint8_t* host = host_ + host_layout_.plane(u.layer, u.head0, 0);
   const size_t planes = size_t{2} * u.n_heads;
   switch (op.kind) {

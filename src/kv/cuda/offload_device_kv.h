@@ -68,8 +68,12 @@ class OffloadDeviceKv final : public DeviceKvCache {
   uint8_t* staging_ = nullptr;  // [staging_bytes_] device: two buffers [g][2][cap][head_dim]
   uint64_t staging_bytes_ = 0;
   policy::RowsForGroup rows_;  // staging capacity per group size
-  SplitScratch scratch_;       // [split_scratch_bytes] device
+  PlaneLayout static_layout_;  // static heads' planes of max_positions rows
+  uint8_t* static_ =
+      nullptr;            // [static_layout_.total_bytes] device: [n_layer][n_static][2][max_positions][d]
+  SplitScratch scratch_;  // [split_scratch_bytes] device
   kv::Reservation host_reservation_;
+  kv::Reservation static_reservation_;
   kv::Reservation staging_reservation_;
   kv::Reservation scratch_reservation_;
 

@@ -10,6 +10,9 @@
 //     h2d:     (prefetch u+1 into slot 1-x) wait Computed[1-x], Stored[1-x], LayerStored[l(u+1)];
 //              load rows [0, pos0); record Loaded[1-x]
 //     compute: attend; record Computed[x]
+//   static unit (headinfer --static-heads: a layer's first heads kept in the device arena): append
+//     and attend on compute, no slot, no copies, no events; the slots alternate over the offloaded
+//     units only
 // Pure: no CUDA. The host simulation test (tests/cuda/test_stream_plan.cpp) checks any plan of a
 // sequence of passes for unordered conflicting accesses and for attention reading stale rows.
 #pragma once
@@ -46,14 +49,15 @@ enum class OpKind : uint8_t {
   kAttend,  // compute: attention of the unit's query heads over slot rows [0, pos0 + n)
 };
 
-constexpr uint32_t kBeginOps = UINT32_MAX;  // StreamOp::layer of the ops issued at begin_pass
+constexpr uint32_t kBeginOps = UINT32_MAX;    // StreamOp::layer of the ops issued at begin_pass
+constexpr uint32_t kStaticSlot = UINT32_MAX;  // StreamOp::slot of a static unit's ops
 
 struct StreamOp {
   OpKind kind = OpKind::kWait;
   StreamId stream = StreamId::kCompute;
   EventRef event;              // kWait, kRecord
   uint32_t unit = 0;           // index in the pass plan's units (data ops)
-  uint32_t slot = 0;           // staging slot (data ops)
+  uint32_t slot = 0;           // staging slot (data ops), or kStaticSlot
   uint32_t layer = kBeginOps;  // the attend(layer) call that issues the op
 };
 
