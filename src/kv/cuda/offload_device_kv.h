@@ -62,16 +62,16 @@ class OffloadDeviceKv final : public DeviceKvCache {
   cuda::Context& ctx_;
   DeviceKvShape shape_;
   DeviceKvOptions opt_;
-  PlaneLayout host_layout_;  // host planes of max_positions rows
-  uint8_t* host_ =
-      nullptr;  // [host_layout_.total_bytes] pinned: [n_layer][n_head_kv][2][max_positions][head_dim]
+  // Host planes (pinned) of max_positions rows: [n_layer][n_head_kv][2][max_positions][head_dim].
+  PlaneLayout host_layout_;
+  uint8_t* host_ = nullptr;     // [host_layout_.total_bytes]
   uint8_t* staging_ = nullptr;  // [staging_bytes_] device: two buffers [g][2][cap][head_dim]
   uint64_t staging_bytes_ = 0;
   policy::RowsForGroup rows_;  // staging capacity per group size
-  PlaneLayout static_layout_;  // static heads' planes of max_positions rows
-  uint8_t* static_ =
-      nullptr;            // [static_layout_.total_bytes] device: [n_layer][n_static][2][max_positions][d]
-  SplitScratch scratch_;  // [split_scratch_bytes] device
+  // Static heads' planes of max_positions rows: [n_layer][n_static][2][max_positions][d] device.
+  PlaneLayout static_layout_;
+  uint8_t* static_ = nullptr;  // [static_layout_.total_bytes]
+  SplitScratch scratch_;       // [split_scratch_bytes] device
   kv::Reservation host_reservation_;
   kv::Reservation static_reservation_;
   kv::Reservation staging_reservation_;
