@@ -30,10 +30,10 @@ class ResidentDeviceKv final : public DeviceKvCache {
  private:
   cuda::Context& ctx_;
   DeviceKvShape shape_;
+  // Device planes: [n_layer][n_head_kv][2][max_positions][head_dim] kv dtype.
   PlaneLayout layout_;
-  uint8_t* planes_ =
-      nullptr;            // [layout_.total_bytes] device: [n_layer][n_head_kv][2][max_positions][head_dim]
-  SplitScratch scratch_;  // [split_scratch_bytes] device
+  uint8_t* planes_ = nullptr;  // [layout_.total_bytes]
+  SplitScratch scratch_;       // [split_scratch_bytes] device
   kv::Reservation kv_reservation_;
   kv::Reservation scratch_reservation_;
   int64_t length_ = 0;
