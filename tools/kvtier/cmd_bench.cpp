@@ -63,7 +63,7 @@ std::vector<runtime::TokenId> bench_prompt(const runtime::LoadedModel& m, int64_
 
 int run_bench(BenchArgs a) {
   const auto placements = eval::parse_kv_policy_list(a.policies);
-  if (a.engine.backend == "cuda")
+  if (a.engine.backend == Backend::kCuda)
     return run_bench_cuda(a.engine, {a.prompt_tokens, a.gen, a.repeat, a.policies, a.json});
   const auto model = runtime::load_model(a.engine.model);
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");

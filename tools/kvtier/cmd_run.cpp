@@ -60,7 +60,7 @@ int run_run(const RunArgs& a) {
   const std::string text = a.file.empty() ? a.prompt : read_text_file(a.file);
   const auto prompt = prompt_tokens(*model->tokenizer, text, a.chat, a.system, a.chat_template);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
-  if (a.engine.backend == "cuda") {
+  if (a.engine.backend == Backend::kCuda) {
     return run_generate_cuda(a.engine, *model, prompt, sampler_params(a.sample),
                              {a.n_predict, a.ignore_eos, a.json});
   }

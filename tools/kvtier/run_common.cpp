@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -52,9 +53,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
-  cmd->add_option("--backend", a.backend, "compute backend: cpu, or cuda (an NVIDIA GPU; a CUDA build)")
-      ->check(CLI::IsMember({"cpu", "cuda"}))
-      ->capture_default_str();
+  cmd->add_option("--backend", a.backend,
+                  "compute backend: cpu (default), or cuda (an NVIDIA GPU; a CUDA build)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Backend>{{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}}));
   cmd->add_option("--device-mem", a.device_mem,
                   "--backend cuda: device memory the engine may use (weights, activations, KV), e.g. 24GiB; "
                   "default: 90% of the free memory");
@@ -83,7 +85,7 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams
 
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed) {
-  if (a.backend == "cuda")
+  if (a.backend == Backend::kCuda)
     fail(ErrorKind::kUnsupported, "--backend cuda: only run and bench support it so far");
   if (!a.device_mem.empty()) fail(ErrorKind::kInvalidArgument, "--device-mem applies to --backend cuda only");
   runtime::SessionOptions o;
