@@ -52,9 +52,8 @@ ForwardCuda::ForwardCuda(cuda::Context& ctx, const model::ModelConfig& cfg, cons
   }
   const size_t T = u(max_tokens), R = u(max_logit_rows);
   const size_t E = cfg.n_embd, H = cfg.n_head, d = cfg.head_dim_k, hk = cfg.max_head_kv(), F = cfg.n_ff;
-  act_reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations,
-                                     activation_bytes(cfg, max_tokens, max_logit_rows));
   auto& a = ctx.arena();
+  const size_t mark = a.used();
   x_ = a.allocate<float>(T * E, "activations (residual)");
   xn_ = a.allocate<float>(T * E, "activations (normed)");
   q_ = a.allocate<float>(T * H * d, "activations (q)");
@@ -68,6 +67,9 @@ ForwardCuda::ForwardCuda(cuda::Context& ctx, const model::ModelConfig& cfg, cons
   ids_ = a.allocate<int32_t>(T, "token ids");
   pos_ = a.allocate<int32_t>(T, "positions");
   logits_ = a.allocate<float>(R * cfg.n_vocab, "logits");
+  // The ledger counts what the arena gave (activation_bytes() is the estimate for planning, with
+  // alignment slack; counting it would overstate the arena's use and trip the device budget).
+  act_reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations, a.used() - mark);
   auto& p = ctx.pinned();
   ids_host_ = p.allocate<int32_t>(T, "token id staging");
   pos_host_ = p.allocate<int32_t>(T, "position staging");
