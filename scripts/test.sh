@@ -49,7 +49,7 @@ if command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; then
   echo "== cuda build (the CUDA target compiles here; GPU tests run only where a GPU is)"
   export PATH="$PATH:/usr/local/cuda/bin"
   cmake --preset cuda >/dev/null
-  cmake --build --preset cuda -j "$jobs" --target test_cuda
+  cmake --build --preset cuda -j "$jobs" --target test_cuda test_cuda_model
   run_ctest --preset cuda -L gpu
 else
   echo "== cuda build skipped: nvcc not found" >&2

@@ -15,6 +15,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "core/error.h"
+#include "cuda_backend.h"
 #include "eval/kv_policy.h"
 #include "run_common.h"
 #include "runtime/session.h"
@@ -62,6 +63,8 @@ std::vector<runtime::TokenId> bench_prompt(const runtime::LoadedModel& m, int64_
 
 int run_bench(BenchArgs a) {
   const auto placements = eval::parse_kv_policy_list(a.policies);
+  if (a.engine.backend == Backend::kCuda)
+    return run_bench_cuda(a.engine, {a.prompt_tokens, a.gen, a.repeat, a.policies, a.json});
   const auto model = runtime::load_model(a.engine.model);
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   nlohmann::json rows = nlohmann::json::array();

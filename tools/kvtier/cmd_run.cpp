@@ -11,6 +11,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "core/error.h"
+#include "cuda_backend.h"
 #include "npy_writer.h"
 #include "run_common.h"
 #include "runtime/generate.h"
@@ -59,6 +60,10 @@ int run_run(const RunArgs& a) {
   const std::string text = a.file.empty() ? a.prompt : read_text_file(a.file);
   const auto prompt = prompt_tokens(*model->tokenizer, text, a.chat, a.system, a.chat_template);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
+  if (a.engine.backend == Backend::kCuda) {
+    return run_generate_cuda(a.engine, *model, prompt, sampler_params(a.sample),
+                             {a.n_predict, a.ignore_eos, a.json});
+  }
   const auto opts =
       session_options(a.engine, model->config, static_cast<int64_t>(prompt.size()) + a.n_predict);
   runtime::Session session(*model, opts);

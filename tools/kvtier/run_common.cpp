@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -52,6 +53,13 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
+  cmd->add_option("--backend", a.backend,
+                  "compute backend: cpu (default), or cuda (an NVIDIA GPU; a CUDA build)")
+      ->transform(CLI::CheckedTransformer(
+          std::map<std::string, Backend>{{"cpu", Backend::kCpu}, {"cuda", Backend::kCuda}}));
+  cmd->add_option("--device-mem", a.device_mem,
+                  "--backend cuda: device memory the engine may use (weights, activations, KV), e.g. 24GiB; "
+                  "default: 90% of the free memory");
   // Hidden test hooks: fault injection and random copy delays (to flush out ordering races).
   cmd->add_option("--debug-kv-disk-fail-after", a.debug_disk_fail_after)->group("");
   cmd->add_option("--debug-copy-delay-us", a.debug_copy_delay_us)->group("");
@@ -77,6 +85,9 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams
 
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed) {
+  if (a.backend == Backend::kCuda)
+    fail(ErrorKind::kUnsupported, "--backend cuda: only run and bench support it so far");
+  if (!a.device_mem.empty()) fail(ErrorKind::kInvalidArgument, "--device-mem applies to --backend cuda only");
   runtime::SessionOptions o;
   o.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   o.kv_dtype = a.kv_type == "f32" ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;

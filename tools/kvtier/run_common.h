@@ -14,6 +14,8 @@
 
 namespace kvtier::cli {
 
+enum class Backend { kCpu, kCuda };
+
 struct EngineArgs {
   std::string model;
   int64_t ctx = 0;    // 0: chosen by the command
@@ -32,6 +34,8 @@ struct EngineArgs {
   // Test hooks (hidden flags): inject a disk-tier write failure, delay every copy job.
   uint64_t debug_disk_fail_after = 0;
   uint32_t debug_copy_delay_us = 0;
+  Backend backend = Backend::kCpu;  // cuda: cuda_backend.h; --device-mem is its arena budget
+  std::string device_mem;
 };
 
 struct SampleArgs {

@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# Every GPU check of the CUDA backend in one script, for a bare GPU machine (the device tool's run):
+#   bash scripts/gpu_check.sh --receive DIR   keep a piece carried by scripts/gpu_pack.sh (binaries or
+#                                             model parts) in /tmp/kvtier_gpu; complete models are
+#                                             reassembled and their sha256 checked
+#   bash scripts/gpu_check.sh --run           run the checks (the default without --receive)
+#   bash scripts/gpu_check.sh --build --run   build the cuda preset here first instead of using carried
+#                                             binaries (needs fmt, CLI11, nlohmann_json, GTest there)
+# Checks, logs under $OUT (at most 8 files come back):
+#   env.txt            nvidia-smi, tool versions, where libcublas was found
+#   test_cuda.log      backend tests: ops, GEMM, attention, memory, synth (label gpu)
+#   test_cuda_model.log forward pass vs CPU (SmolLM2, Gemma-3, synthetic), layer/headinfer exactness
+#   sanitizer.log      compute-sanitizer racecheck + memcheck on a small headinfer run
+#   cli.log            kvtier run --backend cuda vs --backend cpu (greedy) on SmolLM2 if present
+#   summary.txt        one line per check; the script exits non-zero if any failed
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+state=/tmp/kvtier_gpu
+OUT=${OUT:-$root/gpu_check_out}
+mkdir -p "$state/bin" "$state/parts" "$state/models" "$OUT"
+
+receive() {
+  local dir=$1
+  if [[ -d $dir/bin ]]; then
+    cp -a "$dir/bin/." "$state/bin/"
+    echo "received binaries: $(ls "$state/bin" | tr '\n' ' ')"
+  fi
+  find "$dir" -maxdepth 1 -type f \( -name '*.part*' -o -name '*.sha256' \) -exec cp {} "$state/parts/" \;
+  # Reassemble every model whose parts are all here.
+  for sumf in "$state/parts"/*.sha256; do
+    [[ -e $sumf ]] || continue
+    local name total have
+    name=$(basename "$sumf" .sha256)
+    [[ -f $state/models/$name ]] && continue
+    total=$(ls "$state/parts/$name".part* 2>/dev/null | head -1 | sed 's/.*of//')
+    have=$(ls "$state/parts/$name".part* 2>/dev/null | wc -l)
+    if [[ -n $total && $have -eq $total ]]; then
+      cat $(ls "$state/parts/$name".part* | sort) >"$state/models/$name.tmp"
+      if [[ $(sha256sum "$state/models/$name.tmp" | cut -d' ' -f1) == $(cat "$sumf") ]]; then
+        mv "$state/models/$name.tmp" "$state/models/$name"
+        rm -f "$state/parts/$name".part*
+        echo "model complete: $name"
+      else
+        rm -f "$state/models/$name.tmp"
+        echo "model $name: sha256 mismatch after reassembly" >&2
+      fi
+    else
+      echo "model $name: $have of ${total:-?} parts here"
+    fi
+  done
+}
+
+do_build=0
+do_run=0
+received=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --receive) receive "$2"; received=1; shift 2 ;;
+    --run) do_run=1; shift ;;
+    --build) do_build=1; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+if [[ $received -eq 1 && $do_run -eq 0 && $do_build -eq 0 ]]; then exit 0; fi
+
+summary=$OUT/summary.txt
+: >"$summary"
+status=0
+note() { echo "$*" | tee -a "$summary"; }
+check() {  # check NAME LOG COMMAND...: runs the command, logs its output, records PASS/FAIL
+  local name=$1 log=$2
+  shift 2
+  echo "=== $name: $*" >>"$log"
+  if "$@" >>"$log" 2>&1; then note "PASS $name"; else note "FAIL $name (exit $?; see $(basename "$log"))"; status=1; fi
+}
+
+# --- environment
+{
+  date -u
+  nvidia-smi || echo "nvidia-smi failed"
+  nvcc --version 2>&1 | tail -1
+  command -v compute-sanitizer || echo "no compute-sanitizer on PATH"
+} >"$OUT/env.txt" 2>&1
+for d in /usr/local/cuda/bin /usr/local/cuda/compute-sanitizer /opt/nvidia/compute-sanitizer; do
+  [[ -d $d ]] && PATH=$PATH:$d
+done
+# cuBLAS (500+ MB) cannot be carried: use the machine's (CUDA toolkit or PyTorch's nvidia wheels).
+libdirs=$(find /usr /opt /lib /lib64 /root /home \( -name 'libcublas.so.13' -o -name 'libcublasLt.so.13' \) 2>/dev/null |
+  xargs -r -n1 dirname | sort -u | tr '\n' ':')
+export LD_LIBRARY_PATH="$state/bin:${libdirs}${LD_LIBRARY_PATH:-}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/env.txt"
+
+# --- binaries: carried, or built here
+bin=$state/bin
+if [[ $do_build -eq 1 ]]; then
+  check build "$OUT/build.log" bash -c "cmake --preset cuda -DKVTIER_MODEL_DIR=$state/models && cmake --build --preset cuda -j16 --target kvtier test_cuda test_cuda_model"
+  mkdir -p "$state/built"
+  cp build/cuda/bin/kvtier build/cuda/tests/cuda/test_cuda build/cuda/tests/cuda/test_cuda_model "$state/built/" 2>/dev/null
+  echo "$state/models" >"$state/built/model_dir.txt"
+  bin=$state/built
+fi
+if [[ ! -x $bin/test_cuda_model ]]; then
+  note "FAIL no binaries: send .gpu_carry/bin with --receive first, or use --build"
+  exit 1
+fi
+echo "binaries from $bin: $(ldd "$bin/test_cuda_model" | grep -c 'not found') libraries not found" >>"$OUT/env.txt"
+ldd "$bin/test_cuda_model" | grep 'not found' >>"$OUT/env.txt"
+
+# --- the test models where the tests were compiled to look for them
+model_dir=$(cat "$bin/model_dir.txt" 2>/dev/null || echo "$state/models")
+mkdir -p "$model_dir"
+for m in "$state/models"/*.gguf; do
+  # Never replaces a file that is there (a checkout's own models/).
+  [[ -e $m && ! -e $model_dir/$(basename "$m") ]] && ln -s "$m" "$model_dir/$(basename "$m")"
+done
+note "models in $model_dir: $(ls "$model_dir" 2>/dev/null | tr '\n' ' ')"
+
+# --- the tests labelled gpu (what `ctest --preset cuda -L gpu` runs: these two binaries)
+check test_cuda "$OUT/test_cuda.log" timeout 300 "$bin/test_cuda"
+check test_cuda_model "$OUT/test_cuda_model.log" timeout 400 "$bin/test_cuda_model"
+skips=$(cat "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | grep -c '\*\*\* SKIPPED')
+note "skipped tests: $skips (on a GPU only tests whose model file is missing may skip)"
+grep -h '\*\*\* SKIPPED' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | sort -u | tee -a "$summary"
+grep -h 'greedy tokens\|bit-identical\|NMSE' "$OUT/test_cuda_model.log" >>"$summary"
+if nvidia-smi -L >/dev/null 2>&1 && grep -q 'no CUDA device' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log"; then
+  note "FAIL the tests found no CUDA device although nvidia-smi sees one (libraries? see env.txt)"
+  status=1
+fi
+
+# --- compute-sanitizer on a small offloaded run (kernels' shared memory races, out-of-bounds accesses)
+tiny=$state/tiny-llama.gguf
+"$bin/kvtier" synth --preset tiny-llama --type f16 --ctx 4096 -o "$tiny" >/dev/null 2>&1
+prompt="The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. The five boxing wizards jump quickly."
+run_small=("$bin/kvtier" run -m "$tiny" --backend cuda --device-mem 1GiB --ctx 512 --chunk 64 -n 24 --temp 0 -p "$prompt")
+if command -v compute-sanitizer >/dev/null; then
+  check racecheck_headinfer "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
+  check racecheck_resident "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
+  check memcheck_headinfer "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
+  check synccheck_layer "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
+else
+  note "FAIL compute-sanitizer not found"
+  status=1
+fi
+
+# --- the CLI end to end: CUDA vs CPU greedy text on SmolLM2 (informational; the tests above decide)
+smol=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ -e $smol ]]; then
+  for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200" "--backend cuda --kv-policy headinfer --group 1 --static-heads 40"; do
+    echo "=== $args" >>"$OUT/cli.log"
+    # shellcheck disable=SC2086
+    timeout 120 "$bin/kvtier" run -m "$smol" $args --temp 0 -n 48 --json -p "Write a short poem about the sea." >>"$OUT/cli.log" 2>&1 ||
+      { note "FAIL cli ($args)"; status=1; }
+  done
+  n_distinct=$(grep -o '"tokens":\[[0-9,]*\]' "$OUT/cli.log" | sort -u | wc -l)
+  note "cli: $n_distinct distinct greedy token sequences over cpu/cuda runs (1: all agree; cuda placements must agree among themselves)"
+  timeout 200 "$bin/kvtier" bench -m "$smol" --backend cuda --kv-policy resident,layer,headinfer --prompt-tokens 1024 --gen 32 --repeat 3 >>"$OUT/cli.log" 2>&1 ||
+    { note "FAIL cli bench"; status=1; }
+fi
+# --- 8B scale, no file: a synthetic Llama-3-8B made on the device in a 24 GiB arena (smoke + first figures)
+timeout 300 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda --device-mem 24GiB --ctx 8192 \
+  --kv-policy resident,layer,headinfer --prompt-tokens 4096 --gen 16 --repeat 1 >>"$OUT/cli.log" 2>&1 ||
+  { note "FAIL synthetic llama3-8b bench"; status=1; }
+note "overall: $([[ $status -eq 0 ]] && echo PASS || echo FAIL)"
+exit $status

@@ -1,0 +1,128 @@
+// Exactness of the offloaded placements on the GPU (design.md "exact means exact"): `layer` and
+// `headinfer` (groups of all, 4, 2 and 1 KV heads where they divide, and adaptive with a staging
+// budget that makes g shrink as the context grows) give bit-identical logits after every pass and
+// identical greedy tokens to `resident` with the same chunk size; also with every copy randomly
+// delayed (the debug option), which flushes out missing event waits. Decode runs past 256 keys so
+// the split (multi-chunk) attention schedule is exercised; static heads (kept in the arena) mix with
+// offloaded units. NOT YET RUN ON A GPU.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <set>
+#include <string>
+
+#include "gpu_test_util.h"
+#include "kv/cuda/kv_layout.h"
+#include "model_test_util.h"
+
+namespace kvtier::cuda::test {
+namespace {
+
+struct Case {
+  std::string name;
+  policy::Placement placement;
+  uint32_t group = 0;          // headinfer: 0 = adaptive
+  uint64_t staging_bytes = 0;  // 0: the rest of the arena
+  uint32_t delay_us = 0;
+  uint32_t static_heads = 0;  // headinfer: first KV heads (layer-major) kept in the arena
+};
+
+runtime_cuda::CudaSessionOptions options(const Case& c, int64_t n_ctx, int64_t chunk) {
+  runtime_cuda::CudaSessionOptions o;
+  o.n_ctx = n_ctx;
+  o.chunk = chunk;
+  o.device_mem = uint64_t{3} << 30;
+  o.kv.placement.placement = c.placement;
+  o.kv.placement.group = c.group;
+  o.kv.staging_bytes = c.staging_bytes;
+  o.kv.debug_copy_delay_us = c.delay_us;
+  o.kv.placement.static_heads = c.static_heads;
+  o.kv.debug_seed = 1234;
+  return o;
+}
+
+// Staging bytes for which the adaptive rule picks g = all heads only up to ~128 positions, then
+// halves g each time the context doubles (kv_layout staging_rows: two buffers, rows rounded to 64).
+uint64_t shrinking_staging(const model::ModelConfig& cfg) {
+  const uint64_t hk = cfg.max_head_kv();
+  return 2 * hk * 2 * 128 * uint64_t{cfg.head_dim_k} * 2;  // f16 rows
+}
+
+std::vector<Case> cases_for(const model::ModelConfig& cfg) {
+  const uint32_t hk = cfg.max_head_kv();
+  // With one KV head the group cannot shrink: adaptive then uses the whole arena.
+  const uint64_t adaptive_staging = hk > 1 ? shrinking_staging(cfg) : 0;
+  std::vector<Case> cs;
+  cs.push_back({"layer", policy::Placement::kLayer});
+  std::set<uint32_t> groups;
+  for (uint32_t g : {hk, 4u, 2u, 1u}) {
+    if (g <= hk && hk % g == 0) groups.insert(g);
+  }
+  for (auto it = groups.rbegin(); it != groups.rend(); ++it) {
+    cs.push_back({"headinfer g=" + std::to_string(*it), policy::Placement::kHeadInfer, *it});
+  }
+  cs.push_back({"headinfer adaptive", policy::Placement::kHeadInfer, 0, adaptive_staging});
+  cs.push_back({"headinfer g=1, copies delayed", policy::Placement::kHeadInfer, 1, 0, 300});
+  cs.push_back(
+      {"headinfer adaptive, copies delayed", policy::Placement::kHeadInfer, 0, adaptive_staging, 300});
+  cs.push_back({"layer, copies delayed", policy::Placement::kLayer, 0, 0, 300});
+  // Static heads: the whole first layer and part of the second stay in the arena.
+  cs.push_back({"headinfer g=1, static heads, copies delayed", policy::Placement::kHeadInfer, 1, 0, 300,
+                hk + (hk + 1) / 2});
+  return cs;
+}
+
+void check_placements(const std::string& path, size_t prompt_tokens, int64_t chunk, int n_decode) {
+  const auto model = runtime::load_model(path);
+  const auto prompt = test_prompt(prompt_tokens, std::min<uint32_t>(model->config.n_vocab, 256));
+  const int64_t n_ctx = static_cast<int64_t>(prompt_tokens) + n_decode + 64;
+  SequenceResult ref;
+  {
+    runtime_cuda::CudaSession s(*model, options({"resident", policy::Placement::kResident}, n_ctx, chunk));
+    ref = run_sequence(s, prompt, chunk, n_decode);
+  }
+  for (const Case& c : cases_for(model->config)) {
+    runtime_cuda::CudaSession s(*model, options(c, n_ctx, chunk));
+    const SequenceResult r = run_sequence(s, prompt, chunk, n_decode);
+    EXPECT_EQ(r.tokens, ref.tokens) << c.name;
+    ASSERT_EQ(r.logits.size(), ref.logits.size()) << c.name;
+    for (size_t i = 0; i < r.logits.size(); ++i) {
+      EXPECT_TRUE(same_bits(r.logits[i], ref.logits[i])) << c.name << ": logits of pass " << i << " differ";
+    }
+    const auto st = s.kv_stats();
+    std::fprintf(
+        stderr,
+        "[%s] %s: %zu passes bit-identical to resident; %llu units, last g %u, H2D %llu B, D2H %llu B\n",
+        path.c_str(), c.name.c_str(), r.logits.size(), static_cast<unsigned long long>(st.units),
+        st.last_group, static_cast<unsigned long long>(st.bytes_h2d),
+        static_cast<unsigned long long>(st.bytes_d2h));
+  }
+}
+
+TEST(CudaPlacement, SyntheticGqa8LayerAndHeadInferAreExact) {
+  KVTIER_REQUIRE_GPU();
+  check_placements(synth_gqa8_file("llama"), 300, 96, 40);
+}
+
+TEST(CudaPlacement, SyntheticGqa8ChunkOfOneIsExact) {
+  KVTIER_REQUIRE_GPU();
+  check_placements(synth_gqa8_file("qwen2"), 20, 1, 8);
+}
+
+TEST(CudaPlacement, SmolLM2LayerAndHeadInferAreExact) {
+  KVTIER_REQUIRE_GPU();
+  const std::string path = model_path("SmolLM2-135M-Instruct.Q4_1.gguf");
+  KVTIER_REQUIRE_FILE(path);
+  check_placements(path, 300, 128, 64);
+}
+
+TEST(CudaPlacement, Gemma3LayerAndHeadInferAreExact) {
+  KVTIER_REQUIRE_GPU();
+  const std::string path = model_path("gemma-3-270m-q4_k_m.gguf");
+  KVTIER_REQUIRE_FILE(path);
+  // Past the 512-token sliding window of its local layers.
+  check_placements(path, 600, 128, 32);
+}
+
+}  // namespace
+}  // namespace kvtier::cuda::test

@@ -1,0 +1,44 @@
+"""--backend and --device-mem: clear errors wherever the CUDA path cannot run (a build without CUDA,
+a machine without a GPU, a command that has no CUDA path yet), and the CPU path unchanged."""
+from kvtier_testlib import model, run
+
+
+def has_gpu() -> bool:
+    p = run("bench", "-m", "synthetic:tiny-llama", "--backend", "cuda", "--prompt-tokens", "8", "--gen", "1",
+            "--repeat", "1", "--device-mem", "256MiB", check=False)
+    return p.returncode == 0
+
+
+def test_cuda_backend_without_a_usable_gpu_is_a_clear_error():
+    if has_gpu():
+        return  # a GPU machine: the GPU tests cover the CUDA path
+    p = run("run", "-m", model("smollm2"), "--backend", "cuda", "-p", "hi", "-n", "2", check=False)
+    assert p.returncode == 1
+    msg = p.stderr
+    assert "--backend cuda" in msg and ("no CUDA device" in msg or "built without the CUDA backend" in msg), msg
+
+
+def test_unknown_backend_is_a_usage_error():
+    p = run("run", "-m", model("smollm2"), "--backend", "tpu", "-p", "hi", check=False)
+    assert p.returncode == 2
+    assert "--backend" in p.stderr
+
+
+def test_device_mem_needs_the_cuda_backend():
+    p = run("run", "-m", model("smollm2"), "--device-mem", "1GiB", "-p", "hi", "-n", "2", check=False)
+    assert p.returncode == 1
+    assert "--device-mem applies to --backend cuda only" in p.stderr
+
+
+def test_commands_without_a_cuda_path_say_so(tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("hello world, hello again")
+    p = run("perplexity", "-m", model("smollm2"), "--backend", "cuda", "-f", text, check=False)
+    assert p.returncode != 0
+    assert "--backend cuda" in p.stderr
+
+
+def test_cpu_backend_is_the_default_and_unchanged():
+    a = run("run", "-m", model("smollm2"), "-p", "Hello", "-n", "4", "--temp", "0", "--json")
+    b = run("run", "-m", model("smollm2"), "-p", "Hello", "-n", "4", "--temp", "0", "--json", "--backend", "cpu")
+    assert a.stdout.split('"tokens":')[1].split("]")[0] == b.stdout.split('"tokens":')[1].split("]")[0]

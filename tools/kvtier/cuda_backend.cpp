@@ -1,0 +1,223 @@
+// cuda_backend.h on a CUDA build: the engine flags mapped onto a CudaSession.
+#include "cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "backend/cuda/device.h"
+#include "cli_util.h"
+#include "core/error.h"
+#include "eval/kv_policy.h"
+#include "model/cuda/synth_weights.h"
+#include "model/presets.h"
+#include "runtime/cuda/cuda_session.h"
+#include "tokenizer/utf8.h"
+
+namespace kvtier::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+runtime_cuda::CudaSessionOptions cuda_options(const EngineArgs& e, policy::Placement placement,
+                                              int64_t ctx_needed) {
+  if (e.kv_type != "f16") fail(ErrorKind::kUnsupported, "--backend cuda: --kv-type {} (f16 only)", e.kv_type);
+  if (!e.kv_disk.empty()) fail(ErrorKind::kUnsupported, "--backend cuda: --kv-disk is not implemented yet");
+  if (!runtime_cuda::cuda_device_available()) {
+    fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
+  }
+  runtime_cuda::CudaSessionOptions o;
+  o.n_ctx = e.ctx > 0 ? e.ctx : std::max<int64_t>(256, (ctx_needed + 255) / 256 * 256);
+  o.chunk = e.chunk > 0 ? e.chunk : std::min<int64_t>(512, o.n_ctx);
+  if (!e.device_mem.empty()) o.device_mem = parse_bytes(e.device_mem, "--device-mem");
+  o.kv.placement.placement = placement;
+  o.kv.placement.group = e.group;
+  o.kv.placement.prefetch_depth = e.prefetch_depth;
+  o.kv.placement.static_heads = e.static_heads;
+  if (!e.kv_mem.empty() && placement != policy::Placement::kResident) {
+    o.kv.staging_bytes = parse_bytes(e.kv_mem, "--kv-mem");
+  }
+  o.kv.debug_copy_delay_us = e.debug_copy_delay_us;
+  return o;
+}
+
+nlohmann::json device_json(const runtime_cuda::CudaSession& s) {
+  const auto devs = cuda::list_devices();
+  const cuda::MemoryReport m = s.memory_report();
+  const auto st = s.kv_stats();
+  return {{"device", devs.empty() ? "?" : devs.front().name},
+          {"arena_budget", m.arena_budget},
+          {"arena_peak", m.arena_peak},
+          {"pinned_capacity", m.pinned_capacity},
+          {"pinned_peak", m.pinned_peak},
+          {"device_free", m.device_free},
+          {"device_total", m.device_total},
+          {"kv_bytes_h2d", st.bytes_h2d},
+          {"kv_bytes_d2h", st.bytes_d2h},
+          {"kv_last_group", st.last_group}};
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace
+
+int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
+                      std::span<const runtime::TokenId> prompt, const runtime::SamplerParams& sp,
+                      const CudaRunArgs& a) {
+  const auto placement = *policy::placement_from_name(e.kv_policy);
+  runtime_cuda::CudaSession s(model,
+                              cuda_options(e, placement, static_cast<int64_t>(prompt.size()) + a.n_predict));
+  runtime::Sampler sampler(sp, model.config.n_vocab);
+  std::vector<runtime::TokenId> history(prompt.begin(), prompt.end());
+  std::vector<runtime::TokenId> out;
+  const auto t0 = Clock::now();
+  auto logits = s.prefill(prompt);
+  const double prefill_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto t1 = Clock::now();
+  std::string reason = "max_tokens";
+  size_t printed = 0;
+  while (static_cast<int64_t>(out.size()) < a.n_predict) {
+    const runtime::TokenId id = sampler.sample(logits, history);
+    out.push_back(id);
+    history.push_back(id);
+    if (!a.ignore_eos && model.tokenizer->is_end_of_generation(id)) {
+      reason = "end_of_generation";
+      break;
+    }
+    if (!a.json) {  // whole text re-decoded: simple and correct for multi-token characters
+      const std::string text = model.tokenizer->decode(out);
+      if (text.size() > printed) std::fwrite(text.data() + printed, 1, text.size() - printed, stdout);
+      std::fflush(stdout);
+      printed = text.size();
+    }
+    if (static_cast<int64_t>(out.size()) == a.n_predict || interrupted()) break;
+    if (s.n_past() + 1 > s.n_ctx()) {
+      reason = "context_full";
+      break;
+    }
+    logits = s.decode(id);
+  }
+  const double decode_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  const double prefill_tps = prefill_s > 0 ? static_cast<double>(prompt.size()) / prefill_s : 0.0;
+  const double decode_tps = decode_s > 0 ? static_cast<double>(out.size()) / decode_s : 0.0;
+  if (a.json) {
+    const nlohmann::json j = {{"backend", "cuda"},
+                              {"text", tokenizer::utf8_sanitize(model.tokenizer->decode(out))},
+                              {"tokens", out},
+                              {"n_prompt", prompt.size()},
+                              {"n_gen", out.size()},
+                              {"stop_reason", reason},
+                              {"prefill_s", prefill_s},
+                              {"decode_s", decode_s},
+                              {"prefill_tokens_per_s", prefill_tps},
+                              {"decode_tokens_per_s", decode_tps},
+                              {"seed", sp.seed},
+                              {"ctx", s.n_ctx()},
+                              {"chunk", s.chunk()},
+                              {"kv_policy", e.kv_policy},
+                              {"peak_memory_bytes", memory_json(s.ledger())},
+                              {"cuda", device_json(s)}};
+    std::cout << j.dump() << "\n";
+  } else {
+    std::fputc('\n', stdout);
+    std::fprintf(stderr, "[cuda %s | %zu prompt tokens: %.1f tok/s | %zu generated: %.1f tok/s | %s]\n",
+                 e.kv_policy.c_str(), prompt.size(), prefill_tps, out.size(), decode_tps, reason.c_str());
+  }
+  return 0;
+}
+
+int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
+  const auto placements = eval::parse_kv_policy_list(a.policies);
+  if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
+  const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
+  // A GGUF file, or an in-memory synthetic model generated on the device.
+  constexpr std::string_view kSynth = "synthetic:";
+  std::unique_ptr<runtime::LoadedModel> file_model;
+  std::optional<model::Preset> preset;
+  model::SynthOptions so;
+  model::ModelConfig synth_cfg;
+  if (e.model.rfind(kSynth, 0) == 0) {
+    preset = model::find_preset(e.model.substr(kSynth.size()));
+    if (!preset)
+      fail(ErrorKind::kInvalidArgument, "no preset '{}' (see kvtier synth --list)",
+           e.model.substr(kSynth.size()));
+    if (e.ctx > 0) so.n_ctx = static_cast<uint32_t>(std::max<int64_t>(e.ctx, preset->n_ctx));
+    synth_cfg = model::make_config(model_cuda::preset_hparams(*preset, so));
+  } else {
+    file_model = runtime::load_model(e.model);
+  }
+  const model::ModelConfig& cfg = file_model ? file_model->config : synth_cfg;
+  nlohmann::json rows = nlohmann::json::array();
+  for (policy::Placement p : placements) {
+    // One session at a time: each takes the whole --device-mem arena.
+    const auto opts = cuda_options(e, p, max_p + a.gen);
+    std::unique_ptr<runtime_cuda::CudaSession> sp =
+        file_model ? std::make_unique<runtime_cuda::CudaSession>(*file_model, opts)
+                   : std::make_unique<runtime_cuda::CudaSession>(synth_cfg, *preset, so, opts);
+    runtime_cuda::CudaSession& s = *sp;
+    const std::string name(policy::placement_name(p));
+    for (int64_t n : a.prompt_tokens) {
+      if (n < 1 || n + a.gen > s.n_ctx()) {
+        fail(ErrorKind::kInvalidArgument, "prompt of {} tokens + {} generated does not fit the context of {}",
+             n, a.gen, s.n_ctx());
+      }
+      std::vector<runtime::TokenId> prompt;
+      for (int64_t i = 0; i < n; ++i)
+        prompt.push_back(static_cast<runtime::TokenId>((i * 7919 + 13) % cfg.n_vocab));
+      std::vector<double> pre, dec;
+      for (int r = -1; r < a.repeat; ++r) {  // round -1 warms up (cuBLAS heuristics, page tables)
+        s.truncate(0);
+        const auto t0 = Clock::now();
+        auto logits = s.prefill(prompt);
+        const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
+        const auto t1 = Clock::now();
+        for (int64_t g = 0; g < a.gen; ++g) {
+          const auto id =
+              static_cast<runtime::TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          logits = s.decode(id);
+        }
+        const double td = std::chrono::duration<double>(Clock::now() - t1).count();
+        throw_if_interrupted();
+        if (r < 0) continue;
+        pre.push_back(static_cast<double>(n) / tp);
+        dec.push_back(static_cast<double>(a.gen) / td);
+      }
+      const nlohmann::json row = {{"backend", "cuda"},
+                                  {"policy", name},
+                                  {"prompt_tokens", n},
+                                  {"gen", a.gen},
+                                  {"prefill_tokens_per_s", median(pre)},
+                                  {"decode_tokens_per_s", median(dec)},
+                                  {"prefill_runs", pre},
+                                  {"decode_runs", dec},
+                                  {"peak_memory_bytes", memory_json(s.ledger())},
+                                  {"cuda", device_json(s)}};
+      rows.push_back(row);
+      if (!a.json) {
+        std::cout << fmt::format(
+            "cuda {:<9} prompt {:>7} -> prefill {:9.1f} tok/s | decode {:>4} -> {:8.2f} tok/s "
+            "(median of {}) | arena peak {}\n",
+            name, n, median(pre), a.gen, median(dec), a.repeat, human_bytes(s.memory_report().arena_peak));
+      }
+    }
+  }
+  if (a.json) {
+    std::cout << nlohmann::json(
+                     {{"model", e.model}, {"backend", "cuda"}, {"repeat", a.repeat}, {"results", rows}})
+                     .dump()
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace kvtier::cli
