@@ -21,6 +21,7 @@
 
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/dequant.h"
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
 #include "random_weights.h"
@@ -187,6 +188,37 @@ TEST(QuantizeAct, RoundTripWithinHalfStep) {
       int s = 0;
       for (int i = 0; i < kQK; ++i) s += blk.qs[i];
       EXPECT_EQ(blk.sum, s);
+    }
+  }
+}
+
+// Every kernel table's activation quantiser writes the scalar reference's bytes: random rows of
+// several magnitudes, an all-zero block, exact ties (x * (1 / d) = n + 0.5 with d = 1) and -0.0.
+TEST(QuantizeAct, SimdEqualsScalarBytes) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const KernelTable& table = kernel_table(isa);
+    for (ActFormat f : {ActFormat::kQ8_32, ActFormat::kQ8_K}) {
+      const QuantizeActFn fn = table.quantize_act[static_cast<size_t>(f)];
+      ASSERT_NE(fn, nullptr) << isa_name(isa);
+      const int bs = act_block_size(f);
+      const int64_t k = 6 * bs;
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<float> x(static_cast<size_t>(k));
+        const float scale = std::ldexp(1.0f, trial - 10);
+        for (float& v : x) v = scale * normal(rng);
+        for (int i = 0; i < bs; ++i) x[static_cast<size_t>(bs + i)] = 0.0f;  // block 1: zeros
+        x[static_cast<size_t>(bs + 3)] = -0.0f;
+        // Block 2: amax 127 (d = 1, 1 / d = 1) and halves, so rounding meets exact ties.
+        for (int i = 0; i < bs; ++i) x[static_cast<size_t>(2 * bs + i)] = static_cast<float>(i % 40) - 20.5f;
+        x[static_cast<size_t>(2 * bs)] = -127.0f;
+        std::vector<uint8_t> want(act_row_bytes(f, k)), got(act_row_bytes(f, k), 0xAB);
+        quantize_act_row(f, x.data(), k, want.data());
+        fn(x.data(), k, got.data());
+        ASSERT_EQ(want, got) << isa_name(isa) << " format " << static_cast<int>(f) << " trial " << trial;
+      }
     }
   }
 }

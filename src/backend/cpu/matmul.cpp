@@ -55,11 +55,12 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
   int64_t act_bytes = w.k * static_cast<int64_t>(sizeof(float));
   if (fmt != ActFormat::kF32) {
     act_bytes = static_cast<int64_t>(act_row_bytes(fmt, w.k));
+    const QuantizeActFn quantize = table.quantize_act[static_cast<size_t>(fmt)];
+    KVTIER_ASSERT(quantize != nullptr, "no activation quantiser for {}", ggml_type_name(w.type));
     const int n_q = static_cast<int>(std::min<int64_t>(pool.size(), n_tokens));
     pool.run(n_q, [&](int part) {
       const Range r = split_range(n_tokens, n_q, part);
-      for (int64_t t = r.begin; t < r.end; ++t)
-        quantize_act_row(fmt, x + t * w.k, w.k, scratch.data() + t * act_bytes);
+      for (int64_t t = r.begin; t < r.end; ++t) quantize(x + t * w.k, w.k, scratch.data() + t * act_bytes);
     });
     act = scratch.data();
   }

@@ -156,6 +156,7 @@ void fill_avx512_tiles(KernelTable& t) {
   set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 4>, 4, 4});
   set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 4>, 4, 4});
   set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 4>, 4, 4});
+  fill_avx512_ktiles(t);
 }
 
 }  // namespace kvtier::cpu

@@ -4,6 +4,9 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #include "backend/cpu/simd_avx2.h"
 
 namespace kvtier::cpu::avx512 {
@@ -68,6 +71,16 @@ template <Legacy kType, typename Block>
 static inline __m512i pair_quants(const Block& x0, const Block& x1) {
   if constexpr (kType == Legacy::kQ4_0) return _mm512_sub_epi8(nibbles_64(x0.qs, x1.qs), _mm512_set1_epi8(8));
   if constexpr (kType == Legacy::kQ4_1) return nibbles_64(x0.qs, x1.qs);
+  if constexpr (kType == Legacy::kQ5_0) {
+    // q - 16 = nibble + 16 * bit - 16: subtract 16 where the fifth bit (bit i of the 64-bit mask,
+    // block 0's qh then block 1's) is clear.
+    uint32_t h0, h1;
+    std::memcpy(&h0, x0.qh, 4);
+    std::memcpy(&h1, x1.qh, 4);
+    const __mmask64 clear = ~((static_cast<uint64_t>(h1) << 32) | h0);
+    const __m512i q = nibbles_64(x0.qs, x1.qs);
+    return _mm512_mask_sub_epi8(q, clear, q, _mm512_set1_epi8(16));
+  }
   return join(block_quants<kType>(x0), block_quants<kType>(x1));
 }
 
