@@ -27,7 +27,7 @@ constexpr __mmask32 kUpperWords = 0xFFFF0000u;  // 16-bit lanes 16..31 (bytes 32
 
 // v[0..3]: lane sums per 128-bit block -> block L of the result = [sum of v[0]'s block L, v[1]'s,
 // v[2]'s, v[3]'s]. Exact (integer adds).
-__m512i transpose_add4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
+[[gnu::always_inline]] inline __m512i transpose_add4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
   const __m512i s01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v0, v1), _mm512_unpackhi_epi32(v0, v1));
   const __m512i s23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v2, v3), _mm512_unpackhi_epi32(v2, v3));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(s01, s23), _mm512_unpackhi_epi64(s01, s23));
@@ -35,7 +35,7 @@ __m512i transpose_add4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
 
 // x[t]: block L holds 4 partial sums for rows 0..3 -> block t of the result = sum over L of x[t]'s
 // blocks, i.e. lane 4 t + r is the full sum for (row r, token t).
-__m512i sum_blocks4(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
+[[gnu::always_inline]] inline __m512i sum_blocks4(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
   const __m512i w01 = _mm512_add_epi32(_mm512_shuffle_i32x4(x0, x1, _MM_SHUFFLE(2, 0, 2, 0)),
                                        _mm512_shuffle_i32x4(x0, x1, _MM_SHUFFLE(3, 1, 3, 1)));
   const __m512i w23 = _mm512_add_epi32(_mm512_shuffle_i32x4(x2, x3, _MM_SHUFFLE(2, 0, 2, 0)),
@@ -45,7 +45,7 @@ __m512i sum_blocks4(__m512i x0, __m512i x1, __m512i x2, __m512i x3) {
 }
 
 // acc[r][t] (16 lanes each) -> lane 4 t + r = sum of acc[r][t]'s lanes.
-__m512i reduce_tile(const __m512i (&acc)[R][T]) {
+[[gnu::always_inline]] inline __m512i reduce_tile(const __m512i (&acc)[R][T]) {
   __m512i x[T];
   for (int t = 0; t < T; ++t) x[t] = transpose_add4(acc[0][t], acc[1][t], acc[2][t], acc[3][t]);
   return sum_blocks4(x[0], x[1], x[2], x[3]);
