@@ -57,6 +57,8 @@ struct KernelTable {
   std::array<VecDotFn, kMaxGgmlTypeId> vec_dot{};  // indexed by GgmlType id; null: unsupported
   // Indexed by GgmlType id. A filler that overrides a vec_dot must also set (or clear) its tile.
   std::array<TileKernel, kMaxGgmlTypeId> tile{};
+  // Optional wider tiles (same rows as `tile`, more tokens; same bits): matmul uses them first.
+  std::array<TileKernel, kMaxGgmlTypeId> tile_wide{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
   std::array<QuantizeActFn, 3> quantize_act{};
   FloatKernels fops{};

@@ -105,6 +105,7 @@ void fill_avx512_kernels(KernelTable& t) {
   auto set = [&t](GgmlType type, VecDotFn fn) {
     t.vec_dot[static_cast<size_t>(type)] = fn;
     t.tile[static_cast<size_t>(type)] = TileKernel{};
+    t.tile_wide[static_cast<size_t>(type)] = TileKernel{};
   };
   set(GgmlType::kF32, dot_f32);
   set(GgmlType::kF16, dot_f16);
