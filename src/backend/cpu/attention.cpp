@@ -169,7 +169,9 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
                 scratch.size());
   if (!isa_supported(isa)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", isa_name(isa));
   if (q.n_tokens == 0) return;
-  const AttnTileOps& ops = isa == Isa::kScalar ? attn_tile_ops_ref() : attn_tile_ops_avx2();
+  const AttnTileOps& ops = isa == Isa::kScalar ? attn_tile_ops_ref()
+                           : isa == Isa::kAvx2 ? attn_tile_ops_avx2()
+                                               : attn_tile_ops_avx512();
   const int64_t n_kv = q.n_heads / p.q_per_kv;
   const int64_t n_qt = (q.n_tokens + kAttnQueryTile - 1) / kAttnQueryTile;
   const int64_t n_items = n_kv * n_qt;

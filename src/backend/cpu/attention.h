@@ -83,7 +83,7 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
 // o_*: [n, dv] f32 rows, lse_*: [n] f32.
 void merge_attention(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int64_t n, int64_t dv);
 
-// The tile kernels one ISA provides (attention_ref.cpp, attention_avx2.cpp).
+// The tile kernels one ISA provides (attention_ref.cpp, attention_avx2.cpp, attention_avx512.cpp).
 struct AttnTileOps {
   // s[r * n + j] = dot(q + r * q_stride, k + j * d) for r < rows, j < n. Several query rows (the
   // query heads of one KV head) share each key load; every (row, key) value is computed by the
@@ -103,5 +103,6 @@ struct AttnTileOps {
 
 const AttnTileOps& attn_tile_ops_ref();
 const AttnTileOps& attn_tile_ops_avx2();
+const AttnTileOps& attn_tile_ops_avx512();  // bit-identical to the AVX2 ops (attention_avx512.cpp)
 
 }  // namespace kvtier::cpu
