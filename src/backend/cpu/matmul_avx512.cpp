@@ -13,63 +13,29 @@ namespace {
 
 using namespace avx2;
 
-constexpr int64_t kChunk = 1024;  // elements of k per pass of the float tiles
 using namespace avx512;
 
-template <bool kHalf>
-__m512 load_w16(const uint8_t* w, int64_t i) {
-  if constexpr (kHalf) {
-    return _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + i)));
-  }
-  return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
-}
-
-template <bool kHalf>
-float w_scalar(const uint8_t* w, int64_t i) {
-  if constexpr (kHalf) return unpack_f16(reinterpret_cast<const uint16_t*>(w)[i]);
-  return reinterpret_cast<const float*>(w)[i];
-}
-
-// vec_dot_avx512's float dots keep 4 lane chains (chain c: elements [i + 16c, i + 16c + 16) of each
-// 64-element step, chain 0 also the 16-element tail steps), reduce (c0 + c1) + (c2 + c3), then add a
-// scalar tail. The tile runs the independent chains one after the other with R x T accumulators.
+// Float weights, as vec_dot_avx512's dot_float per (row, token): one 16-lane FMA chain over k,
+// reduce_add, a scalar tail. R x T chains; every weight and activation row is read front to back.
 template <bool kHalf, int R, int T>
 void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
                 float* y, int64_t ldy) {
-  const int64_t main_end = k / 64 * 64;
   const int64_t vec_end = k / 16 * 16;
-  __m512 part[4][R][T];  // [chain][row][token] lane sums, carried across k chunks
-  for (int c = 0; c < 4; ++c)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) part[c][r][t] = _mm512_setzero_ps();
-  auto run_chain = [&](int c, int64_t begin, int64_t end, int64_t stride) {
-    __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = part[c][r][t];
-    for (int64_t i = begin; i < end; i += stride) {
-      __m512 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = load_w16<kHalf>(w + r * row_bytes, i);
-      for (int t = 0; t < T; ++t) {
-        const __m512 av = _mm512_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
-      }
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < vec_end; i += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_w16<kHalf>(w + r * row_bytes, i);
+    for (int t = 0; t < T; ++t) {
+      const __m512 av = _mm512_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) part[c][r][t] = acc[r][t];
-  };
-  // k in chunks whose weights and activations stay in L1 while the 4 chains pass over them; each
-  // chain still adds its steps in increasing i, as vec_dot does.
-  for (int64_t k0 = 0; k0 < main_end; k0 += kChunk) {
-    const int64_t k1 = std::min(main_end, k0 + kChunk);
-    for (int c = 0; c < 4; ++c) run_chain(c, k0 + 16 * c, k1, 64);
   }
-  run_chain(0, main_end, vec_end, 16);
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       const float* a = reinterpret_cast<const float*>(act + t * act_bytes);
-      float s = reduce_add(_mm512_add_ps(_mm512_add_ps(part[0][r][t], part[1][r][t]),
-                                         _mm512_add_ps(part[2][r][t], part[3][r][t])));
+      float s = reduce_add(acc[r][t]);
       for (int64_t i = vec_end; i < k; ++i) s += w_scalar<kHalf>(w + r * row_bytes, i) * a[i];
       y[t * ldy + r] = s;
     }

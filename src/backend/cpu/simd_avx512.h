@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backend/cpu/block_unpack.h"
 #include "backend/cpu/simd_avx2.h"
 
 namespace kvtier::cpu::avx512 {
@@ -36,6 +37,28 @@ static inline __m256i dot_s8s8_256(__m256i x, __m256i a) {
   const __mmask32 neg = _mm256_movepi8_mask(x);
   const __m256i sa = _mm256_mask_sub_epi8(a, neg, _mm256_setzero_si256(), a);
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), sa);
+}
+
+// Float weight rows (f32, or f16 when kHalf): 16 elements from element i as f32, and one element.
+template <bool kHalf>
+static inline __m512 load_w16(const uint8_t* w, int64_t i) {
+  if constexpr (kHalf) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + i)));
+  }
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
+}
+
+template <bool kHalf>
+static inline float w_scalar(const uint8_t* w, int64_t i) {
+  if constexpr (kHalf) {
+    uint16_t h;
+    std::memcpy(&h, w + 2 * i, 2);
+    return unpack_f16(h);
+  }
+  float f;
+  std::memcpy(&f, w + 4 * i, 4);
+  return f;
 }
 
 enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };

@@ -1,6 +1,7 @@
 // AVX-512 (+VNNI) dot products for the float types and the legacy quants: two 32-element blocks
 // per 512-bit register, integer sums by VPDPBUSD. The K-quants keep their AVX2 kernels (their
-// per-sub-block scales need 16-bit multiplies; decode is memory-bound, so the wider path gains little).
+// per-sub-block scales need 16-bit multiplies; decode is memory-bound, so the wider path gains little;
+// their AVX-512 matmul tiles, matmul_avx512_kquants.cpp, are bit-identical to the AVX2 vec_dot).
 #include <immintrin.h>
 
 #include "backend/cpu/block_unpack.h"
@@ -18,42 +19,17 @@ const T* as(const uint8_t* p) {
   return reinterpret_cast<const T*>(p);
 }
 
-float dot_f32(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  const float* w = as<float>(w8);
+// Float weights: one 16-lane FMA chain over k (then the reduction and a scalar tail), so a matmul
+// tile reads its weight and activation rows front to back, each cache line used whole, with R x T
+// chains in flight (4 interleaved chains per output made the tiles stream every 4th line).
+template <bool kHalf>
+float dot_float(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   const float* a = as<float>(a8);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
-         acc3 = _mm512_setzero_ps();
+  __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 64 <= k; i += 64) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(a + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(a + i + 48), acc3);
-  }
-  for (; i + 16 <= k; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), acc0);
-  float s = reduce_add(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-  for (; i < k; ++i) s += w[i] * a[i];
-  return s;
-}
-
-float dot_f16(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  const uint16_t* w = as<uint16_t>(w8);
-  const float* a = as<float>(a8);
-  auto load16 = [](const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  };
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
-         acc3 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= k; i += 64) {
-    acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(a + i), acc0);
-    acc1 = _mm512_fmadd_ps(load16(w + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(load16(w + i + 32), _mm512_loadu_ps(a + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(load16(w + i + 48), _mm512_loadu_ps(a + i + 48), acc3);
-  }
-  for (; i + 16 <= k; i += 16) acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(a + i), acc0);
-  float s = reduce_add(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-  for (; i < k; ++i) s += unpack_f16(w[i]) * a[i];
+  for (; i + 16 <= k; i += 16) acc = _mm512_fmadd_ps(load_w16<kHalf>(w8, i), _mm512_loadu_ps(a + i), acc);
+  float s = reduce_add(acc);
+  for (; i < k; ++i) s += w_scalar<kHalf>(w8, i) * a[i];
   return s;
 }
 
@@ -107,8 +83,8 @@ void fill_avx512_kernels(KernelTable& t) {
     t.tile[static_cast<size_t>(type)] = TileKernel{};
     t.tile_wide[static_cast<size_t>(type)] = TileKernel{};
   };
-  set(GgmlType::kF32, dot_f32);
-  set(GgmlType::kF16, dot_f16);
+  set(GgmlType::kF32, dot_float<false>);
+  set(GgmlType::kF16, dot_float<true>);
   set(GgmlType::kQ4_0, dot_legacy<Legacy::kQ4_0, BlockQ4_0>);
   set(GgmlType::kQ4_1, dot_legacy<Legacy::kQ4_1, BlockQ4_1>);
   set(GgmlType::kQ5_0, dot_legacy<Legacy::kQ5_0, BlockQ5_0>);
