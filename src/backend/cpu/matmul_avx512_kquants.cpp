@@ -23,8 +23,6 @@ namespace {
 constexpr int R = 4;  // weight rows per tile
 constexpr int T = 4;  // tokens per tile
 
-constexpr __mmask32 kUpperWords = 0xFFFF0000u;  // 16-bit lanes 16..31 (bytes 32..63)
-
 // v[0..3]: lane sums per 128-bit block -> block L of the result = [sum of v[0]'s block L, v[1]'s,
 // v[2]'s, v[3]'s]. Exact (integer adds).
 [[gnu::always_inline]] inline __m512i transpose_add4(__m512i v0, __m512i v1, __m512i v2, __m512i v3) {
@@ -87,12 +85,8 @@ void tile_q4_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
   const ActQ8_K* a[T];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ4_K*>(w + r * row_bytes);
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  // Chunk c's scale vector: words 0..15 = scale 2c (low nibbles), 16..31 = scale 2c + 1 (high).
-  __m512i scale_idx[4];
-  for (int c = 0; c < 4; ++c)
-    scale_idx[c] = _mm512_mask_blend_epi16(kUpperWords, _mm512_set1_epi16(static_cast<int16_t>(2 * c)),
-                                           _mm512_set1_epi16(static_cast<int16_t>(2 * c + 1)));
+  __m512i scale_idx[4];  // chunk c: words 0..15 take scale 2c (low nibbles), 16..31 scale 2c + 1
+  for (int c = 0; c < 4; ++c) scale_idx[c] = avx512::q4k_scale_idx(c);
   __m512 s = _mm512_setzero_ps();  // lane 4 t + r
   for (int64_t b = 0; b < k / kQKK; ++b) {
     __m512i sc16[R];  // [row] 8 sub-block scales as i16 (words 0..7)
@@ -112,9 +106,7 @@ void tile_q4_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
     for (int c = 0; c < 4; ++c) {
       __m512i q[R], scv[R];
       for (int r = 0; r < R; ++r) {
-        // 32 bytes -> elements 64c .. 64c + 31 (low nibbles) then 64c + 32 .. 64c + 63 (high).
-        const __m512i v = _mm512_broadcast_i64x4(avx2::load256(x[r][b].qs + 32 * c));
-        q[r] = _mm512_and_si512(_mm512_mask_srli_epi16(v, kUpperWords, v, 4), m4);
+        q[r] = avx512::q4k_quants(x[r][b].qs + 32 * c);
         scv[r] = _mm512_permutexvar_epi16(scale_idx[c], sc16[r]);
       }
       for (int t = 0; t < T; ++t) {
@@ -152,15 +144,8 @@ void tile_q6_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
   const ActQ8_K* a[T];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ6_K*>(w + r * row_bytes);
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-  // Step (h, g) covers elements 128 h + 64 g + [0, 64): sub-blocks j = 8h + 4g + (0..3), one per
-  // 128-bit block; its scale vector has scale j in every word of block j - (8h + 4g).
-  __m512i scale_idx[4];
-  for (int hg = 0; hg < 4; ++hg)
-    scale_idx[hg] =
-        _mm512_add_epi16(_mm512_set1_epi16(static_cast<int16_t>(4 * hg)),
-                         _mm512_setr_epi64(0, 0, 0x0001000100010001, 0x0001000100010001, 0x0002000200020002,
-                                           0x0002000200020002, 0x0003000300030003, 0x0003000300030003));
+  __m512i scale_idx[4];  // step hg = 2h + g: sub-block 4 hg + i in 128-bit block i
+  for (int hg = 0; hg < 4; ++hg) scale_idx[hg] = avx512::q6k_scale_idx(hg);
   __m512 s = _mm512_setzero_ps();  // lane 4 t + r
   for (int64_t b = 0; b < k / kQKK; ++b) {
     __m512i sc16[R];  // [row] the 16 scales as i16 (words 0..15), then again (words 16..31)
@@ -176,20 +161,7 @@ void tile_q6_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
       for (int g = 0; g < 2; ++g) {
         __m512i q[R], scv[R];
         for (int r = 0; r < R; ++r) {
-          const BlockQ6_K& blk = x[r][b];
-          const __m512i l = _mm512_loadu_si512(blk.ql + 64 * h);
-          const __m512i qh = _mm512_broadcast_i64x4(avx2::load256(blk.qh + 32 * h));
-          __m512i lo, hi;  // low 4 bits; high 2 bits at bits 4..5
-          if (g == 0) {
-            // Elements 0..31 of the half: qh bits 0..1; 32..63: bits 2..3.
-            lo = _mm512_and_si512(l, m4);
-            hi = _mm512_mask_slli_epi16(_mm512_slli_epi16(qh, 4), kUpperWords, qh, 2);
-          } else {
-            // Elements 64..95: qh bits 4..5; 96..127: bits 6..7.
-            lo = _mm512_and_si512(_mm512_srli_epi16(l, 4), m4);
-            hi = _mm512_mask_srli_epi16(qh, kUpperWords, qh, 2);
-          }
-          q[r] = _mm512_or_si512(lo, _mm512_and_si512(hi, m30));  // q + 32, in [0, 63]
+          q[r] = avx512::q6k_quants(x[r][b].ql, x[r][b].qh, h, g);  // q + 32, in [0, 63]
           scv[r] = _mm512_permutexvar_epi16(scale_idx[2 * h + g], sc16[r]);
         }
         for (int t = 0; t < T; ++t) {
