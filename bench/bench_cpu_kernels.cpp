@@ -3,7 +3,8 @@
 //   read/threads:T            read-only sweep of 256 MiB (what a matvec does to its weights)
 //   matvec/TYPE/ISA/threads:T one token x a [n_rows, 4096] matrix of ~256 MiB (far beyond the caches);
 //                             GB/s of weight bytes, and pct_copy = GB/s / copy GB/s at the same threads
-//   matmul/TYPE/TOKxK->N/threads:T  prefill shapes; GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
+//   matmul/TYPE/TOKxK->N/threads:T  prefill shapes (2048 -> 640: Gemma-3-270M's FFN down, a K-quant size);
+//   GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
 //                             / measured FMA peak (f32 lanes of the widest ISA used, same thread count)
 // Run with --benchmark_repetitions=N --benchmark_report_aggregates_only=true and read medians.
 #include <benchmark/benchmark.h>
@@ -245,7 +246,7 @@ void register_all() {
   struct Shape {
     int64_t tokens, k, n;
   };
-  for (const Shape s : {Shape{512, 576, 1536}, Shape{512, 4096, 4096}}) {
+  for (const Shape s : {Shape{512, 576, 1536}, Shape{512, 2048, 640}, Shape{512, 4096, 4096}}) {
     for (GgmlType type : types) {
       const bool big = s.k == 4096;
       if (big && type != GgmlType::kF16 && type != GgmlType::kQ8_0)

@@ -43,7 +43,8 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
   const int64_t max_tokens = 67;
   for (GgmlType type : test::all_weight_types()) {
     const int64_t bs = ggml_traits(type).block_size;
-    for (int64_t k : bs == 1 ? std::vector<int64_t>{75, 2100} : std::vector<int64_t>{3 * bs, 4 * bs}) {
+    for (int64_t k : bs == 1 ? std::vector<int64_t>{75, 2100}
+                             : std::vector<int64_t>{3 * bs, 4 * bs, bs == 32 ? 37 * bs : 2 * bs}) {
       for (int64_t n_rows : {5, 37}) {
         const auto w_bytes = test::random_weights(type, n_rows, k, rng);
         const WeightMatrix w{type, w_bytes.data(), n_rows, k};
@@ -95,7 +96,8 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
 }
 
 // The SIMD tables have tiles for the default models' types (else matmul silently falls back to one
-// vec_dot per output), and a tile called directly with a wider output stride writes only its block.
+// vec_dot per output), and a tile (narrow or wide) called directly with a wider output stride writes
+// only its block, bit-identical to vec_dot.
 TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -104,30 +106,35 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
     const KernelTable& table = kernel_table(isa);
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                           GgmlType::kQ4_K, GgmlType::kQ6_K}) {
-      const TileKernel tile = table.tile[static_cast<size_t>(type)];
-      ASSERT_NE(tile.fn, nullptr) << ggml_type_name(type) << " " << isa_name(isa);
-      const int64_t bs = ggml_traits(type).block_size;
-      const int64_t k = bs == 1 ? 96 : 5 * bs;
-      const auto w_bytes = test::random_weights(type, tile.rows, k, rng);
-      const int64_t row_bytes = static_cast<int64_t>(w_bytes.size()) / tile.rows;
-      const ActFormat f = act_format_for(type);
-      const int64_t act_bytes = static_cast<int64_t>(act_row_bytes(f, k));
-      std::vector<uint8_t> act(static_cast<size_t>(act_bytes * tile.tokens));  // [tokens, act_bytes]
-      std::vector<float> x(static_cast<size_t>(k));
-      for (int t = 0; t < tile.tokens; ++t) {
-        for (float& v : x) v = normal(rng);
-        quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
-      }
-      const int64_t ldy = tile.rows + 3;
-      std::vector<float> y(static_cast<size_t>(ldy * tile.tokens), 7.0f);  // [tokens, ldy]
-      tile.fn(w_bytes.data(), row_bytes, act.data(), act_bytes, k, y.data(), ldy);
-      for (int t = 0; t < tile.tokens; ++t) {
-        for (int64_t r = 0; r < ldy; ++r) {
-          const float want = r < tile.rows ? vec_dot(isa, type, w_bytes.data() + r * row_bytes,
-                                                     act.data() + t * act_bytes, k)
-                                           : 7.0f;
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[t * ldy + r]), std::bit_cast<uint32_t>(want))
-              << ggml_type_name(type) << " " << isa_name(isa) << " t=" << t << " r=" << r;
+      const TileKernel narrow = table.tile[static_cast<size_t>(type)];
+      ASSERT_NE(narrow.fn, nullptr) << ggml_type_name(type) << " " << isa_name(isa);
+      const TileKernel wide = table.tile_wide[static_cast<size_t>(type)];
+      for (const TileKernel& tile : {narrow, wide}) {
+        if (tile.fn == nullptr) continue;
+        const int64_t bs = ggml_traits(type).block_size;
+        const int64_t k = bs == 1 ? 96 : 5 * bs;
+        const auto w_bytes = test::random_weights(type, tile.rows, k, rng);
+        const int64_t row_bytes = static_cast<int64_t>(w_bytes.size()) / tile.rows;
+        const ActFormat f = act_format_for(type);
+        const int64_t act_bytes = static_cast<int64_t>(act_row_bytes(f, k));
+        std::vector<uint8_t> act(static_cast<size_t>(act_bytes * tile.tokens));  // [tokens, act_bytes]
+        std::vector<float> x(static_cast<size_t>(k));
+        for (int t = 0; t < tile.tokens; ++t) {
+          for (float& v : x) v = normal(rng);
+          quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
+        }
+        const int64_t ldy = tile.rows + 3;
+        std::vector<float> y(static_cast<size_t>(ldy * tile.tokens), 7.0f);  // [tokens, ldy]
+        tile.fn(w_bytes.data(), row_bytes, act.data(), act_bytes, k, y.data(), ldy);
+        for (int t = 0; t < tile.tokens; ++t) {
+          for (int64_t r = 0; r < ldy; ++r) {
+            const float want = r < tile.rows ? vec_dot(isa, type, w_bytes.data() + r * row_bytes,
+                                                       act.data() + t * act_bytes, k)
+                                             : 7.0f;
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[t * ldy + r]), std::bit_cast<uint32_t>(want))
+                << ggml_type_name(type) << " " << isa_name(isa) << " tokens=" << tile.tokens << " t=" << t
+                << " r=" << r;
+          }
         }
       }
     }

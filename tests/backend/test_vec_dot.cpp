@@ -15,12 +15,14 @@
 //   |simd - ref| <= (k + k / 32 + 24) u S,   S = sum_i |w_i x_i|.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/dequant.h"
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
 #include "random_weights.h"
@@ -187,6 +189,60 @@ TEST(QuantizeAct, RoundTripWithinHalfStep) {
       int s = 0;
       for (int i = 0; i < kQK; ++i) s += blk.qs[i];
       EXPECT_EQ(blk.sum, s);
+    }
+  }
+}
+
+// Every kernel table's activation quantiser writes the scalar reference's bytes: random rows of
+// several magnitudes, an all-zero block, exact ties (x * (1 / d) = n + 0.5 with d = 1) and -0.0.
+TEST(QuantizeAct, SimdEqualsScalarBytes) {
+  std::mt19937 rng(19);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const KernelTable& table = kernel_table(isa);
+    for (ActFormat f : {ActFormat::kQ8_32, ActFormat::kQ8_K}) {
+      const QuantizeActFn fn = table.quantize_act[static_cast<size_t>(f)];
+      ASSERT_NE(fn, nullptr) << isa_name(isa);
+      const int bs = act_block_size(f);
+      const int64_t k = 6 * bs;
+      for (int trial = 0; trial < 20; ++trial) {
+        std::vector<float> x(static_cast<size_t>(k));
+        const float scale = std::ldexp(1.0f, trial - 10);
+        for (float& v : x) v = scale * normal(rng);
+        for (int i = 0; i < bs; ++i) x[static_cast<size_t>(bs + i)] = 0.0f;  // block 1: zeros
+        x[static_cast<size_t>(bs + 3)] = -0.0f;
+        // Block 2: amax 127 (d = 1, 1 / d = 1) and halves, so rounding meets exact ties.
+        for (int i = 0; i < bs; ++i) x[static_cast<size_t>(2 * bs + i)] = static_cast<float>(i % 40) - 20.5f;
+        x[static_cast<size_t>(2 * bs)] = -127.0f;
+        std::vector<uint8_t> want(act_row_bytes(f, k)), got(act_row_bytes(f, k), 0xAB);
+        quantize_act_row(f, x.data(), k, want.data());
+        fn(x.data(), k, got.data());
+        ASSERT_EQ(want, got) << isa_name(isa) << " format " << static_cast<int>(f) << " trial " << trial;
+      }
+    }
+  }
+}
+
+// The AVX-512 q4_K / q6_K dot products compute the AVX2 ones' integers and float expression, so
+// they agree bit for bit (the matmul tiles of both tables rely on the same integers).
+TEST(VecDot, Avx512KQuantsEqualAvx2Bits) {
+  if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+    for (int64_t k : {256, 768, 2048}) {
+      for (int trial = 0; trial < 8; ++trial) {
+        const auto w = test::random_weights(type, 1, k, rng);
+        std::vector<float> x(static_cast<size_t>(k));
+        for (float& v : x) v = normal(rng);
+        std::vector<uint8_t> act(act_row_bytes(ActFormat::kQ8_K, k));
+        quantize_act_row(ActFormat::kQ8_K, x.data(), k, act.data());
+        const float a2 = vec_dot(Isa::kAvx2, type, w.data(), act.data(), k);
+        const float a5 = vec_dot(Isa::kAvx512, type, w.data(), act.data(), k);
+        ASSERT_EQ(std::bit_cast<uint32_t>(a2), std::bit_cast<uint32_t>(a5))
+            << ggml_type_name(type) << " k=" << k;
+      }
     }
   }
 }

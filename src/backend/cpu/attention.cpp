@@ -23,7 +23,7 @@ size_t align64(size_t n) {
 struct Scratch {
   float* kt;   // [kAttnTile, head_dim_k] f32: K tile converted
   float* vt;   // [kAttnTile, head_dim_v] f32: V tile converted
-  float* s;    // [kAttnTile] f32: scores, then probabilities
+  float* s;    // [q_per_kv, kAttnTile] f32: scores, then probabilities (rows nk apart)
   float* m;    // [kAttnQueryTile * q_per_kv] f32: running max
   float* l;    // [kAttnQueryTile * q_per_kv] f32: running sum
   float* acc;  // [kAttnQueryTile * q_per_kv, head_dim_v] f32: running numerator
@@ -33,8 +33,9 @@ size_t scratch_per_thread(const AttnParams& p) {
   const auto rows = static_cast<size_t>(kAttnQueryTile * p.q_per_kv);
   const auto dk = static_cast<size_t>(p.head_dim_k);
   const auto dv = static_cast<size_t>(p.head_dim_v);
-  return align64(kAttnTile * dk * 4) + align64(kAttnTile * dv * 4) + align64(kAttnTile * 4) +
-         2 * align64(rows * 4) + align64(rows * dv * 4);
+  return align64(kAttnTile * dk * 4) + align64(kAttnTile * dv * 4) +
+         align64(static_cast<size_t>(kAttnTile * p.q_per_kv) * 4) + 2 * align64(rows * 4) +
+         align64(rows * dv * 4);
 }
 
 Scratch carve(uint8_t* base, const AttnParams& p) {
@@ -49,7 +50,7 @@ Scratch carve(uint8_t* base, const AttnParams& p) {
   };
   s.kt = take(kAttnTile * dk * 4);
   s.vt = take(kAttnTile * dv * 4);
-  s.s = take(kAttnTile * 4);
+  s.s = take(static_cast<size_t>(kAttnTile * p.q_per_kv) * 4);
   s.m = take(rows * 4);
   s.l = take(rows * 4);
   s.acc = take(rows * dv * 4);
@@ -103,29 +104,31 @@ void run_item(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
         if (p.window > 0) lo = std::max(lo, qpos - p.window + 1);
         if (lo >= hi) continue;
         const int64_t nk = hi - lo;
+        // The G query heads of this KV head: scores together, then each row's online-softmax
+        // update, then the accumulation together (per row the same operations as one at a time).
+        const int64_t r0 = (t - it.t0) * G;
+        ops.scores(q.q + t * q.token_stride + it.kv_head * G * dk, dk, G, kt + (lo - tile_a) * dk, nk, dk,
+                   sc.s);
         for (int64_t g = 0; g < G; ++g) {
-          const int64_t h = it.kv_head * G + g;
-          const int64_t r = (t - it.t0) * G + g;
-          const float* qr = q.q + t * q.token_stride + h * dk;
-          ops.scores(qr, kt + (lo - tile_a) * dk, nk, dk, sc.s);
+          const int64_t r = r0 + g;
+          float* sr = sc.s + g * nk;  // [nk]
           float mt = kNegInf;
           for (int64_t j = 0; j < nk; ++j) {
-            float s = sc.s[j] * p.scale;
+            float s = sr[j] * p.scale;
             if (p.softcap > 0.0f) s = p.softcap * std::tanh(s / p.softcap);
-            sc.s[j] = s;
+            sr[j] = s;
             mt = std::max(mt, s);
           }
-          float* acc = sc.acc + r * dv;
           const float m_new = std::max(sc.m[r], mt);
           if (m_new != sc.m[r] && sc.m[r] != kNegInf) {
             const float c = std::exp(sc.m[r] - m_new);
             sc.l[r] *= c;
-            ops.scale(acc, dv, c);
+            ops.scale(sc.acc + r * dv, dv, c);
           }
           sc.m[r] = m_new;
-          sc.l[r] += ops.exp_sum(sc.s, nk, m_new, sc.s);
-          ops.accumulate(sc.s, vt + (lo - tile_a) * dv, nk, dv, acc);
+          sc.l[r] += ops.exp_sum(sr, nk, m_new, sr);
         }
+        ops.accumulate(sc.s, G, vt + (lo - tile_a) * dv, nk, dv, sc.acc + r0 * dv);
       }
     }
   }
@@ -166,7 +169,9 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
                 scratch.size());
   if (!isa_supported(isa)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", isa_name(isa));
   if (q.n_tokens == 0) return;
-  const AttnTileOps& ops = isa == Isa::kScalar ? attn_tile_ops_ref() : attn_tile_ops_avx2();
+  const AttnTileOps& ops = isa == Isa::kScalar ? attn_tile_ops_ref()
+                           : isa == Isa::kAvx2 ? attn_tile_ops_avx2()
+                                               : attn_tile_ops_avx512();
   const int64_t n_kv = q.n_heads / p.q_per_kv;
   const int64_t n_qt = (q.n_tokens + kAttnQueryTile - 1) / kAttnQueryTile;
   const int64_t n_items = n_kv * n_qt;

@@ -83,12 +83,16 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
 // o_*: [n, dv] f32 rows, lse_*: [n] f32.
 void merge_attention(float* o_a, float* lse_a, const float* o_b, const float* lse_b, int64_t n, int64_t dv);
 
-// The tile kernels one ISA provides (attention_ref.cpp, attention_avx2.cpp).
+// The tile kernels one ISA provides (attention_ref.cpp, attention_avx2.cpp, attention_avx512.cpp).
 struct AttnTileOps {
-  // s[j] = dot(q, k + j * d) for j < n
-  void (*scores)(const float* q, const float* k, int64_t n, int64_t d, float* s);
-  // acc[i] += sum_j p[j] * v[j * dv + i], j in order
-  void (*accumulate)(const float* p, const float* v, int64_t n, int64_t dv, float* acc);
+  // s[r * n + j] = dot(q + r * q_stride, k + j * d) for r < rows, j < n. Several query rows (the
+  // query heads of one KV head) share each key load; every (row, key) value is computed by the
+  // same operations whatever `rows` is.
+  void (*scores)(const float* q, int64_t q_stride, int64_t rows, const float* k, int64_t n, int64_t d,
+                 float* s);
+  // acc[r * dv + i] += sum_j p[r * n + j] * v[j * dv + i], j in order, for r < rows (each element's
+  // chain is the same whatever `rows` is).
+  void (*accumulate)(const float* p, int64_t rows, const float* v, int64_t n, int64_t dv, float* acc);
   // dst[i] = f16 src[i] as f32
   void (*f16_to_f32)(const uint16_t* src, int64_t n, float* dst);
   // x[i] *= c
@@ -99,5 +103,6 @@ struct AttnTileOps {
 
 const AttnTileOps& attn_tile_ops_ref();
 const AttnTileOps& attn_tile_ops_avx2();
+const AttnTileOps& attn_tile_ops_avx512();  // bit-identical to the AVX2 ops (attention_avx512.cpp)
 
 }  // namespace kvtier::cpu

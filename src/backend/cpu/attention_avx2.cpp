@@ -37,62 +37,96 @@ float dot_tail(const float* a, const float* b, int64_t i0, int64_t d) {
   return s;
 }
 
-void scores(const float* q, const float* k, int64_t n, int64_t d, float* s) {
+// One (row, key) score is always an 8-lane FMA chain over the first d8 elements, hsum_f32, plus
+// the scalar tail; NR rows x 4 keys run as 4 NR independent chains, each key load shared by the rows.
+template <int NR>
+void scores_rows(const float* q, int64_t q_stride, const float* k, int64_t n, int64_t d, float* s) {
   const int64_t d8 = d & ~int64_t{7};
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const float* k0 = k + j * d;
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(),
-           a3 = _mm256_setzero_ps();
+    __m256 a[NR][4];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c) a[r][c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < d8; i += 8) {
-      const __m256 vq = _mm256_loadu_ps(q + i);
-      a0 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + i), a0);
-      a1 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + d + i), a1);
-      a2 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + 2 * d + i), a2);
-      a3 = _mm256_fmadd_ps(vq, _mm256_loadu_ps(k0 + 3 * d + i), a3);
+      __m256 vk[4];
+      for (int c = 0; c < 4; ++c) vk[c] = _mm256_loadu_ps(k0 + c * d + i);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 vq = _mm256_loadu_ps(q + r * q_stride + i);
+        for (int c = 0; c < 4; ++c) a[r][c] = _mm256_fmadd_ps(vq, vk[c], a[r][c]);
+      }
     }
-    s[j] = hsum_f32(a0) + dot_tail(q, k0, d8, d);
-    s[j + 1] = hsum_f32(a1) + dot_tail(q, k0 + d, d8, d);
-    s[j + 2] = hsum_f32(a2) + dot_tail(q, k0 + 2 * d, d8, d);
-    s[j + 3] = hsum_f32(a3) + dot_tail(q, k0 + 3 * d, d8, d);
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < 4; ++c)
+        s[r * n + j + c] = hsum_f32(a[r][c]) + dot_tail(q + r * q_stride, k0 + c * d, d8, d);
   }
-  for (; j < n; ++j) {  // same per-key arithmetic as above
+  for (; j < n; ++j) {
     const float* kj = k + j * d;
-    __m256 a0 = _mm256_setzero_ps();
-    for (int64_t i = 0; i < d8; i += 8)
-      a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
-    s[j] = hsum_f32(a0) + dot_tail(q, kj, d8, d);
+    for (int r = 0; r < NR; ++r) {
+      const float* qr = q + r * q_stride;
+      __m256 a0 = _mm256_setzero_ps();
+      for (int64_t i = 0; i < d8; i += 8)
+        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qr + i), _mm256_loadu_ps(kj + i), a0);
+      s[r * n + j] = hsum_f32(a0) + dot_tail(qr, kj, d8, d);
+    }
   }
 }
 
-void accumulate(const float* p, const float* v, int64_t n, int64_t dv, float* acc) {
+void scores(const float* q, int64_t q_stride, int64_t rows, const float* k, int64_t n, int64_t d, float* s) {
+  int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) scores_rows<2>(q + r * q_stride, q_stride, k, n, d, s + r * n);
+  for (; r < rows; ++r) scores_rows<1>(q + r * q_stride, q_stride, k, n, d, s + r * n);
+}
+
+// Element i of a row is always the FMA chain acc[i] = fma(p[j], v[j, i], acc[i]) over j in order;
+// NR rows share each V load, NV registers of 8 elements per row are live (NR x NV chains).
+template <int NR, int NV>
+void accumulate_rows(const float* p, int64_t n, const float* v, int64_t dv, float* acc) {
   const int64_t d8 = dv & ~int64_t{7};
   int64_t i0 = 0;
-  for (; i0 + 32 <= d8; i0 += 32) {  // 4 registers of acc stay live over all keys
-    __m256 r0 = _mm256_loadu_ps(acc + i0), r1 = _mm256_loadu_ps(acc + i0 + 8),
-           r2 = _mm256_loadu_ps(acc + i0 + 16), r3 = _mm256_loadu_ps(acc + i0 + 24);
+  for (; i0 + 8 * NV <= d8; i0 += 8 * NV) {
+    __m256 a[NR][NV];
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NV; ++c) a[r][c] = _mm256_loadu_ps(acc + r * dv + i0 + 8 * c);
     for (int64_t j = 0; j < n; ++j) {
-      const __m256 vp = _mm256_set1_ps(p[j]);
-      const float* vj = v + j * dv + i0;
-      r0 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vj), r0);
-      r1 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vj + 8), r1);
-      r2 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vj + 16), r2);
-      r3 = _mm256_fmadd_ps(vp, _mm256_loadu_ps(vj + 24), r3);
+      __m256 vv[NV];
+      for (int c = 0; c < NV; ++c) vv[c] = _mm256_loadu_ps(v + j * dv + i0 + 8 * c);
+      for (int r = 0; r < NR; ++r) {
+        const __m256 vp = _mm256_set1_ps(p[r * n + j]);
+        for (int c = 0; c < NV; ++c) a[r][c] = _mm256_fmadd_ps(vp, vv[c], a[r][c]);
+      }
     }
-    _mm256_storeu_ps(acc + i0, r0);
-    _mm256_storeu_ps(acc + i0 + 8, r1);
-    _mm256_storeu_ps(acc + i0 + 16, r2);
-    _mm256_storeu_ps(acc + i0 + 24, r3);
+    for (int r = 0; r < NR; ++r)
+      for (int c = 0; c < NV; ++c) _mm256_storeu_ps(acc + r * dv + i0 + 8 * c, a[r][c]);
   }
   for (; i0 < d8; i0 += 8) {
-    __m256 r0 = _mm256_loadu_ps(acc + i0);
-    for (int64_t j = 0; j < n; ++j)
-      r0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(v + j * dv + i0), r0);
-    _mm256_storeu_ps(acc + i0, r0);
+    for (int r = 0; r < NR; ++r) {
+      __m256 a0 = _mm256_loadu_ps(acc + r * dv + i0);
+      for (int64_t j = 0; j < n; ++j)
+        a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[r * n + j]), _mm256_loadu_ps(v + j * dv + i0), a0);
+      _mm256_storeu_ps(acc + r * dv + i0, a0);
+    }
   }
-  for (int64_t i = d8; i < dv; ++i) {
-    for (int64_t j = 0; j < n; ++j) acc[i] = std::fma(p[j], v[j * dv + i], acc[i]);
+  for (int r = 0; r < NR; ++r) {
+    for (int64_t i = d8; i < dv; ++i) {
+      for (int64_t j = 0; j < n; ++j)
+        acc[r * dv + i] = std::fma(p[r * n + j], v[j * dv + i], acc[r * dv + i]);
+    }
   }
+}
+
+void accumulate(const float* p, int64_t rows, const float* v, int64_t n, int64_t dv, float* acc) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4) accumulate_rows<4, 2>(p + r * n, n, v, dv, acc + r * dv);
+  if (rows - r == 3) {
+    accumulate_rows<3, 2>(p + r * n, n, v, dv, acc + r * dv);
+    return;
+  }
+  if (rows - r == 2) {
+    accumulate_rows<2, 4>(p + r * n, n, v, dv, acc + r * dv);
+    return;
+  }
+  if (rows - r == 1) accumulate_rows<1, 4>(p + r * n, n, v, dv, acc + r * dv);
 }
 
 void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst) {

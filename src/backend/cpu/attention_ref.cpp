@@ -7,17 +7,21 @@
 namespace kvtier::cpu {
 namespace {
 
-void scores(const float* q, const float* k, int64_t n, int64_t d, float* s) {
-  for (int64_t j = 0; j < n; ++j) {
-    float acc = 0.0f;
-    for (int64_t i = 0; i < d; ++i) acc += q[i] * k[j * d + i];
-    s[j] = acc;
+void scores(const float* q, int64_t q_stride, int64_t rows, const float* k, int64_t n, int64_t d, float* s) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      float acc = 0.0f;
+      for (int64_t i = 0; i < d; ++i) acc += q[r * q_stride + i] * k[j * d + i];
+      s[r * n + j] = acc;
+    }
   }
 }
 
-void accumulate(const float* p, const float* v, int64_t n, int64_t dv, float* acc) {
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t i = 0; i < dv; ++i) acc[i] += p[j] * v[j * dv + i];
+void accumulate(const float* p, int64_t rows, const float* v, int64_t n, int64_t dv, float* acc) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < dv; ++i) acc[r * dv + i] += p[r * n + j] * v[j * dv + i];
+    }
   }
 }
 

@@ -15,6 +15,7 @@ KernelTable make_table(Isa isa) {
   if (isa == Isa::kAvx512) {
     fill_avx512_kernels(t);  // clears the tiles of the types it overrides
     fill_avx512_tiles(t);
+    fill_avx512_quantize_act(t);
   }
   t.isa = isa;
   return t;

@@ -15,6 +15,10 @@ namespace kvtier::cpu {
 // type's ActFormat (quantize_act.h).
 using VecDotFn = float (*)(const uint8_t* w, const uint8_t* act, int64_t k);
 
+// Quantises one f32 activation row x [k] into its ActFormat (quantize_act.h); every ISA's version
+// writes the same bytes as the scalar quantize_act_row.
+using QuantizeActFn = void (*)(const float* x, int64_t k, uint8_t* dst);
+
 // Float ops, all on contiguous f32 rows of n elements (see float_ops.h for the maths).
 struct FloatKernels {
   void (*rms_norm)(const float* x, const float* w, float eps, int64_t n, float* y);
@@ -53,6 +57,10 @@ struct KernelTable {
   std::array<VecDotFn, kMaxGgmlTypeId> vec_dot{};  // indexed by GgmlType id; null: unsupported
   // Indexed by GgmlType id. A filler that overrides a vec_dot must also set (or clear) its tile.
   std::array<TileKernel, kMaxGgmlTypeId> tile{};
+  // Optional wider tiles (same rows as `tile`, more tokens; same bits): matmul uses them first.
+  std::array<TileKernel, kMaxGgmlTypeId> tile_wide{};
+  // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
+  std::array<QuantizeActFn, 3> quantize_act{};
   FloatKernels fops{};
 };
 
@@ -64,8 +72,10 @@ void fill_scalar_kernels(KernelTable& t);
 void fill_avx2_kernels(KernelTable& t);
 void fill_avx512_kernels(KernelTable& t);
 void fill_avx2_float_kernels(FloatKernels& f);
-void fill_avx2_tiles(KernelTable& t);   // matmul_avx2.cpp (calls fill_avx2_ktiles)
-void fill_avx2_ktiles(KernelTable& t);  // matmul_avx2_kquants.cpp
-void fill_avx512_tiles(KernelTable& t);
+void fill_avx2_tiles(KernelTable& t);           // matmul_avx2.cpp (calls fill_avx2_ktiles)
+void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
+void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
+void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
+void fill_avx512_quantize_act(KernelTable& t);  // quantize_act_avx512.cpp
 
 }  // namespace kvtier::cpu

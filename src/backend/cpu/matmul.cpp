@@ -55,19 +55,24 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
   int64_t act_bytes = w.k * static_cast<int64_t>(sizeof(float));
   if (fmt != ActFormat::kF32) {
     act_bytes = static_cast<int64_t>(act_row_bytes(fmt, w.k));
+    const QuantizeActFn quantize = table.quantize_act[static_cast<size_t>(fmt)];
+    KVTIER_ASSERT(quantize != nullptr, "no activation quantiser for {}", ggml_type_name(w.type));
     const int n_q = static_cast<int>(std::min<int64_t>(pool.size(), n_tokens));
     pool.run(n_q, [&](int part) {
       const Range r = split_range(n_tokens, n_q, part);
-      for (int64_t t = r.begin; t < r.end; ++t)
-        quantize_act_row(fmt, x + t * w.k, w.k, scratch.data() + t * act_bytes);
+      for (int64_t t = r.begin; t < r.end; ++t) quantize(x + t * w.k, w.k, scratch.data() + t * act_bytes);
     });
     act = scratch.data();
   }
 
   // Output rows split over threads in kRowAlign units; within a unit, 32-token tiles; within those,
-  // register tiles of tile.rows x tile.tokens, and single vec_dots on the edges. Every path gives
+  // register tiles (wide.rows x wide.tokens where the type has them, then tile.rows x tile.tokens),
+  // and single vec_dots on the edges. Every path gives
   // vec_dot's bits (kernels.h TileFn), so the split and the tiling never change a result.
   const TileKernel tile = table.tile[static_cast<size_t>(w.type)];
+  const TileKernel wide = table.tile_wide[static_cast<size_t>(w.type)];
+  KVTIER_ASSERT(wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows), "wide tile of {} rows",
+                wide.rows);
   const int n_parts =
       static_cast<int>(std::min<int64_t>(pool.size(), (w.n_rows + kRowAlign - 1) / kRowAlign));
   pool.run(n_parts, [&](int part) {
@@ -81,6 +86,10 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
           for (; r + tile.rows <= r1; r += tile.rows) {
             const uint8_t* wr = w.data + r * row_bytes;
             int64_t t = t0;
+            if (wide.fn != nullptr) {
+              for (; t + wide.tokens <= t1; t += wide.tokens)
+                wide.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
+            }
             for (; t + tile.tokens <= t1; t += tile.tokens)
               tile.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
             for (int64_t rr = r; rr < r + tile.rows; ++rr) {

@@ -13,135 +13,142 @@ namespace {
 
 using namespace avx2;
 
-constexpr int64_t kChunk = 1024;  // elements of k per pass of the float tiles
 using namespace avx512;
 
-template <bool kHalf>
-__m512 load_w16(const uint8_t* w, int64_t i) {
-  if constexpr (kHalf) {
-    return _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + i)));
-  }
-  return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
-}
-
-template <bool kHalf>
-float w_scalar(const uint8_t* w, int64_t i) {
-  if constexpr (kHalf) return unpack_f16(reinterpret_cast<const uint16_t*>(w)[i]);
-  return reinterpret_cast<const float*>(w)[i];
-}
-
-// vec_dot_avx512's float dots keep 4 lane chains (chain c: elements [i + 16c, i + 16c + 16) of each
-// 64-element step, chain 0 also the 16-element tail steps), reduce (c0 + c1) + (c2 + c3), then add a
-// scalar tail. The tile runs the independent chains one after the other with R x T accumulators.
+// Float weights, as vec_dot_avx512's dot_float per (row, token): one 16-lane FMA chain over k,
+// reduce_add, a scalar tail. R x T chains; every weight and activation row is read front to back.
 template <bool kHalf, int R, int T>
 void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
                 float* y, int64_t ldy) {
-  const int64_t main_end = k / 64 * 64;
   const int64_t vec_end = k / 16 * 16;
-  __m512 part[4][R][T];  // [chain][row][token] lane sums, carried across k chunks
-  for (int c = 0; c < 4; ++c)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) part[c][r][t] = _mm512_setzero_ps();
-  auto run_chain = [&](int c, int64_t begin, int64_t end, int64_t stride) {
-    __m512 acc[R][T];
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) acc[r][t] = part[c][r][t];
-    for (int64_t i = begin; i < end; i += stride) {
-      __m512 wv[R];
-      for (int r = 0; r < R; ++r) wv[r] = load_w16<kHalf>(w + r * row_bytes, i);
-      for (int t = 0; t < T; ++t) {
-        const __m512 av = _mm512_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
-        for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
-      }
+  __m512 acc[R][T];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < vec_end; i += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = load_w16<kHalf>(w + r * row_bytes, i);
+    for (int t = 0; t < T; ++t) {
+      const __m512 av = _mm512_loadu_ps(reinterpret_cast<const float*>(act + t * act_bytes) + i);
+      for (int r = 0; r < R; ++r) acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
     }
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < T; ++t) part[c][r][t] = acc[r][t];
-  };
-  // k in chunks whose weights and activations stay in L1 while the 4 chains pass over them; each
-  // chain still adds its steps in increasing i, as vec_dot does.
-  for (int64_t k0 = 0; k0 < main_end; k0 += kChunk) {
-    const int64_t k1 = std::min(main_end, k0 + kChunk);
-    for (int c = 0; c < 4; ++c) run_chain(c, k0 + 16 * c, k1, 64);
   }
-  run_chain(0, main_end, vec_end, 16);
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
       const float* a = reinterpret_cast<const float*>(act + t * act_bytes);
-      float s = reduce_add(_mm512_add_ps(_mm512_add_ps(part[0][r][t], part[1][r][t]),
-                                         _mm512_add_ps(part[2][r][t], part[3][r][t])));
+      float s = reduce_add(acc[r][t]);
       for (int64_t i = vec_end; i < k; ++i) s += w_scalar<kHalf>(w + r * row_bytes, i) * a[i];
       y[t * ldy + r] = s;
     }
   }
 }
 
+// Row-side data of one block pair, prepared once per chunk of pairs and reused by every token group.
+struct PairRow {
+  __m512i q;      // the two blocks' quants (pair_quants)
+  __m512i start;  // VPDPBUSD start value: -128 * each lane's 4 weights (signed types), else 0
+  __m512 dw;      // weight scales, 8 lanes per block
+  float m0, m1;   // q4_1 mins
+};
+
 // As vec_dot_avx512's dot_legacy per (row, token): two blocks per 16-lane FMA step, an odd last block
-// on 256 bits, a scalar min chain (q4_1).
-template <Legacy kType, typename Block, int R, int T>
+// on 256 bits, a scalar min chain (q4_1). R rows x 4 NG tokens: the rows' block pairs are unpacked
+// once per chunk of kPairs pairs into `prep`, then each group of 4 tokens runs over the chunk with
+// its R x 4 accumulators in registers (carried across chunks in `acc`), so each output still adds
+// its block pairs in order.
+template <Legacy kType, typename Block, int R, int NG>
 void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
                  float* y, int64_t ldy) {
+  constexpr int T = 4 * NG;
+  constexpr int64_t kPairs = 8;
   constexpr bool kSigned = kType != Legacy::kQ4_1;
+  constexpr bool kMin = kType == Legacy::kQ4_1;
   const Block* x[R];
   const ActQ8_32* a[T];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
   const int64_t nb = k / kQK;
-  __m512 acc[R][T];
-  float acc_min[R][T];
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm512_setzero_ps();
-      acc_min[r][t] = 0.0f;
-    }
-  }
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    // Signed weights: the activations biased to unsigned (a + 128 in [1, 255]) and the bias taken
-    // out through the start value -128 * (sum of each lane's 4 weights). VPDPBUSD does not saturate,
-    // so each lane is exactly vec_dot's sum of the same 4 products (there: |w| x sign-adjusted a).
-    __m512i av[T];
-    __m512 da[T];
-    for (int t = 0; t < T; ++t) {
-      av[t] = join(load256(a[t][b].qs), load256(a[t][b + 1].qs));
-      if constexpr (kSigned) av[t] = _mm512_xor_si512(av[t], _mm512_set1_epi8(-128));
-      da[t] = join_ps(a[t][b].d, a[t][b + 1].d);
-    }
+  __m512 acc[NG][R][4];  // [group][row][token in group]
+  float acc_min[NG][R][4];
+  for (int g = 0; g < NG; ++g) {
     for (int r = 0; r < R; ++r) {
-      const __m512i q = pair_quants<kType>(x[r][b], x[r][b + 1]);
-      const __m512 dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
-      __m512i start = _mm512_setzero_si512();  // [16] i32
-      if constexpr (kSigned) {
-        start = _mm512_sub_epi32(start, _mm512_dpbusd_epi32(start, _mm512_set1_epi8(-128), q));
-      }
-      for (int t = 0; t < T; ++t) {
-        const __m512i isum =
-            kSigned ? _mm512_dpbusd_epi32(start, av[t], q) : _mm512_dpbusd_epi32(start, q, av[t]);
-        acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, da[t]), acc[r][t]);
-      }
-      if constexpr (kType == Legacy::kQ4_1) {
-        const float m0 = f16(x[r][b].m), m1 = f16(x[r][b + 1].m);
-        for (int t = 0; t < T; ++t) {
-          acc_min[r][t] += (m0 * a[t][b].d) * static_cast<float>(a[t][b].sum);
-          acc_min[r][t] += (m1 * a[t][b + 1].d) * static_cast<float>(a[t][b + 1].sum);
-        }
+      for (int t = 0; t < 4; ++t) {
+        acc[g][r][t] = _mm512_setzero_ps();
+        acc_min[g][r][t] = 0.0f;
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      float s = reduce_add(acc[r][t]);
-      if (b < nb) {  // odd block count: the last block on 256 bits
-        const __m256i q = block_quants<kType>(x[r][b]);
-        const __m256i av = load256(a[t][b].qs);
-        const __m256i isum =
-            kSigned ? dot_s8s8_256(q, av) : _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, av);
-        s += hsum_f32(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[r][b].d) * a[t][b].d)));
-        if constexpr (kType == Legacy::kQ4_1) {
-          acc_min[r][t] += (f16(x[r][b].m) * a[t][b].d) * static_cast<float>(a[t][b].sum);
+  PairRow prep[kPairs][R];
+  for (int64_t b0 = 0; b0 + 2 <= nb; b0 += 2 * kPairs) {
+    const int64_t n_pairs = std::min(kPairs, (nb - b0) / 2);
+    for (int64_t p = 0; p < n_pairs; ++p) {
+      const int64_t b = b0 + 2 * p;
+      for (int r = 0; r < R; ++r) {
+        PairRow& pr = prep[p][r];
+        pr.q = pair_quants<kType>(x[r][b], x[r][b + 1]);
+        pr.start = _mm512_setzero_si512();  // [16] i32
+        if constexpr (kSigned) {
+          // Signed weights: the activations biased to unsigned (a + 128 in [1, 255]) and the bias
+          // taken out through the start value. VPDPBUSD does not saturate, so each lane is exactly
+          // vec_dot's sum of the same 4 products.
+          pr.start = _mm512_sub_epi32(pr.start, _mm512_dpbusd_epi32(pr.start, _mm512_set1_epi8(-128), pr.q));
+        }
+        pr.dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
+        if constexpr (kMin) {
+          pr.m0 = f16(x[r][b].m);
+          pr.m1 = f16(x[r][b + 1].m);
         }
       }
-      y[t * ldy + r] = s + acc_min[r][t];
+    }
+    for (int g = 0; g < NG; ++g) {
+      const ActQ8_32* const* ag = a + 4 * g;
+      __m512 ac[R][4];
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < 4; ++t) ac[r][t] = acc[g][r][t];
+      for (int64_t p = 0; p < n_pairs; ++p) {
+        const int64_t b = b0 + 2 * p;
+        __m512i av[4];
+        __m512 da[4];
+        for (int t = 0; t < 4; ++t) {
+          av[t] = join(load256(ag[t][b].qs), load256(ag[t][b + 1].qs));
+          if constexpr (kSigned) av[t] = _mm512_xor_si512(av[t], _mm512_set1_epi8(-128));
+          da[t] = join_ps(ag[t][b].d, ag[t][b + 1].d);
+        }
+        for (int r = 0; r < R; ++r) {
+          const PairRow& pr = prep[p][r];
+          for (int t = 0; t < 4; ++t) {
+            const __m512i isum = kSigned ? _mm512_dpbusd_epi32(pr.start, av[t], pr.q)
+                                         : _mm512_dpbusd_epi32(pr.start, pr.q, av[t]);
+            ac[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(pr.dw, da[t]), ac[r][t]);
+          }
+          if constexpr (kMin) {
+            for (int t = 0; t < 4; ++t) {
+              acc_min[g][r][t] += (pr.m0 * ag[t][b].d) * static_cast<float>(ag[t][b].sum);
+              acc_min[g][r][t] += (pr.m1 * ag[t][b + 1].d) * static_cast<float>(ag[t][b + 1].sum);
+            }
+          }
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        for (int t = 0; t < 4; ++t) acc[g][r][t] = ac[r][t];
+    }
+  }
+  const int64_t b = nb & ~int64_t{1};  // odd block count: the last block on 256 bits
+  for (int g = 0; g < NG; ++g) {
+    for (int r = 0; r < R; ++r) {
+      for (int t = 0; t < 4; ++t) {
+        const ActQ8_32* at = a[4 * g + t];
+        float s = reduce_add(acc[g][r][t]);
+        float am = acc_min[g][r][t];
+        if (b < nb) {
+          const __m256i q = block_quants<kType>(x[r][b]);
+          const __m256i av = load256(at[b].qs);
+          const __m256i isum =
+              kSigned ? dot_s8s8_256(q, av) : _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, av);
+          s += hsum_f32(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[r][b].d) * at[b].d)));
+          if constexpr (kMin) am += (f16(x[r][b].m) * at[b].d) * static_cast<float>(at[b].sum);
+        }
+        y[(4 * g + t) * ldy + r] = s + am;
+      }
     }
   }
 }
@@ -149,13 +156,22 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
 }  // namespace
 
 void fill_avx512_tiles(KernelTable& t) {
-  auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
+  auto set = [&t](GgmlType type, TileKernel k, TileKernel wide = {}) {
+    t.tile[static_cast<size_t>(type)] = k;
+    t.tile_wide[static_cast<size_t>(type)] = wide;
+  };
   set(GgmlType::kF32, TileKernel{tile_float<false, 4, 4>, 4, 4});
   set(GgmlType::kF16, TileKernel{tile_float<true, 4, 4>, 4, 4});
-  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 4>, 4, 4});
-  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 4>, 4, 4});
-  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 4>, 4, 4});
-  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 4>, 4, 4});
+  // Legacy quants: 4 rows x 4 tokens, and 4 rows x 16 tokens (row unpacking shared by 16 tokens).
+  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 1>, 4, 4},
+      TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 4>, 4, 16});
+  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 1>, 4, 4},
+      TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 4>, 4, 16});
+  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 1>, 4, 4},
+      TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 4>, 4, 16});
+  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 1>, 4, 4},
+      TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 4>, 4, 16});
+  fill_avx512_ktiles(t);
 }
 
 }  // namespace kvtier::cpu

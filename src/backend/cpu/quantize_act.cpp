@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backend/cpu/blocks.h"
+#include "backend/cpu/ref_kernels.h"
 #include "core/error.h"
 
 namespace kvtier::cpu {
@@ -81,27 +82,38 @@ void quantize_act_row(ActFormat format, const float* x, int64_t k, uint8_t* dst)
       std::memcpy(dst, x, static_cast<size_t>(k) * sizeof(float));
       return;
     case ActFormat::kQ8_32:
-      for (int64_t b = 0; b < k / kQK; ++b) {
-        ActQ8_32 blk;
-        blk.d = quantize_group(x + b * kQK, kQK, blk.qs);
-        blk.sum = 0;
-        for (int i = 0; i < kQK; ++i) blk.sum += blk.qs[i];
-        std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
-      }
+      ref::quantize_q8_32(x, k, dst);
       return;
     case ActFormat::kQ8_K:
-      for (int64_t b = 0; b < k / kQKK; ++b) {
-        ActQ8_K blk;
-        blk.d = quantize_group(x + b * kQKK, kQKK, blk.qs);
-        for (int j = 0; j < kQKK / 16; ++j) {
-          int s = 0;
-          for (int i = 0; i < 16; ++i) s += blk.qs[16 * j + i];
-          blk.bsums[j] = static_cast<int16_t>(s);
-        }
-        std::memcpy(dst + b * sizeof(ActQ8_K), &blk, sizeof(blk));
-      }
+      ref::quantize_q8_k(x, k, dst);
       return;
   }
 }
 
+namespace ref {
+
+void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    ActQ8_32 blk;
+    blk.d = quantize_group(x + b * kQK, kQK, blk.qs);
+    blk.sum = 0;
+    for (int i = 0; i < kQK; ++i) blk.sum += blk.qs[i];
+    std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
+  }
+}
+
+void quantize_q8_k(const float* x, int64_t k, uint8_t* dst) {
+  for (int64_t b = 0; b < k / kQKK; ++b) {
+    ActQ8_K blk;
+    blk.d = quantize_group(x + b * kQKK, kQKK, blk.qs);
+    for (int j = 0; j < kQKK / 16; ++j) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += blk.qs[16 * j + i];
+      blk.bsums[j] = static_cast<int16_t>(s);
+    }
+    std::memcpy(dst + b * sizeof(ActQ8_K), &blk, sizeof(blk));
+  }
+}
+
+}  // namespace ref
 }  // namespace kvtier::cpu

@@ -1,7 +1,8 @@
 // Quantisation of f32 activations for the integer dot products: each weight type is paired with
 // one activation format (ActFormat). Activation rows are quantised once per matmul call and reused
-// by every weight row. One scalar implementation serves every ISA, so SIMD and reference dot
-// products see the very same quantised input.
+// by every weight row. quantize_act_row is the scalar reference; the kernel tables' SIMD versions
+// (KernelTable::quantize_act) write the very same bytes (a test holds them to it), so SIMD and
+// reference dot products see the very same quantised input.
 #pragma once
 
 #include <cstddef>

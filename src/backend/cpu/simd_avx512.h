@@ -4,6 +4,10 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
+#include "backend/cpu/block_unpack.h"
 #include "backend/cpu/simd_avx2.h"
 
 namespace kvtier::cpu::avx512 {
@@ -33,6 +37,67 @@ static inline __m256i dot_s8s8_256(__m256i x, __m256i a) {
   const __mmask32 neg = _mm256_movepi8_mask(x);
   const __m256i sa = _mm256_mask_sub_epi8(a, neg, _mm256_setzero_si256(), a);
   return _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(x), sa);
+}
+
+// Float weight rows (f32, or f16 when kHalf): 16 elements from element i as f32, and one element.
+template <bool kHalf>
+static inline __m512 load_w16(const uint8_t* w, int64_t i) {
+  if constexpr (kHalf) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + i)));
+  }
+  return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
+}
+
+template <bool kHalf>
+static inline float w_scalar(const uint8_t* w, int64_t i) {
+  if constexpr (kHalf) {
+    uint16_t h;
+    std::memcpy(&h, w + 2 * i, 2);
+    return unpack_f16(h);
+  }
+  float f;
+  std::memcpy(&f, w + 4 * i, 4);
+  return f;
+}
+
+// K-quants (q4_K, q6_K), 64 elements per step: quants as u8 (q4_K nibbles; q6_K q + 32) and the
+// step's 16-bit sub-block scales, then VPMADDUBSW + VPDPWSSD add scale x (quant x activation) into
+// 16 i32 lanes (exact: pair sums stay within i16, no saturation).
+static constexpr __mmask32 kUpperWords = 0xFFFF0000u;  // 16-bit lanes 16..31 (bytes 32..63)
+
+// q4_K chunk c (32 bytes of qs) -> elements 64c .. 64c + 31 (low nibbles), then 64c + 32 .. + 63.
+static inline __m512i q4k_quants(const uint8_t* qs32) {
+  const __m512i v = _mm512_broadcast_i64x4(avx2::load256(qs32));
+  return _mm512_and_si512(_mm512_mask_srli_epi16(v, kUpperWords, v, 4), _mm512_set1_epi8(0x0F));
+}
+
+// q4_K chunk c's scale permutation: words 0..15 take scale 2c, words 16..31 scale 2c + 1.
+static inline __m512i q4k_scale_idx(int c) {
+  return _mm512_mask_blend_epi16(kUpperWords, _mm512_set1_epi16(static_cast<int16_t>(2 * c)),
+                                 _mm512_set1_epi16(static_cast<int16_t>(2 * c + 1)));
+}
+
+// q6_K step (h, g): elements 128 h + 64 g + [0, 64) as q + 32 in [0, 63].
+static inline __m512i q6k_quants(const uint8_t* ql, const uint8_t* qh, int h, int g) {
+  const __m512i l = _mm512_loadu_si512(ql + 64 * h);
+  const __m512i hb = _mm512_broadcast_i64x4(avx2::load256(qh + 32 * h));
+  __m512i lo, hi;  // low 4 bits; high 2 bits at bits 4..5
+  if (g == 0) {    // elements 0..31 of the half: qh bits 0..1; 32..63: bits 2..3
+    lo = _mm512_and_si512(l, _mm512_set1_epi8(0x0F));
+    hi = _mm512_mask_slli_epi16(_mm512_slli_epi16(hb, 4), kUpperWords, hb, 2);
+  } else {  // elements 64..95: qh bits 4..5; 96..127: bits 6..7
+    lo = _mm512_and_si512(_mm512_srli_epi16(l, 4), _mm512_set1_epi8(0x0F));
+    hi = _mm512_mask_srli_epi16(hb, kUpperWords, hb, 2);
+  }
+  return _mm512_or_si512(lo, _mm512_and_si512(hi, _mm512_set1_epi8(0x30)));
+}
+
+// q6_K step hg = 2h + g: sub-blocks 4 hg .. 4 hg + 3, one per 128-bit block of the scale vector.
+static inline __m512i q6k_scale_idx(int hg) {
+  return _mm512_add_epi16(_mm512_set1_epi16(static_cast<int16_t>(4 * hg)),
+                          _mm512_setr_epi64(0, 0, 0x0001000100010001, 0x0001000100010001, 0x0002000200020002,
+                                            0x0002000200020002, 0x0003000300030003, 0x0003000300030003));
 }
 
 enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };
@@ -68,6 +133,16 @@ template <Legacy kType, typename Block>
 static inline __m512i pair_quants(const Block& x0, const Block& x1) {
   if constexpr (kType == Legacy::kQ4_0) return _mm512_sub_epi8(nibbles_64(x0.qs, x1.qs), _mm512_set1_epi8(8));
   if constexpr (kType == Legacy::kQ4_1) return nibbles_64(x0.qs, x1.qs);
+  if constexpr (kType == Legacy::kQ5_0) {
+    // q - 16 = nibble + 16 * bit - 16: subtract 16 where the fifth bit (bit i of the 64-bit mask,
+    // block 0's qh then block 1's) is clear.
+    uint32_t h0, h1;
+    std::memcpy(&h0, x0.qh, 4);
+    std::memcpy(&h1, x1.qh, 4);
+    const __mmask64 clear = ~((static_cast<uint64_t>(h1) << 32) | h0);
+    const __m512i q = nibbles_64(x0.qs, x1.qs);
+    return _mm512_mask_sub_epi8(q, clear, q, _mm512_set1_epi8(16));
+  }
   return join(block_quants<kType>(x0), block_quants<kType>(x1));
 }
 

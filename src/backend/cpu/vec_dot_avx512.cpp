@@ -1,7 +1,10 @@
 // AVX-512 (+VNNI) dot products for the float types and the legacy quants: two 32-element blocks
 // per 512-bit register, integer sums by VPDPBUSD. The K-quants keep their AVX2 kernels (their
-// per-sub-block scales need 16-bit multiplies; decode is memory-bound, so the wider path gains little).
+// per-sub-block scales need 16-bit multiplies; decode is memory-bound, so the wider path gains little;
+// their AVX-512 matmul tiles, matmul_avx512_kquants.cpp, are bit-identical to the AVX2 vec_dot).
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "backend/cpu/block_unpack.h"
 #include "backend/cpu/kernels.h"
@@ -18,42 +21,17 @@ const T* as(const uint8_t* p) {
   return reinterpret_cast<const T*>(p);
 }
 
-float dot_f32(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  const float* w = as<float>(w8);
+// Float weights: one 16-lane FMA chain over k (then the reduction and a scalar tail), so a matmul
+// tile reads its weight and activation rows front to back, each cache line used whole, with R x T
+// chains in flight (4 interleaved chains per output made the tiles stream every 4th line).
+template <bool kHalf>
+float dot_float(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   const float* a = as<float>(a8);
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
-         acc3 = _mm512_setzero_ps();
+  __m512 acc = _mm512_setzero_ps();
   int64_t i = 0;
-  for (; i + 64 <= k; i += 64) {
-    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), acc0);
-    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 32), _mm512_loadu_ps(a + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i + 48), _mm512_loadu_ps(a + i + 48), acc3);
-  }
-  for (; i + 16 <= k; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), _mm512_loadu_ps(a + i), acc0);
-  float s = reduce_add(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-  for (; i < k; ++i) s += w[i] * a[i];
-  return s;
-}
-
-float dot_f16(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  const uint16_t* w = as<uint16_t>(w8);
-  const float* a = as<float>(a8);
-  auto load16 = [](const uint16_t* p) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  };
-  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(), acc2 = _mm512_setzero_ps(),
-         acc3 = _mm512_setzero_ps();
-  int64_t i = 0;
-  for (; i + 64 <= k; i += 64) {
-    acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(a + i), acc0);
-    acc1 = _mm512_fmadd_ps(load16(w + i + 16), _mm512_loadu_ps(a + i + 16), acc1);
-    acc2 = _mm512_fmadd_ps(load16(w + i + 32), _mm512_loadu_ps(a + i + 32), acc2);
-    acc3 = _mm512_fmadd_ps(load16(w + i + 48), _mm512_loadu_ps(a + i + 48), acc3);
-  }
-  for (; i + 16 <= k; i += 16) acc0 = _mm512_fmadd_ps(load16(w + i), _mm512_loadu_ps(a + i), acc0);
-  float s = reduce_add(_mm512_add_ps(_mm512_add_ps(acc0, acc1), _mm512_add_ps(acc2, acc3)));
-  for (; i < k; ++i) s += unpack_f16(w[i]) * a[i];
+  for (; i + 16 <= k; i += 16) acc = _mm512_fmadd_ps(load_w16<kHalf>(w8, i), _mm512_loadu_ps(a + i), acc);
+  float s = reduce_add(acc);
+  for (; i < k; ++i) s += w_scalar<kHalf>(w8, i) * a[i];
   return s;
 }
 
@@ -97,6 +75,54 @@ float dot_legacy(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   return s + acc_min;
 }
 
+// q4_K and q6_K, 64 elements per step (simd_avx512.h), per super-block the same exact integers and
+// the same float expression as vec_dot_avx2.cpp's dot_q45_k / dot_q6_k, hence the same bits (and
+// the AVX-512 K-quant tiles, built on the same integers, stay bit-identical to these).
+float dot_q4_k(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  const BlockQ4_K* x = as<BlockQ4_K>(w8);
+  const ActQ8_K* a = as<ActQ8_K>(a8);
+  float s = 0.0f;
+  for (int64_t b = 0; b < k / kQKK; ++b) {
+    uint8_t sc[8], mn[8];
+    unpack_scales_mins_k4(x[b].scales, sc, mn);
+    uint64_t sc64;
+    std::memcpy(&sc64, sc, 8);
+    const __m512i sc16 =
+        _mm512_zextsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc64))));
+    __m512i acc = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      const __m512i p =
+          _mm512_maddubs_epi16(q4k_quants(x[b].qs + 32 * c), _mm512_loadu_si512(a[b].qs + 64 * c));
+      acc = _mm512_dpwssd_epi32(acc, p, _mm512_permutexvar_epi16(q4k_scale_idx(c), sc16));
+    }
+    const int msum = min_sum_k4(mn, a[b].bsums);
+    s += (f16(x[b].d) * a[b].d) * static_cast<float>(_mm512_reduce_add_epi32(acc)) -
+         (f16(x[b].dmin) * a[b].d) * static_cast<float>(msum);
+  }
+  return s;
+}
+
+float dot_q6_k(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  const BlockQ6_K* x = as<BlockQ6_K>(w8);
+  const ActQ8_K* a = as<ActQ8_K>(a8);
+  float s = 0.0f;
+  for (int64_t b = 0; b < k / kQKK; ++b) {
+    const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[b].scales)));
+    const __m512i sc16 = _mm512_broadcast_i64x4(sc);
+    __m512i acc = _mm512_setzero_si512();
+    for (int hg = 0; hg < 4; ++hg) {
+      const __m512i q = q6k_quants(x[b].ql, x[b].qh, hg / 2, hg % 2);
+      const __m512i p = _mm512_maddubs_epi16(q, _mm512_loadu_si512(a[b].qs + 64 * hg));
+      acc = _mm512_dpwssd_epi32(acc, p, _mm512_permutexvar_epi16(q6k_scale_idx(hg), sc16));
+    }
+    // The +32 offset: sum_j sc_j * bsum_j (exact in i32).
+    const __m256i corr = _mm256_madd_epi16(sc, avx2::load256(a[b].bsums));
+    const int total = _mm512_reduce_add_epi32(acc) - 32 * avx2::hsum_i32(corr);
+    s += (f16(x[b].d) * a[b].d) * static_cast<float>(total);
+  }
+  return s;
+}
+
 }  // namespace
 
 void fill_avx512_kernels(KernelTable& t) {
@@ -105,13 +131,16 @@ void fill_avx512_kernels(KernelTable& t) {
   auto set = [&t](GgmlType type, VecDotFn fn) {
     t.vec_dot[static_cast<size_t>(type)] = fn;
     t.tile[static_cast<size_t>(type)] = TileKernel{};
+    t.tile_wide[static_cast<size_t>(type)] = TileKernel{};
   };
-  set(GgmlType::kF32, dot_f32);
-  set(GgmlType::kF16, dot_f16);
+  set(GgmlType::kF32, dot_float<false>);
+  set(GgmlType::kF16, dot_float<true>);
   set(GgmlType::kQ4_0, dot_legacy<Legacy::kQ4_0, BlockQ4_0>);
   set(GgmlType::kQ4_1, dot_legacy<Legacy::kQ4_1, BlockQ4_1>);
   set(GgmlType::kQ5_0, dot_legacy<Legacy::kQ5_0, BlockQ5_0>);
   set(GgmlType::kQ8_0, dot_legacy<Legacy::kQ8_0, BlockQ8_0>);
+  set(GgmlType::kQ4_K, dot_q4_k);
+  set(GgmlType::kQ6_K, dot_q6_k);
 }
 
 }  // namespace kvtier::cpu
