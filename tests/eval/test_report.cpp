@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "eval/json_out.h"
 #include "eval/report.h"
@@ -94,6 +96,35 @@ TEST(Report, FilesTablesAndPlots) {
   EXPECT_NE(task_markdown(info(), results(), TaskKind::kNiah, "accuracy/")
                 .find("](accuracy/niah-resident-heatmap.svg)"),
             std::string::npos);
+}
+
+// Every number after `key="` in the SVG.
+std::vector<double> attr_values(const std::string& svg, const std::string& key) {
+  std::vector<double> v;
+  const std::string k = " " + key + "=\"";
+  for (size_t p = svg.find(k); p != std::string::npos; p = svg.find(k, p + 1))
+    v.push_back(std::stod(svg.substr(p + k.size())));
+  return v;
+}
+
+TEST(Report, HeatmapWithOneRowFitsItsCanvas) {
+  // One depth and a long model name: the colour scale, its labels and the title stay inside.
+  Heatmap h;
+  h.title = "passkey: gemma-3-270m-q4_k_m-with-a-long-name (resident)";
+  h.x_labels = {"8k"};
+  h.y_labels = {"50%"};
+  h.values = {{1.0}};
+  const std::string svg = heatmap_svg(h);
+  const double width = attr_values(svg, "width").at(0), height = attr_values(svg, "height").at(0);
+  for (double y : attr_values(svg, "y")) EXPECT_LE(y, height) << svg;  // text baselines and rect tops
+  size_t rect = 0;
+  for (size_t p = svg.find("<rect x="); p != std::string::npos; p = svg.find("<rect x=", p + 1), ++rect) {
+    const std::string r = svg.substr(p, svg.find('>', p) - p);
+    EXPECT_LE(attr_values(r, "y").at(0) + attr_values(r, "height").at(0), height + 1.0) << r;
+  }
+  EXPECT_EQ(rect, 1u + 20u);
+  // About 10.5 px per character of the 15 px bold title.
+  EXPECT_GE(width, 10.5 * static_cast<double>(h.title.size()));
 }
 
 TEST(Report, XmlEscape) {
