@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -81,11 +82,19 @@ LinePlot make_lines(const RunInfo& info, const Results& r, TaskKind t) {
 
 std::string task_markdown(const RunInfo& info, const Results& r, TaskKind t, const std::string& plot_dir) {
   std::string md = fmt::format("### {}\n\n", task_name(t));
-  md += fmt::format("Scoring: {}. {} per cell; max {} new tokens.\n\n", task_scoring(t),
-                    t == TaskKind::kPpl ? fmt::format("{} window(s)", info.samples)
-                                        : fmt::format("{} sample(s)", info.samples),
-                    task_max_new_tokens(t));
   const auto by_len = r.length_cells();
+  // Samples per cell as run (merged runs may differ from cell to cell).
+  int n_min = 0, n_max = 0;
+  for (const Cell& c : task_has_depth(t) ? r.depth_cells() : by_len) {
+    if (c.task != t) continue;
+    n_min = n_max == 0 ? c.n : std::min(n_min, c.n);
+    n_max = std::max(n_max, c.n);
+  }
+  const std::string n_text = n_min == n_max ? fmt::format("{}", n_max) : fmt::format("{}-{}", n_min, n_max);
+  md += fmt::format(
+      "Scoring: {}. {} per cell; max {} new tokens.\n\n", task_scoring(t),
+      t == TaskKind::kPpl ? fmt::format("{} window(s)", n_text) : fmt::format("{} sample(s)", n_text),
+      task_max_new_tokens(t));
   md += t == TaskKind::kPpl ? "| policy |" : "| policy (accuracy %) |";
   std::string rule = "|---|";
   for (int64_t len : info.lengths) {

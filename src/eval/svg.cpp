@@ -64,11 +64,16 @@ std::string xml_escape(const std::string& s) {
 }
 
 std::string heatmap_svg(const Heatmap& h) {
-  const double cw = 64, ch = 30, left = 70, top = 44, bottom = 60, legend = 90;
+  const double cw = 64, top = 44, bottom = 60, legend = 90;
   const double nx = static_cast<double>(h.x_labels.size()), ny = static_cast<double>(h.y_labels.size());
-  // Wide enough for the title (about 9 px per character at 15 px bold).
-  const double w = std::max(left + cw * nx + legend, 9.0 * static_cast<double>(h.title.size()) + 20),
-               ht = top + ch * ny + bottom;
+  // Rows of 30 px, but the grid at least 100 px tall, so that the rotated axis title and the colour
+  // scale (as tall as the grid) fit beside one or two rows.
+  const double gh = std::max(30.0 * ny, 100.0), ch = ny > 0 ? gh / ny : gh;
+  // Wide enough for the title (DejaVu Sans Bold at 15 px: about 10.5 px per character); a grid
+  // narrower than the title is centred under it.
+  const double content = 70 + cw * nx + legend;
+  const double w = std::max(content, 10.5 * static_cast<double>(h.title.size()) + 20), ht = top + gh + bottom;
+  const double dx = (w - content) / 2, left = 70 + dx, axis_x = 16 + dx;
   std::string s = header(w, ht);
   s += text(w / 2, 24, h.title, "middle", 15, "font-weight=\"bold\"");
   for (size_t y = 0; y < h.y_labels.size(); ++y) {
@@ -85,12 +90,12 @@ std::string heatmap_svg(const Heatmap& h) {
     s += text(left - 6, top + ch * (static_cast<double>(y) + 0.5) + 4, h.y_labels[y], "end", 11);
   }
   for (size_t x = 0; x < h.x_labels.size(); ++x)
-    s += text(left + cw * (static_cast<double>(x) + 0.5), top + ch * ny + 16, h.x_labels[x], "middle", 11);
-  s += text(left + cw * nx / 2, top + ch * ny + 40, "context length (tokens)", "middle", 12);
-  s += text(16, top + ch * ny / 2, "needle depth", "middle", 12,
-            fmt::format("transform=\"rotate(-90 16 {:.1f})\"", top + ch * ny / 2).c_str());
+    s += text(left + cw * (static_cast<double>(x) + 0.5), top + gh + 16, h.x_labels[x], "middle", 11);
+  s += text(left + cw * nx / 2, top + gh + 40, "context length (tokens)", "middle", 12);
+  s += text(axis_x, top + gh / 2, "needle depth", "middle", 12,
+            fmt::format("transform=\"rotate(-90 {:.1f} {:.1f})\"", axis_x, top + gh / 2).c_str());
   // Colour scale.
-  const double lx = left + cw * nx + 24, lh = std::max(ch * ny, 100.0);
+  const double lx = left + cw * nx + 24, lh = gh;
   for (int i = 0; i < 20; ++i) {
     s += fmt::format("<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"14\" height=\"{:.2f}\" fill=\"{}\"/>\n", lx,
                      top + lh * i / 20.0, lh / 20.0 + 0.5, heat_color(1.0 - i / 19.0));

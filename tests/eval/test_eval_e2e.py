@@ -69,6 +69,21 @@ def test_same_seed_same_prompts_and_answers(first, tmp_path):
     assert [key(s) for s in again["samples"]] == [key(s) for s in j["samples"]]
 
 
+def test_eval_report_merges_runs(first, tmp_path):
+    # The run split in two JSON files (passkey; niah and vt) and merged back: the same samples and cells.
+    j, _ = first
+    parts = []
+    for name, tasks in (("p", {"passkey"}), ("q", {"niah", "vt"})):
+        part = dict(j, samples=[s for s in j["samples"] if s["task"] in tasks])
+        part["meta"] = dict(j["meta"], tasks=[t for t in j["meta"]["tasks"] if t["name"] in tasks])
+        (tmp_path / f"{name}.json").write_text(json.dumps(part))
+        parts.append(tmp_path / f"{name}.json")
+    run("eval-report", *parts, parts[0], "--json", tmp_path / "m.json", "--report", tmp_path / "rep")
+    m = json.loads((tmp_path / "m.json").read_text())
+    assert m["samples"] == j["samples"] and m["cells"] == j["cells"] and m["overall"] == j["overall"]
+    assert (tmp_path / "rep" / "niah-resident-heatmap.svg").exists()
+
+
 def test_exact_policies_equal_resident(tmp_path):
     assert set(EXACT) <= set(known_policies())
     # Offloaded policies with one KV head per unit and the master copy on disk: answers and NLLs

@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "core/error.h"
 #include "eval/json_out.h"
 #include "eval/report.h"
 #include "eval/svg.h"
@@ -96,6 +99,35 @@ TEST(Report, FilesTablesAndPlots) {
             std::string::npos);
 }
 
+// Every number after `key="` in the SVG.
+std::vector<double> attr_values(const std::string& svg, const std::string& key) {
+  std::vector<double> v;
+  const std::string k = " " + key + "=\"";
+  for (size_t p = svg.find(k); p != std::string::npos; p = svg.find(k, p + 1))
+    v.push_back(std::stod(svg.substr(p + k.size())));
+  return v;
+}
+
+TEST(Report, HeatmapWithOneRowFitsItsCanvas) {
+  // One depth and a long model name: the colour scale, its labels and the title stay inside.
+  Heatmap h;
+  h.title = "passkey: gemma-3-270m-q4_k_m-with-a-long-name (resident)";
+  h.x_labels = {"8k"};
+  h.y_labels = {"50%"};
+  h.values = {{1.0}};
+  const std::string svg = heatmap_svg(h);
+  const double width = attr_values(svg, "width").at(0), height = attr_values(svg, "height").at(0);
+  for (double y : attr_values(svg, "y")) EXPECT_LE(y, height) << svg;  // text baselines and rect tops
+  size_t rect = 0;
+  for (size_t p = svg.find("<rect x="); p != std::string::npos; p = svg.find("<rect x=", p + 1), ++rect) {
+    const std::string r = svg.substr(p, svg.find('>', p) - p);
+    EXPECT_LE(attr_values(r, "y").at(0) + attr_values(r, "height").at(0), height + 1.0) << r;
+  }
+  EXPECT_EQ(rect, 1u + 20u);
+  // About 10.5 px per character of the 15 px bold title.
+  EXPECT_GE(width, 10.5 * static_cast<double>(h.title.size()));
+}
+
 TEST(Report, XmlEscape) {
   EXPECT_EQ(xml_escape("a<b>&\"c\""), "a&lt;b&gt;&amp;&quot;c&quot;");
 }
@@ -120,6 +152,91 @@ TEST(Report, JsonHasSamplesCellsAndMeta) {
     }
   }
   EXPECT_TRUE(saw_ppl);
+}
+
+TEST(Report, JsonReadsBack) {
+  const RunRecord run = run_from_json(results_json(info(), results()));
+  EXPECT_EQ(run.info.model_name, "M");
+  EXPECT_EQ(run.info.tasks, info().tasks);
+  EXPECT_EQ(run.info.depths, info().depths);
+  ASSERT_EQ(run.results.samples().size(), results().samples().size());
+  for (size_t k = 0; k < run.results.samples().size(); ++k) {
+    const SampleResult &a = run.results.samples()[k], &b = results().samples()[k];
+    EXPECT_EQ(a.task, b.task);
+    EXPECT_EQ(a.depth_index, b.depth_index);
+    EXPECT_EQ(a.answer, b.answer);
+    EXPECT_EQ(a.nll_sum, b.nll_sum);
+  }
+  // Same tables from the read-back run.
+  EXPECT_EQ(report_files(run.info, run.results).at("README.md"),
+            report_files(info(), results()).at("README.md"));
+}
+
+TEST(Report, MergesRunsOfOneGrid) {
+  // Two parts of a grid: lengths 1k (depths 0, 1) and 4k (depth 0.5, two samples).
+  RunInfo i1 = info(), i2 = info();
+  i1.policies = i2.policies = {"resident"};
+  i1.tasks = i2.tasks = {TaskKind::kNiah};
+  i1.lengths = {1024};
+  i2.lengths = {4096};
+  i2.depths = {0.5};
+  i2.samples = 2;
+  i1.command = "eval a";
+  i2.command = "eval b";
+  i1.seconds = 10;
+  i2.seconds = 20;
+  Results r1, r2;
+  for (int d = 0; d < 2; ++d) {
+    SampleResult s;
+    s.policy = "resident";
+    s.length = 1024;
+    s.depth_index = d;
+    s.depth = d;
+    s.seed = 10 + d;
+    s.expected = {"1"};
+    s.answer = " 1";
+    s.score = 1.0;
+    r1.add(s);
+  }
+  for (int k = 0; k < 2; ++k) {
+    SampleResult s;
+    s.policy = "resident";
+    s.length = 4096;
+    s.depth_index = 0;
+    s.depth = 0.5;
+    s.index = k;
+    s.seed = 20 + k;
+    s.expected = {"1"};
+    s.answer = k == 0 ? " 1" : " 2";
+    s.score = k == 0 ? 1.0 : 0.0;
+    r2.add(s);
+  }
+  const RunRecord a = run_from_json(results_json(i1, r1)), b = run_from_json(results_json(i2, r2));
+  const RunRecord m = merge_runs({a, b, a});  // a repeated: its samples are kept once
+  EXPECT_EQ(m.info.lengths, (std::vector<int64_t>{1024, 4096}));
+  EXPECT_EQ(m.info.depths, (std::vector<double>{0.0, 0.5, 1.0}));
+  EXPECT_EQ(m.info.samples, 2);
+  EXPECT_EQ(m.info.seconds, 10.0 + 20.0 + 10.0);
+  EXPECT_EQ(m.info.command, "eval a`; `eval b");
+  ASSERT_EQ(m.results.samples().size(), 4u);
+  EXPECT_EQ(m.results.samples()[1].depth_index, 2);  // depth 1 is the third of the merged depths
+  EXPECT_EQ(m.results.samples()[2].depth_index, 1);
+  const std::string md = report_files(m.info, m.results).at("README.md");
+  EXPECT_NE(md.find("1-2 sample(s) per cell"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0% | 100.0 | - |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 50% | - | 50.0 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 100% | 100.0 | - |"), std::string::npos) << md;
+  // The same sample with another answer is an error (runs are deterministic), as are other models.
+  Results changed;
+  for (SampleResult s : r1.samples()) {
+    s.answer = " 3";
+    changed.add(s);
+  }
+  EXPECT_THROW(merge_runs({a, run_from_json(results_json(i1, changed))}), Error);
+  RunInfo other = i2;
+  other.model_name = "N";
+  EXPECT_THROW(merge_runs({a, run_from_json(results_json(other, r2))}), Error);
+  EXPECT_THROW(run_from_json(nlohmann::json{{"meta", 1}}), Error);
 }
 
 TEST(Report, WritesDirectory) {

@@ -1,7 +1,8 @@
 """A small NumPy reference of the llama / qwen2 / gemma3 forward pass, independent of kvtier's C++.
 
-Weights come from the `gguf` package (GGUFReader + gguf.quants.dequantize). The arithmetic follows
-the published model definitions (HF transformers / llama.cpp graphs):
+Weights come from the `gguf` package's dequantisation (gguf.quants.dequantize; the file is parsed by
+read_gguf below). The arithmetic follows the published model definitions (HF transformers /
+llama.cpp graphs):
 
   x = embed(tokens) [* sqrt(n_embd) for gemma3]
   per layer: h = rmsnorm(x) * w; q,k,v = h W (+ b); [gemma3: rmsnorm per head of q, k];
@@ -19,21 +20,97 @@ Two switches reproduce the storage choices an engine makes, so a tight tolerance
 from __future__ import annotations
 
 import math
+import struct
+from types import SimpleNamespace
 
 import numpy as np
-from gguf import GGUFReader, GGMLQuantizationType as T
+from gguf import GGMLQuantizationType as T
+from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize
 
 LEGACY = {T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0}
 KQUANT = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
 
 
-def _field(r: GGUFReader, key: str, default=None):
-    f = r.fields.get(key)
-    if f is None:
-        return default
-    v = f.contents()
-    return v
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_PLAIN = {T.F32: np.float32, T.F16: np.float16}
+
+
+def read_gguf(path: str):
+    """(metadata, tensors) of a GGUF file: metadata maps keys to scalars, strings and lists; tensors maps
+    names to SimpleNamespace(name, tensor_type, shape (GGUF order: shape[0] = row length), data) with
+    data laid out as gguf.GGUFReader gives it (rows of quant blocks as bytes, or plain floats).
+
+    A small parser of the GGUF layout (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md)
+    rather than gguf.GGUFReader, which takes one to two minutes over Gemma-3's 262k-entry tokenizer
+    arrays; dequantisation stays gguf-py's."""
+    buf = np.memmap(path, mode="r")
+    mv = memoryview(buf)
+    off = 0
+
+    def take(fmt):
+        nonlocal off
+        v = struct.unpack_from(fmt, mv, off)[0]
+        off += struct.calcsize(fmt)
+        return v
+
+    def string():
+        nonlocal off
+        n = take("<Q")
+        v = bytes(mv[off:off + n]).decode("utf-8", errors="replace")
+        off += n
+        return v
+
+    def value(vt):
+        nonlocal off
+        if vt == _STRING:
+            return string()
+        if vt == _ARRAY:
+            et, n = take("<I"), take("<Q")
+            if et == _STRING:
+                return [string() for _ in range(n)]
+            if et == _ARRAY:
+                return [value(_ARRAY) for _ in range(n)]
+            dt = np.dtype(_SCALARS[et])
+            arr = np.frombuffer(mv, dtype=dt, count=n, offset=off)
+            off += n * dt.itemsize
+            return arr.tolist()
+        return take(_SCALARS[vt])
+
+    if bytes(mv[0:4]) != b"GGUF":
+        raise ValueError(f"{path}: not a GGUF file")
+    off = 4
+    version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
+    if version not in (2, 3):
+        raise ValueError(f"{path}: GGUF version {version}")
+    meta = {}
+    for _ in range(n_kv):
+        key = string()
+        meta[key] = value(take("<I"))
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        dims = [take("<Q") for _ in range(take("<I"))]
+        infos.append((name, dims, T(take("<I")), take("<Q")))
+    align = int(meta.get("general.alignment", 32))
+    start = (off + align - 1) // align * align
+    tensors = {}
+    for name, dims, qt, rel in infos:
+        n_el = int(np.prod(dims))
+        rows = tuple(reversed(dims))  # numpy order: the row length last
+        if qt in _PLAIN:
+            data = np.frombuffer(mv, dtype=_PLAIN[qt], count=n_el, offset=start + rel).reshape(rows)
+        else:
+            bs, ts = GGML_QUANT_SIZES[qt]
+            data = np.frombuffer(mv, dtype=np.uint8, count=n_el // bs * ts, offset=start + rel)
+            data = data.reshape(rows[:-1] + (rows[-1] // bs * ts,))
+        tensors[name] = SimpleNamespace(name=name, tensor_type=qt, shape=dims, n_elements=n_el, data=data)
+    return meta, tensors
+
+
+def _field(meta: dict, key: str, default=None):
+    return meta.get(key, default)
 
 
 class Matrix:
@@ -61,7 +138,7 @@ def quantize_act(x: np.ndarray, block: int) -> np.ndarray:
 
 class Model:
     def __init__(self, path: str, act_quant: bool = True, kv_f16: bool = True):
-        r = GGUFReader(path)
+        r, tensors = read_gguf(path)
         self.act_quant, self.kv_f16 = act_quant, kv_f16
         arch = _field(r, "general.architecture")
         if arch not in ("llama", "qwen2", "gemma3"):
@@ -79,7 +156,6 @@ class Model:
         self.base = float(g("rope.freq_base", 10000.0))
         self.window = int(g("attention.sliding_window", 0) or 0)
         self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
-        tensors = {t.name: t for t in r.tensors}
         self.t = tensors
         vec = lambda n: np.asarray(dequantize(tensors[n].data, tensors[n].tensor_type), np.float32).reshape(-1)  # noqa
         self.tok_embd = Matrix(tensors["token_embd.weight"])

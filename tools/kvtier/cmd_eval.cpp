@@ -2,6 +2,7 @@
 //             [--samples N] [--seed S] [--json FILE] [--report DIR] [--text FILE] [--expect-equal]
 // Long-context accuracy of KV policies: the src/eval harness run through the generation engine
 // (greedy decoding). Progress goes to stderr, one line per sample with an ETA.
+// kvtier eval-report RUN.json... [--json FILE] [--report DIR]: one report from several runs' JSON.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -288,9 +289,42 @@ int run_eval_cmd(const EvalArgs& a) {
   return status;
 }
 
+// kvtier eval-report RUN.json... [--json FILE] [--report DIR]: one report from the JSON files of
+// earlier runs (a grid run in parts), without a model.
+int run_eval_report_cmd(const std::vector<std::string>& inputs, const std::string& json,
+                        const std::string& report) {
+  std::vector<eval::RunRecord> runs;
+  for (const std::string& path : inputs) runs.push_back(eval::read_json_file(path));
+  const eval::RunRecord merged = eval::merge_runs(runs);
+  if (!json.empty()) eval::write_json_file(json, eval::results_json(merged.info, merged.results));
+  if (!report.empty()) eval::write_report(report, merged.info, merged.results);
+  std::printf("%zu runs, %zu samples\n", runs.size(), merged.results.samples().size());
+  for (const eval::Cell& c : merged.results.overall()) {
+    std::printf("%-10s %-10s %s %.4f\n", std::string(eval::task_name(c.task)).c_str(), c.policy.c_str(),
+                c.task == eval::TaskKind::kPpl ? "perplexity" : "accuracy", c.value);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_eval(CLI::App& app, Runner& run) {
+  {
+    struct ReportArgs {
+      std::vector<std::string> inputs;
+      std::string json, report;
+    };
+    auto r = std::make_shared<ReportArgs>();
+    CLI::App* cmd = app.add_subcommand(
+        "eval-report", "One eval report from the JSON files of several runs (a grid run in parts), no model");
+    cmd->add_option("runs", r->inputs, "JSON files written by kvtier eval --json")
+        ->required()
+        ->check(CLI::ExistingFile);
+    cmd->add_option("--json", r->json, "write the merged samples, cells and metadata to this JSON file");
+    cmd->add_option("--report", r->report, "write README.md tables and SVG plots into this directory");
+    cmd->callback([&run, r] { run = [r] { return run_eval_report_cmd(r->inputs, r->json, r->report); }; });
+  }
+
   auto a = std::make_shared<EvalArgs>();
   CLI::App* cmd =
       app.add_subcommand("eval", "Long-context accuracy of KV policies (ppl, passkey, niah, vt, cwe)");
