@@ -159,9 +159,10 @@ TEST(Report, JsonReadsBack) {
   EXPECT_EQ(run.info.model_name, "M");
   EXPECT_EQ(run.info.tasks, info().tasks);
   EXPECT_EQ(run.info.depths, info().depths);
-  ASSERT_EQ(run.results.samples().size(), results().samples().size());
+  const Results expected = results();  // held: the samples below refer into it
+  ASSERT_EQ(run.results.samples().size(), expected.samples().size());
   for (size_t k = 0; k < run.results.samples().size(); ++k) {
-    const SampleResult &a = run.results.samples()[k], &b = results().samples()[k];
+    const SampleResult &a = run.results.samples()[k], &b = expected.samples()[k];
     EXPECT_EQ(a.task, b.task);
     EXPECT_EQ(a.depth_index, b.depth_index);
     EXPECT_EQ(a.answer, b.answer);
