@@ -34,6 +34,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "python"))
 import kvtier_testlib as kt  # noqa: E402
 import reference  # noqa: E402
+import llamacpp_golden  # noqa: E402
+from llamacpp_golden import log_softmax  # noqa: E402
 
 try:
     import llama_cpp  # noqa: F401
@@ -79,12 +81,6 @@ def numpy_forward(name, ids):
             m.matmul_f64 = False
         _fwd_cache[key] = (r32, r64)
     return _fwd_cache[key]
-
-
-def log_softmax(x):
-    x = x.astype(np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
 
 def kl_div(p_logits, q_logits):
@@ -203,25 +199,10 @@ def test_perplexity_vs_numpy_reference(name):
 @pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python not installed (scripts/setup.sh --with-llama-cpp)")
 @pytest.mark.parametrize("name", MODELS)
 def test_perplexity_vs_llama_cpp(name):
-    n_ctx = 256
-    ours = kt.run_json("perplexity", "-m", kt.model(name), "-f", DATA / "declaration.txt", "--ctx", n_ctx,
-                       "--threads", 2, "--json")
-    llm = llama_cpp.Llama(model_path=str(kt.model(name)), n_ctx=n_ctx, n_batch=n_ctx, logits_all=True,
-                          n_threads=2, verbose=False)
-    tokens = llm.tokenize(TEXT.encode(), add_bos=True, special=False)
-    add_bos = llm._model.add_bos_token() if hasattr(llm._model, "add_bos_token") else tokens[0] == llm.token_bos()
-    nll, count = 0.0, 0
-    for w in range(len(tokens) // n_ctx):
-        seq = tokens[w * n_ctx:(w + 1) * n_ctx]
-        if add_bos:
-            seq[0] = llm.token_bos()
-        llm.reset()
-        llm.eval(seq)
-        lp = log_softmax(np.array(llm.scores[:n_ctx], dtype=np.float32))
-        for j in range(n_ctx // 2, n_ctx - 1):
-            nll -= lp[j, tokens[w * n_ctx + j + 1]]
-            count += 1
-    ref = float(np.exp(nll / count))
-    print(f"{name}: perplexity ours {ours['perplexity']:.4f} llama.cpp {ref:.4f} ({ours['n_windows']} windows)")
-    assert ours["n_scored"] == count
-    assert abs(ours["perplexity"] / ref - 1) <= 0.01
+    ours = kt.run_json("perplexity", "-m", kt.model(name), "-f", DATA / "declaration.txt", "--ctx",
+                       llamacpp_golden.N_CTX_PPL, "--threads", 2, "--json")
+    ref = llamacpp_golden.perplexity(kt.model(name), TEXT)  # the same method as the recorded file's
+    print(f"{name}: perplexity ours {ours['perplexity']:.4f} llama.cpp {ref['perplexity']:.4f} "
+          f"({ours['n_windows']} windows)")
+    assert ours["n_scored"] == ref["n_scored"]
+    assert abs(ours["perplexity"] / ref["perplexity"] - 1) <= 0.01
