@@ -25,15 +25,13 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "python"))
 import kvtier_testlib as kt  # noqa: E402
-from test_reference_models import CHUNK, MODELS, PROMPTS, numpy_forward  # noqa: E402
+from test_reference_models import CHUNK, MODELS, PROMPTS, numpy_forward, tie_tolerance  # noqa: E402
 
 N_GEN = 64
 GREEDY_PROMPTS = PROMPTS[:2]  # the short ones; the 85-token prompt is covered by the logits test
 
 
-def tolerance(spread):
-    """Top-1 margin below which the reference cannot tell its top tokens apart (check_close's `sure`)."""
-    return np.maximum(1.0, 1.5 * spread)
+tolerance = tie_tolerance  # check_close's rule for a position the reference is sure of
 
 
 def compare_greedy(ref32, ref64, n_prompt, generated):

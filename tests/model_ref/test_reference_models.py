@@ -88,12 +88,18 @@ def kl_div(p_logits, q_logits):
     return (np.exp(lp) * (lp - lq)).sum(axis=1)
 
 
+def tie_tolerance(spread):
+    """Top-1 margin below which the reference cannot tell its top tokens apart (spread: its f32-f64
+    max |dlogit| at that position)."""
+    return np.maximum(1.0, 1.5 * spread)
+
+
 def check_close(ours, ref, floor, spread, what):
     """floor: per-position KL of the reference against a second opinion (its own f64 run);
     spread: per-position max |dlogit| between the two."""
     kl = kl_div(ref, ours)
     s = np.sort(ref, axis=1)
-    sure = s[:, -1] - s[:, -2] >= np.maximum(1.0, 1.5 * spread)
+    sure = s[:, -1] - s[:, -2] >= tie_tolerance(spread)
     top1 = ours.argmax(axis=1) == ref.argmax(axis=1)
     print(f"{what}: max|d| {np.abs(ours - ref).max():.3f} KL max {kl.max():.4f} mean {kl.mean():.5f} "
           f"(floor max {floor.max():.4f} mean {floor.mean():.5f}), top-1 agree {top1.mean():.3f}")
