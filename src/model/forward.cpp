@@ -66,15 +66,20 @@ Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_toke
   mm_scratch_.resize(b.matmul_bytes);
 }
 
-kv::KvGeometry Forward::kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, uint32_t group_heads) const {
+kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::KvDtype dtype,
+                           uint32_t group_heads) {
   kv::KvGeometry g;
-  for (const auto& l : cfg_.layers) g.n_head_kv.push_back(l.n_head_kv);
-  g.head_dim_k = cfg_.head_dim_k;
-  g.head_dim_v = cfg_.head_dim_v;
+  for (const auto& l : cfg.layers) g.n_head_kv.push_back(l.n_head_kv);
+  g.head_dim_k = cfg.head_dim_k;
+  g.head_dim_v = cfg.head_dim_v;
   g.block_tokens = block_tokens;
   g.group_heads = group_heads;
   g.dtype = dtype;
   return g;
+}
+
+kv::KvGeometry Forward::kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, uint32_t group_heads) const {
+  return model::kv_geometry(cfg_, block_tokens, dtype, group_heads);
 }
 
 void Forward::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y) {

@@ -44,6 +44,10 @@ struct ForwardBuffers {
 };
 ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens);
 
+// The KV geometry of a model (block size and dtype as given; group_heads 0: all of a layer's heads).
+kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::KvDtype dtype,
+                           uint32_t group_heads = 0);
+
 class Forward {
  public:
   Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool, cpu::Isa isa,

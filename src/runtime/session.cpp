@@ -37,13 +37,7 @@ int64_t logit_rows(const model::ModelConfig& cfg, int64_t chunk) {
 }
 
 kv::KvGeometry kv_geometry(const model::ModelConfig& cfg, const SessionOptions& o) {
-  kv::KvGeometry g;
-  for (const auto& l : cfg.layers) g.n_head_kv.push_back(l.n_head_kv);
-  g.head_dim_k = cfg.head_dim_k;
-  g.head_dim_v = cfg.head_dim_v;
-  g.block_tokens = o.kv_block_tokens;
-  g.dtype = o.kv_dtype;
-  return g;
+  return model::kv_geometry(cfg, o.kv_block_tokens, o.kv_dtype);
 }
 
 }  // namespace
