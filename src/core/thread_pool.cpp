@@ -5,6 +5,29 @@
 #include "core/error.h"
 
 namespace kvtier {
+namespace {
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Polls `done` for up to `budget`; true if it became true. The clock is read every 64 polls.
+template <class Done>
+bool spin_until(std::chrono::microseconds budget, Done done) {
+  if (budget.count() <= 0) return done();
+  const auto deadline = std::chrono::steady_clock::now() + budget;
+  for (uint32_t i = 1;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) return done();
+  }
+}
+
+}  // namespace
 
 Range split_range(int64_t total, int n_parts, int part, int64_t align) {
   KVTIER_ASSERT(n_parts >= 1 && part >= 0 && part < n_parts && align >= 1 && total >= 0);
@@ -16,7 +39,7 @@ Range split_range(int64_t total, int n_parts, int part, int64_t align) {
   return {std::min(total, u0 * align), std::min(total, u1 * align)};
 }
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
+ThreadPool::ThreadPool(int n_threads, std::chrono::microseconds spin) : n_threads_(n_threads), spin_(spin) {
   if (n_threads < 1)
     fail(ErrorKind::kInvalidArgument, "thread pool needs at least 1 thread, got {}", n_threads);
   workers_.reserve(n_threads - 1);
@@ -24,9 +47,10 @@ ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads) {
 }
 
 ThreadPool::~ThreadPool() {
+  stop_.store(true);
+  run_word_.fetch_add(uint64_t{1} << 32);
   {
-    std::lock_guard lock(mutex_);
-    stop_ = true;
+    std::lock_guard lock(mutex_);  // a worker between its last check and its wait holds the mutex
   }
   start_cv_.notify_all();
   for (auto& t : workers_) t.join();
@@ -34,51 +58,79 @@ ThreadPool::~ThreadPool() {
 
 void ThreadPool::run(int n, const std::function<void(int)>& fn) {
   KVTIER_ASSERT(n >= 0 && n <= n_threads_, "run({}) on a pool of {} threads", n, n_threads_);
+  KVTIER_ASSERT(job_ == nullptr, "ThreadPool::run called while another run is in progress");
   if (n == 0) return;
-  {
-    std::lock_guard lock(mutex_);
-    KVTIER_ASSERT(job_ == nullptr, "ThreadPool::run called while another run is in progress");
-    job_ = &fn;
-    n_active_ = n;
-    pending_ = n - 1;
-    error_ = nullptr;
-    ++generation_;
+  if (n == 1) {  // the caller alone: no hand-off
+    fn(0);
+    return;
   }
-  if (n > 1) start_cv_.notify_all();
+  job_ = &fn;
+  pending_.store(n - 1, std::memory_order_relaxed);
+  // Publishes job_ and pending_ to every worker that observes the new word.
+  const uint64_t counter = (run_word_.load(std::memory_order_relaxed) >> 32) + 1;
+  run_word_.store((counter << 32) | static_cast<uint32_t>(n));
+  // Sequentially consistent with the worker's `sleeping_workers_` increment followed by its
+  // re-check of `run_word_`: either it sees the new run or we see it asleep and wake it.
+  if (sleeping_workers_.load() > 0) {
+    std::lock_guard lock(mutex_);
+    start_cv_.notify_all();
+  }
   std::exception_ptr own_error;
   try {
     fn(0);
   } catch (...) {
     own_error = std::current_exception();
   }
-  std::unique_lock lock(mutex_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
+  wait_for_workers();
   job_ = nullptr;
-  std::exception_ptr err = own_error ? own_error : error_;
-  error_ = nullptr;
-  lock.unlock();
+  std::exception_ptr err;
+  {
+    std::lock_guard lock(mutex_);
+    err = own_error ? own_error : error_;
+    error_ = nullptr;
+  }
   if (err) std::rethrow_exception(err);
+}
+
+void ThreadPool::wait_for_workers() {
+  auto finished = [this] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (spin_until(spin_, finished)) return;
+  std::unique_lock lock(mutex_);
+  caller_sleeping_.store(true);
+  done_cv_.wait(lock, finished);
+  caller_sleeping_.store(false);
 }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
-  std::unique_lock lock(mutex_);
   for (;;) {
-    start_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
-    seen = generation_;
-    if (index >= n_active_) continue;
-    const std::function<void(int)>* job = job_;
-    lock.unlock();
-    std::exception_ptr err;
-    try {
-      (*job)(index);
-    } catch (...) {
-      err = std::current_exception();
+    uint64_t word = seen;
+    auto started = [&] {
+      word = run_word_.load(std::memory_order_acquire);
+      return word != seen;
+    };
+    if (!spin_until(spin_, started)) {
+      std::unique_lock lock(mutex_);
+      sleeping_workers_.fetch_add(1);
+      start_cv_.wait(lock, started);
+      sleeping_workers_.fetch_sub(1);
     }
-    lock.lock();
-    if (err && !error_) error_ = err;
-    if (--pending_ == 0) done_cv_.notify_one();
+    seen = word;
+    if (stop_.load()) return;
+    // A worker outside this run may be passed over by the next runs; it only ever acts on a word it
+    // loaded, so it never reads a half-published run.
+    if (index >= static_cast<int>(static_cast<uint32_t>(word))) continue;
+    try {
+      (*job_)(index);
+    } catch (...) {
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    // The last worker to finish wakes the caller if it stopped polling (same argument as in run()).
+    if (pending_.fetch_sub(1) == 1 && caller_sleeping_.load()) {
+      std::lock_guard lock(mutex_);
+      done_cv_.notify_one();
+    }
   }
 }
 

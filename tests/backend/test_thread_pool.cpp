@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -88,6 +89,53 @@ TEST(ThreadPool, ExceptionsReachTheCaller) {
   std::atomic<int> again{0};
   pool.run(3, [&](int) { ++again; });
   EXPECT_EQ(again.load(), 3);
+}
+
+// Hand-off under each waiting mode: no polling (every hand-off sleeps), the default polling, and
+// polling with pauses between runs longer than the poll, so workers fall asleep and are woken.
+TEST(ThreadPool, HandOffSleepingAndPolling) {
+  using std::chrono::microseconds;
+  for (const microseconds spin : {microseconds{0}, ThreadPool::kDefaultSpin, microseconds{20}}) {
+    for (int n = 2; n <= 4; ++n) {
+      ThreadPool pool(n, spin);
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      int64_t expected_total = 0;
+      for (int round = 0; round < 2000; ++round) {
+        const int used = 1 + round % n;  // a varying task count leaves some workers out of a run
+        pool.run(used, [&](int i) { ++hits[static_cast<size_t>(i)]; });
+        expected_total += used;
+        if (spin.count() == 20 && round % 100 == 0) std::this_thread::sleep_for(microseconds{300});
+      }
+      int64_t total = 0;
+      for (int i = 0; i < n; ++i) {
+        int expect = 0;
+        for (int round = 0; round < 2000; ++round) expect += (i < 1 + round % n) ? 1 : 0;
+        EXPECT_EQ(hits[static_cast<size_t>(i)], expect) << "task " << i << ", spin " << spin.count();
+        total += hits[static_cast<size_t>(i)];
+      }
+      EXPECT_EQ(total, expected_total);
+    }
+  }
+}
+
+// Results written by workers are visible to the caller when run() returns, in every waiting mode.
+TEST(ThreadPool, WorkersWritesVisibleAfterRun) {
+  for (const auto spin : {std::chrono::microseconds{0}, ThreadPool::kDefaultSpin}) {
+    ThreadPool pool(2, spin);
+    std::vector<uint64_t> out(2, 0);
+    for (uint64_t round = 1; round <= 5000; ++round) {
+      pool.run(2, [&](int i) { out[static_cast<size_t>(i)] = round * 2 + static_cast<uint64_t>(i); });
+      ASSERT_EQ(out[1], round * 2 + 1);
+    }
+  }
+}
+
+// A pool that was never used, or is idle and asleep, shuts down promptly.
+TEST(ThreadPool, ShutsDownWhenIdle) {
+  { ThreadPool unused(4); }
+  ThreadPool pool(3, std::chrono::microseconds{10});
+  pool.run(3, [](int) {});
+  std::this_thread::sleep_for(std::chrono::milliseconds{5});
 }
 
 }  // namespace
