@@ -14,14 +14,14 @@ namespace kvtier::cpu {
 namespace {
 
 struct Problem {
-  int64_t n_kv = 2, G = 3, dk = 24, dv = 16, n_ctx = 150, n_q = 37;
+  int64_t n_kv = 2, G = 3, dk = 24, dv = 16, n_ctx, n_q = 37;
   KvDtype dtype = KvDtype::kF32;
   std::vector<float> q;  // [n_q, n_kv * G, dk]
   std::vector<float> k;  // [n_kv][n_ctx, dk]
   std::vector<float> v;  // [n_kv][n_ctx, dv]
   std::vector<uint16_t> k16, v16;
 
-  explicit Problem(uint64_t seed, KvDtype dt = KvDtype::kF32) : dtype(dt) {
+  explicit Problem(uint64_t seed, KvDtype dt = KvDtype::kF32, int64_t ctx = 150) : n_ctx(ctx), dtype(dt) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     q.resize(static_cast<size_t>(n_q * n_kv * G * dk));
@@ -225,6 +225,59 @@ TEST(Attention, ExactAcrossHeadGroupsThreadsQueryBatchesAndSpanCuts) {
       }
     }
   }
+}
+
+// A context of several key chunks (kAttnChunk): decode-sized calls take the chunk-parallel path,
+// larger ones compute the chunks one after another; both must give the same bits, and the naive
+// softmax's values.
+TEST(Attention, LongContextChunksExactAndCorrect) {
+  const int64_t ctx = 3 * kAttnChunk + 77;
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16}) {
+    const Problem p(5, dt, ctx);
+    const std::vector<int64_t> blocks = {64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832};
+    for (Isa isa : isas()) {
+      for (int64_t window : {int64_t{0}, int64_t{300}}) {
+        for (float cap : {0.0f, 5.0f}) {
+          const AttnParams a = params(p, window, cap);
+          const int64_t pos0 = p.n_ctx - p.n_q;
+          const Result base = run(p, a, p.spans(blocks), 1, isa, pos0);
+          expect_near(base, naive(p, a, pos0), 2e-5f);
+          for (int threads : {2, 3}) {
+            SCOPED_TRACE(testing::Message()
+                         << "threads " << threads << " window " << window << " cap " << cap);
+            expect_identical(run(p, a, p.spans(blocks), threads, isa, pos0), base);
+            Result one;  // decode: one query per call, chunks over the threads
+            for (int64_t t = 0; t < p.n_q; ++t)
+              run(p, a, p.spans(blocks), threads, isa, pos0, 0, -1, t, t + 1, &one);
+            expect_identical(one, base);
+            Result per_head_one;  // a head-wise policy's decode: one KV head per call
+            for (int64_t t = 0; t < p.n_q; ++t) {
+              for (int64_t j = 0; j < p.n_kv; ++j)
+                run(p, a, p.spans({}), threads, isa, pos0, j * p.G, (j + 1) * p.G, t, t + 1, &per_head_one);
+            }
+            expect_identical(per_head_one, base);
+            Result threes;  // small batches (at most the parallel path's token count)
+            for (int64_t t = 0; t < p.n_q; t += 3)
+              run(p, a, p.spans({96, 288, 544}), threads, isa, pos0, 0, -1, t, std::min(p.n_q, t + 3),
+                  &threes);
+            expect_identical(threes, base);
+            Result sevens;  // chunked prefill: chunks one after another on a thread
+            for (int64_t t = 0; t < p.n_q; t += 7)
+              run(p, a, p.spans({}), threads, isa, pos0, 0, -1, t, std::min(p.n_q, t + 7), &sevens);
+            expect_identical(sevens, base);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Attention, SpansOutOfOrderAreRefused) {
+  const Problem p(6);
+  const AttnParams a = params(p);
+  auto sp = p.spans({64});
+  std::swap(sp[0], sp[1]);
+  EXPECT_DEATH(run(p, a, sp, 1, Isa::kScalar, p.n_ctx - p.n_q), "out of order");
 }
 
 TEST(Attention, MergeOfDisjointPartsEqualsTheWhole) {

@@ -19,29 +19,50 @@ size_t align64(size_t n) {
   return (n + 63) & ~size_t{63};
 }
 
-// Per-thread scratch carved from the caller's buffer.
+// The chunk-parallel path (attend): calls of at most kSplitTokens query tokens; each thread holds up
+// to kSlotsPerThread finished chunks of kSplitTokens * q_per_kv rows at once.
+constexpr int64_t kSplitTokens = 4;
+constexpr int64_t kSlotsPerThread = 16;
+static_assert(kSlotsPerThread * kSplitTokens >= kAttnQueryTile, "the slots hold one whole item's rows");
+static_assert(2 * kSplitTokens <= kAttnQueryTile, "run_lse holds two split heads' rows");
+
+// Per-thread scratch carved from the caller's buffer. R = kAttnQueryTile * q_per_kv query rows,
+// S = kSplitTokens * q_per_kv.
 struct Scratch {
-  float* kt;   // [kAttnTile, head_dim_k] f32: K tile converted
-  float* vt;   // [kAttnTile, head_dim_v] f32: V tile converted
-  float* s;    // [q_per_kv, kAttnTile] f32: scores, then probabilities (rows nk apart)
-  float* m;    // [kAttnQueryTile * q_per_kv] f32: running max
-  float* l;    // [kAttnQueryTile * q_per_kv] f32: running sum
-  float* acc;  // [kAttnQueryTile * q_per_kv, head_dim_v] f32: running numerator
+  float* kt;        // [kAttnTile, head_dim_k] f32: K tile converted
+  float* vt;        // [kAttnTile, head_dim_v] f32: V tile converted
+  float* s;         // [q_per_kv, kAttnTile] f32: scores, then probabilities (rows nk apart)
+  float* m;         // [R] f32: running max of the chunk being computed
+  float* l;         // [R] f32: running sum
+  float* acc;       // [R, head_dim_v] f32: running numerator
+  float* run_lse;   // [R] f32: lse of the chunks merged so far (chunk-parallel: [2][S], two heads)
+  float* part_o;    // [kSlotsPerThread][S, head_dim_v] f32: finished chunks' outputs (one item: [R, dv])
+  float* part_lse;  // [kSlotsPerThread][S] f32: finished chunks' lse (one item: [R])
 };
 
+size_t rows_per_item(const AttnParams& p) {
+  return static_cast<size_t>(kAttnQueryTile * p.q_per_kv);
+}
+
+size_t rows_per_slot(const AttnParams& p) {
+  return static_cast<size_t>(kSplitTokens * p.q_per_kv);
+}
+
 size_t scratch_per_thread(const AttnParams& p) {
-  const auto rows = static_cast<size_t>(kAttnQueryTile * p.q_per_kv);
+  const size_t rows = rows_per_item(p);
   const auto dk = static_cast<size_t>(p.head_dim_k);
   const auto dv = static_cast<size_t>(p.head_dim_v);
+  const size_t slot_rows = static_cast<size_t>(kSlotsPerThread) * rows_per_slot(p);
   return align64(kAttnTile * dk * 4) + align64(kAttnTile * dv * 4) +
-         align64(static_cast<size_t>(kAttnTile * p.q_per_kv) * 4) + 2 * align64(rows * 4) +
-         align64(rows * dv * 4);
+         align64(static_cast<size_t>(kAttnTile * p.q_per_kv) * 4) + 3 * align64(rows * 4) +
+         align64(rows * dv * 4) + align64(slot_rows * dv * 4) + align64(slot_rows * 4);
 }
 
 Scratch carve(uint8_t* base, const AttnParams& p) {
-  const auto rows = static_cast<size_t>(kAttnQueryTile * p.q_per_kv);
+  const size_t rows = rows_per_item(p);
   const auto dk = static_cast<size_t>(p.head_dim_k);
   const auto dv = static_cast<size_t>(p.head_dim_v);
+  const size_t slot_rows = static_cast<size_t>(kSlotsPerThread) * rows_per_slot(p);
   Scratch s{};
   auto take = [&](size_t bytes) {
     auto* f = reinterpret_cast<float*>(base);
@@ -54,6 +75,9 @@ Scratch carve(uint8_t* base, const AttnParams& p) {
   s.m = take(rows * 4);
   s.l = take(rows * 4);
   s.acc = take(rows * dv * 4);
+  s.run_lse = take(rows * 4);
+  s.part_o = take(slot_rows * dv * 4);
+  s.part_lse = take(slot_rows * 4);
   return s;
 }
 
@@ -66,13 +90,19 @@ const float* rows_f32(const AttnTileOps& ops, KvDtype dt, const void* base, int6
   return tmp;
 }
 
+// The query rows of one work item: KV head `kv_head` (its q_per_kv query heads) for query tokens
+// [t0, t1). Row r = (t - t0) * q_per_kv + g.
 struct Item {
   int64_t kv_head;
   int64_t t0, t1;  // query tokens
 };
 
-void run_item(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
-              std::span<const KvSpan> spans, const AttnOutput& out, const Item& it, const Scratch& sc) {
+// One chunk's attention for an item: the online softmax over the keys of the spans in [lo, hi),
+// from a fresh state, finished into o ([rows, dv]) and lse ([rows]); rows that see no key get o = 0
+// and lse = -inf. `first_span` is the index of the first span ending after lo.
+void run_chunk(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
+               std::span<const KvSpan> spans, size_t first_span, const Item& it, int64_t lo, int64_t hi,
+               const Scratch& sc, float* o_part, float* lse_part) {
   const int64_t G = p.q_per_kv;
   const int64_t dk = p.head_dim_k;
   const int64_t dv = p.head_dim_v;
@@ -83,14 +113,19 @@ void run_item(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
   const int64_t qpos_lo = q.pos0 + it.t0;
   const int64_t qpos_hi = q.pos0 + it.t1 - 1;
 
-  for (const KvSpan& span : spans) {
-    const int64_t span_end = span.pos0 + span.n_tokens;
-    int64_t a = span.pos0;
+  for (size_t si = first_span; si < spans.size() && spans[si].pos0 < hi; ++si) {
+    const KvSpan& span = spans[si];
+    const int64_t span_end = std::min(hi, span.pos0 + span.n_tokens);
+    int64_t a = std::max(lo, span.pos0);
+    bool past_queries = false;
     while (a < span_end) {
       const int64_t b = std::min(span_end, (a / kAttnTile + 1) * kAttnTile);  // tile [a, b)
       const int64_t tile_a = a;
       a = b;
-      if (tile_a > qpos_hi) break;                                  // causal: no query sees it
+      if (tile_a > qpos_hi) {  // causal: no query sees it, nor anything after it
+        past_queries = true;
+        break;
+      }
       if (p.window > 0 && qpos_lo - (b - 1) >= p.window) continue;  // all keys out of every window
       const int64_t n = b - tile_a;
       const float* kt =
@@ -99,15 +134,15 @@ void run_item(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
           rows_f32(ops, p.kv_dtype, span.v, span.v_head_stride, it.kv_head, tile_a - span.pos0, n, dv, sc.vt);
       for (int64_t t = it.t0; t < it.t1; ++t) {
         const int64_t qpos = q.pos0 + t;
-        int64_t lo = tile_a;
-        const int64_t hi = std::min(b, qpos + 1);
-        if (p.window > 0) lo = std::max(lo, qpos - p.window + 1);
-        if (lo >= hi) continue;
-        const int64_t nk = hi - lo;
+        int64_t klo = tile_a;
+        const int64_t khi = std::min(b, qpos + 1);
+        if (p.window > 0) klo = std::max(klo, qpos - p.window + 1);
+        if (klo >= khi) continue;
+        const int64_t nk = khi - klo;
         // The G query heads of this KV head: scores together, then each row's online-softmax
         // update, then the accumulation together (per row the same operations as one at a time).
         const int64_t r0 = (t - it.t0) * G;
-        ops.scores(q.q + t * q.token_stride + it.kv_head * G * dk, dk, G, kt + (lo - tile_a) * dk, nk, dk,
+        ops.scores(q.q + t * q.token_stride + it.kv_head * G * dk, dk, G, kt + (klo - tile_a) * dk, nk, dk,
                    sc.s);
         for (int64_t g = 0; g < G; ++g) {
           const int64_t r = r0 + g;
@@ -128,27 +163,92 @@ void run_item(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
           sc.m[r] = m_new;
           sc.l[r] += ops.exp_sum(sr, nk, m_new, sr);
         }
-        ops.accumulate(sc.s, G, vt + (lo - tile_a) * dv, nk, dv, sc.acc + r0 * dv);
+        ops.accumulate(sc.s, G, vt + (klo - tile_a) * dv, nk, dv, sc.acc + r0 * dv);
       }
     }
+    if (past_queries) break;
   }
 
+  for (int64_t r = 0; r < n_rows; ++r) {
+    float* o = o_part + r * dv;
+    if (sc.l[r] > 0.0f) {
+      const float inv = 1.0f / sc.l[r];
+      for (int64_t i = 0; i < dv; ++i) o[i] = sc.acc[r * dv + i] * inv;
+      lse_part[r] = sc.m[r] + std::log(sc.l[r]);
+    } else {
+      std::fill(o, o + dv, 0.0f);
+      lse_part[r] = kNegInf;
+    }
+  }
+}
+
+// The chunks an item's queries can see: [first, last] (first > last: none). Spans are ascending.
+struct ChunkRange {
+  int64_t first = 0;
+  int64_t last = -1;
+};
+
+ChunkRange visible_chunks(const AttnParams& p, std::span<const KvSpan> spans, const AttnQueries& q,
+                          const Item& it) {
+  if (spans.empty()) return {};
+  int64_t key_lo = spans.front().pos0;
+  if (p.window > 0) key_lo = std::max(key_lo, q.pos0 + it.t0 - p.window + 1);  // earlier: out of every window
+  const int64_t key_hi = std::min(spans.back().pos0 + spans.back().n_tokens, q.pos0 + it.t1);  // exclusive
+  if (key_hi <= key_lo) return {};
+  return {key_lo / kAttnChunk, (key_hi - 1) / kAttnChunk};
+}
+
+// Index of the first span ending after position `pos`, searching from `from` (spans ascending).
+size_t span_after(std::span<const KvSpan> spans, size_t from, int64_t pos) {
+  while (from < spans.size() && spans[from].pos0 + spans[from].n_tokens <= pos) ++from;
+  return from;
+}
+
+// Merges a finished chunk ([rows, dv] rows of the item) into the item's output rows in `out`, whose
+// lse so far is in run_lse. Token t's G rows are contiguous in both.
+void merge_chunk(const AttnParams& p, const AttnOutput& out, const Item& it, const float* o_part,
+                 const float* lse_part, float* run_lse) {
+  const int64_t G = p.q_per_kv;
+  const int64_t dv = p.head_dim_v;
+  for (int64_t t = it.t0; t < it.t1; ++t) {
+    const int64_t r0 = (t - it.t0) * G;
+    merge_attention(out.o + t * out.token_stride + it.kv_head * G * dv, run_lse + r0, o_part + r0 * dv,
+                    lse_part + r0, G, dv);
+  }
+}
+
+void begin_item(const AttnParams& p, const Item& it, float* run_lse) {
+  std::fill(run_lse, run_lse + (it.t1 - it.t0) * p.q_per_kv, kNegInf);
+}
+
+// Rows no key reached get o = 0; the lse goes out if asked for.
+void finish_item(const AttnParams& p, const AttnOutput& out, const Item& it, const float* run_lse) {
+  const int64_t G = p.q_per_kv;
+  const int64_t dv = p.head_dim_v;
   for (int64_t t = it.t0; t < it.t1; ++t) {
     for (int64_t g = 0; g < G; ++g) {
       const int64_t h = it.kv_head * G + g;
-      const int64_t r = (t - it.t0) * G + g;
+      const float lse = run_lse[(t - it.t0) * G + g];
       float* o = out.o + t * out.token_stride + h * dv;
-      float lse = kNegInf;
-      if (sc.l[r] > 0.0f) {
-        const float inv = 1.0f / sc.l[r];
-        for (int64_t i = 0; i < dv; ++i) o[i] = sc.acc[r * dv + i] * inv;
-        lse = sc.m[r] + std::log(sc.l[r]);
-      } else {
-        std::fill(o, o + dv, 0.0f);
-      }
+      if (lse == kNegInf) std::fill(o, o + dv, 0.0f);
       if (out.lse != nullptr) out.lse[t * out.lse_stride + h] = lse;
     }
   }
+}
+
+// An item on one thread: its chunks in order, each merged as it finishes.
+void run_item(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q,
+              std::span<const KvSpan> spans, const AttnOutput& out, const Item& it, const Scratch& sc) {
+  begin_item(p, it, sc.run_lse);
+  const ChunkRange cr = visible_chunks(p, spans, q, it);
+  size_t first_span = 0;
+  for (int64_t c = cr.first; c <= cr.last; ++c) {
+    first_span = span_after(spans, first_span, c * kAttnChunk);
+    run_chunk(ops, p, q, spans, first_span, it, c * kAttnChunk, (c + 1) * kAttnChunk, sc, sc.part_o,
+              sc.part_lse);
+    merge_chunk(p, out, it, sc.part_o, sc.part_lse, sc.run_lse);
+  }
+  finish_item(p, out, it, sc.run_lse);
 }
 
 }  // namespace
@@ -167,6 +267,11 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
                 p.q_per_kv);
   KVTIER_ASSERT(scratch.size() >= attention_scratch_bytes(p, pool.size()), "attention scratch of {} bytes",
                 scratch.size());
+  for (size_t i = 1; i < spans.size(); ++i) {
+    KVTIER_ASSERT(spans[i].pos0 >= spans[i - 1].pos0 + spans[i - 1].n_tokens,
+                  "KV spans out of order: [{}, +{}) after [{}, +{})", spans[i].pos0, spans[i].n_tokens,
+                  spans[i - 1].pos0, spans[i - 1].n_tokens);
+  }
   if (!isa_supported(isa)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", isa_name(isa));
   if (q.n_tokens == 0) return;
   const AttnTileOps& ops = isa == Isa::kScalar ? attn_tile_ops_ref()
@@ -175,13 +280,63 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
   const int64_t n_kv = q.n_heads / p.q_per_kv;
   const int64_t n_qt = (q.n_tokens + kAttnQueryTile - 1) / kAttnQueryTile;
   const int64_t n_items = n_kv * n_qt;
-  const int n_parts = static_cast<int>(std::min<int64_t>(pool.size(), n_items));
+  const int threads = pool.size();
   // 64-byte aligned base for the per-thread scratch.
   auto* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});
   const size_t per = scratch_per_thread(p);
+  auto scratch_of = [&](int part) { return carve(base + per * static_cast<size_t>(part), p); };
+
+  // Too few items to keep the threads busy (decode; a head-wise policy's one-head calls): split the
+  // (KV head, key chunk) pairs over the threads instead, in waves of at most kSlotsPerThread pairs
+  // per thread, and merge each head's chunks on this thread in chunk order, the order run_item
+  // merges in. Same bits either way.
+  if (q.n_tokens <= kSplitTokens && threads > 1 && n_kv < 2 * threads) {
+    const auto S = static_cast<int64_t>(rows_per_slot(p));
+    auto item = [&](int64_t j) { return Item{j, 0, q.n_tokens}; };
+    auto run_lse = [&](int64_t j) { return scratch_of(static_cast<int>(j / 2)).run_lse + (j % 2) * S; };
+    const ChunkRange cr = visible_chunks(p, spans, q, item(0));  // the same for every head
+    const int64_t n_chunks = std::max<int64_t>(0, cr.last - cr.first + 1);
+    for (int64_t j = 0; j < n_kv; ++j) begin_item(p, item(j), run_lse(j));
+    const int64_t total = n_kv * n_chunks;  // pair k: head k / n_chunks, chunk cr.first + k % n_chunks
+    const int64_t wave = kSlotsPerThread * threads;
+    for (int64_t w0 = 0; w0 < total; w0 += wave) {
+      const int64_t n = std::min(wave, total - w0);
+      const int parts = static_cast<int>(std::min<int64_t>(threads, n));
+      pool.run(parts, [&](int part) {
+        const Scratch sc = scratch_of(part);
+        const Range r = split_range(n, parts, part);
+        size_t first_span = 0;
+        int64_t last_head = -1;
+        for (int64_t k = r.begin; k < r.end; ++k) {
+          const int64_t j = (w0 + k) / n_chunks;
+          const int64_t c = cr.first + (w0 + k) % n_chunks;
+          if (j != last_head) first_span = 0;  // chunks ascend within a head
+          last_head = j;
+          first_span = span_after(spans, first_span, c * kAttnChunk);
+          const int64_t slot = k - r.begin;
+          run_chunk(ops, p, q, spans, first_span, item(j), c * kAttnChunk, (c + 1) * kAttnChunk, sc,
+                    sc.part_o + slot * S * p.head_dim_v, sc.part_lse + slot * S);
+        }
+      });
+      for (int part = 0; part < parts; ++part) {
+        const Scratch sc = scratch_of(part);
+        const Range r = split_range(n, parts, part);
+        for (int64_t k = r.begin; k < r.end; ++k) {
+          const int64_t j = (w0 + k) / n_chunks;
+          const int64_t slot = k - r.begin;
+          merge_chunk(p, out, item(j), sc.part_o + slot * S * p.head_dim_v, sc.part_lse + slot * S,
+                      run_lse(j));
+        }
+      }
+    }
+    for (int64_t j = 0; j < n_kv; ++j) finish_item(p, out, item(j), run_lse(j));
+    return;
+  }
+
+  const int n_parts = static_cast<int>(std::min<int64_t>(threads, n_items));
   pool.run(n_parts, [&](int part) {
-    const Scratch sc = carve(base + per * static_cast<size_t>(part), p);
+    const Scratch sc = scratch_of(part);
     const Range r = split_range(n_items, n_parts, part);
     for (int64_t i = r.begin; i < r.end; ++i) {
       const int64_t qt = i % n_qt;

@@ -3,8 +3,12 @@
 // sets merge exactly (merge_attention).
 //
 // Arithmetic contract (the exactness principle of design.md):
-//   * keys are visited span by span in the order given, each span in tiles of kAttnTile keys whose
-//     boundaries are multiples of kAttnTile in absolute position (clipped to the span);
+//   * the keys are cut into chunks of kAttnChunk absolute positions; each chunk's softmax is computed
+//     from a fresh state and the chunks are merged (merge_attention) in position order, so a call may
+//     compute a query's chunks on different threads (decode) or one after another (prefill);
+//   * within a chunk, keys are visited span by span in the order given (spans ascending, disjoint),
+//     each span in tiles of kAttnTile keys whose boundaries are multiples of kAttnTile in absolute
+//     position (clipped to the span);
 //   * every (query token, query head) pair is computed by the same sequence of operations whatever
 //     the number of heads, query tokens, threads or query tiles a call is handed;
 //   * a tile whose keys are all masked for a query leaves that query's state untouched.
@@ -23,7 +27,9 @@
 namespace kvtier::cpu {
 
 constexpr int64_t kAttnTile = 32;       // keys per tile (absolute-position aligned)
+constexpr int64_t kAttnChunk = 256;     // keys per separately computed, then merged, chunk
 constexpr int64_t kAttnQueryTile = 16;  // query tokens per work item (does not affect results)
+static_assert(kAttnChunk % kAttnTile == 0, "a chunk is whole tiles");
 
 enum class KvDtype { kF32, kF16 };
 
@@ -73,7 +79,8 @@ struct AttnOutput {
 size_t attention_scratch_bytes(const AttnParams& p, int pool_threads);
 
 // Causal attention of the queries over the spans (keys at positions > the query's are masked, as
-// are keys outside the window). Work is split over (KV head, query tile) across the pool. Queries
+// are keys outside the window). Work is split over (KV head, query tile) across the pool, or, when
+// those are fewer than the threads can share evenly (decode), over (KV head, key chunk). Queries
 // that see no key get o = 0 and lse = -inf.
 void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q,
             std::span<const KvSpan> spans, const AttnOutput& out, std::span<uint8_t> scratch);
