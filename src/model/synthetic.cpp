@@ -108,6 +108,16 @@ std::vector<SynthTensor> synth_tensors(const Preset& p, const SynthOptions& o) {
   return t;
 }
 
+uint64_t parameter_count(const Preset& preset) {
+  uint64_t n = 0;
+  for (const auto& t : synth_tensors(preset, {})) {
+    uint64_t e = 1;
+    for (auto d : t.ne) e *= d;
+    n += e;
+  }
+  return n;
+}
+
 void synth_values(const SynthTensor& t, uint64_t seed, uint64_t first, std::span<float> out) {
   if (t.init == SynthInit::kOnes) {
     for (float& x : out) x = 1.0f;

@@ -37,6 +37,9 @@ struct SynthTensor {
 // The tensors of the model, in file order.
 std::vector<SynthTensor> synth_tensors(const Preset& preset, const SynthOptions& opts);
 
+// Elements in all of the preset's tensors (its parameter count).
+uint64_t parameter_count(const Preset& preset);
+
 // Values of elements [first, first + out.size()) of a tensor, as f32.
 void synth_values(const SynthTensor& t, uint64_t seed, uint64_t first, std::span<float> out);
 

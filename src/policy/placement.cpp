@@ -39,6 +39,35 @@ std::string_view placement_name(Placement p) {
   return "?";
 }
 
+std::string placement_names() {
+  std::string s;
+  for (Placement p : all_placements()) {
+    if (!s.empty()) s += ", ";
+    s += placement_name(p);
+  }
+  return s;
+}
+
+Placement parse_placement(std::string_view name) {
+  if (auto p = placement_from_name(name)) return *p;
+  fail(ErrorKind::kInvalidArgument, "unknown KV policy '{}' (this build has: {})", name, placement_names());
+}
+
+std::vector<Placement> parse_placement_list(std::string_view list) {
+  std::vector<Placement> out;
+  while (true) {
+    const size_t comma = list.find(',');
+    const Placement p = parse_placement(list.substr(0, comma));
+    for (Placement q : out) {
+      if (q == p) fail(ErrorKind::kInvalidArgument, "KV policy '{}' is listed twice", placement_name(p));
+    }
+    out.push_back(p);
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
 std::optional<Placement> placement_from_name(std::string_view name) {
   for (Placement p : kPlacements) {
     if (placement_name(p) == name) return p;

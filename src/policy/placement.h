@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -19,6 +20,12 @@ enum class Placement { kResident, kLayer, kHeadInfer };
 std::string_view placement_name(Placement p);
 std::optional<Placement> placement_from_name(std::string_view name);
 std::span<const Placement> all_placements();
+// Known names, comma-separated ("resident, layer, headinfer").
+std::string placement_names();
+// A name as the CLI takes it; throws Error(kInvalidArgument) naming the known ones.
+Placement parse_placement(std::string_view name);
+// "resident,layer" -> placements in order; an unknown or repeated name is an error.
+std::vector<Placement> parse_placement_list(std::string_view list);
 
 struct PlacementConfig {
   Placement placement = Placement::kResident;

@@ -5,7 +5,6 @@
 #include <set>
 
 #include "core/error.h"
-#include "eval/kv_policy.h"
 #include "eval/rng.h"
 #include "eval/task.h"
 #include "eval/text.h"
@@ -74,20 +73,6 @@ TEST(Tasks, NamesRoundTripAndErrors) {
   EXPECT_EQ(parse_task_list("niah-all").size(), 4u);
   EXPECT_EQ(parse_task_list("all").size(), 8u);
   EXPECT_EQ(parse_task_list("vt, cwe,vt"), (std::vector<TaskKind>{TaskKind::kVt, TaskKind::kCwe}));
-}
-
-TEST(KvPolicy, KnownAndUnknown) {
-  EXPECT_EQ(parse_kv_policy("resident"), policy::Placement::kResident);
-  EXPECT_EQ(parse_kv_policy_list("layer,headinfer"),
-            (std::vector<policy::Placement>{policy::Placement::kLayer, policy::Placement::kHeadInfer}));
-  try {
-    parse_kv_policy_list("resident,nonsense");
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("nonsense"), std::string::npos);
-    EXPECT_NE(std::string(e.what()).find("resident"), std::string::npos);
-  }
-  EXPECT_THROW(parse_kv_policy_list("resident,resident"), Error);
 }
 
 GridSpec small_grid(uint64_t seed) {

@@ -11,23 +11,14 @@
 namespace kvtier::model {
 namespace {
 
-uint64_t param_count(const Preset& p) {
-  uint64_t n = 0;
-  for (const auto& t : synth_tensors(p, {})) {
-    uint64_t e = 1;
-    for (auto d : t.ne) e *= d;
-    n += e;
-  }
-  return n;
-}
-
 // Parameter counts published for the real models these presets imitate: the shapes must match.
 TEST(Presets, ParameterCountsMatchTheRealModels) {
-  EXPECT_EQ(param_count(*find_preset("llama3-8b")), 8030261248ULL);    // Meta-Llama-3-8B
-  EXPECT_EQ(param_count(*find_preset("llama2-7b")), 6738415616ULL);    // Llama-2-7b-hf
-  EXPECT_EQ(param_count(*find_preset("mistral-7b")), 7241732096ULL);   // Mistral-7B-v0.1/v0.2
-  EXPECT_EQ(param_count(*find_preset("qwen2-7b")), 7615616512ULL);     // Qwen2-7B
-  EXPECT_EQ(param_count(*find_preset("smollm2-135m")), 134515008ULL);  // SmolLM2-135M (the GGUF in models/)
+  EXPECT_EQ(parameter_count(*find_preset("llama3-8b")), 8030261248ULL);   // Meta-Llama-3-8B
+  EXPECT_EQ(parameter_count(*find_preset("llama2-7b")), 6738415616ULL);   // Llama-2-7b-hf
+  EXPECT_EQ(parameter_count(*find_preset("mistral-7b")), 7241732096ULL);  // Mistral-7B-v0.1/v0.2
+  EXPECT_EQ(parameter_count(*find_preset("qwen2-7b")), 7615616512ULL);    // Qwen2-7B
+  EXPECT_EQ(parameter_count(*find_preset("smollm2-135m")),
+            134515008ULL);  // SmolLM2-135M (the GGUF in models/)
 }
 
 TEST(Presets, EveryPresetWritesAFileThatReadsBack) {

@@ -16,7 +16,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "cuda_backend.h"
-#include "eval/kv_policy.h"
+#include "policy/placement.h"
 #include "run_common.h"
 #include "runtime/session.h"
 
@@ -62,7 +62,7 @@ std::vector<runtime::TokenId> bench_prompt(const runtime::LoadedModel& m, int64_
 }
 
 int run_bench(BenchArgs a) {
-  const auto placements = eval::parse_kv_policy_list(a.policies);
+  const auto placements = policy::parse_placement_list(a.policies);
   if (a.engine.backend == Backend::kCuda)
     return run_bench_cuda(a.engine, {a.prompt_tokens, a.gen, a.repeat, a.policies, a.json});
   const auto model = runtime::load_model(a.engine.model);

@@ -17,10 +17,10 @@
 #include "commands.h"
 #include "core/error.h"
 #include "eval/json_out.h"
-#include "eval/kv_policy.h"
 #include "eval/report.h"
 #include "eval/runner.h"
 #include "eval/text.h"
+#include "policy/placement.h"
 #include "run_common.h"
 #include "runtime/generate.h"
 #include "tokenizer/chat_template.h"
@@ -123,7 +123,7 @@ class ModelEngine final : public eval::Engine {
   }
   void use_policy(const std::string& name) override {
     runtime::SessionOptions o = opts_;
-    o.kv_placement.placement.placement = eval::parse_kv_policy(name);
+    o.kv_placement.placement.placement = policy::parse_placement(name);
     if (o.kv_placement.placement.placement == policy::Placement::kResident) {
       o.kv_placement.disk_dir.clear();  // placement options of the offloaded policies do not apply
       o.kv_placement.placement.group = 0;
@@ -214,7 +214,7 @@ int run_eval_cmd(const EvalArgs& a) {
   eval::EvalPlan plan;
   plan.tasks = eval::parse_task_list(a.tasks);
   for (const std::string& p : split(a.policies)) plan.policies.push_back(p);
-  (void)eval::parse_kv_policy_list(a.policies);  // unknown or repeated names are errors before loading
+  (void)policy::parse_placement_list(a.policies);  // unknown or repeated names are errors before loading
   plan.grid.lengths = parse_lengths(a.lengths);
   plan.grid.depths = parse_depths(a.depths);
   plan.grid.samples = a.samples;
@@ -335,7 +335,7 @@ void add_eval(CLI::App& app, Runner& run) {
   add_engine_flags(cmd, a->engine, /*with_policy=*/false);
   cmd->add_option("--kv-policy", a->policies,
                   "KV policies to compare, comma-separated (the first is the reference); known: " +
-                      eval::kv_policy_names())
+                      policy::placement_names())
       ->default_val(a->policies);
   cmd->add_option("--lengths", a->lengths, "context lengths in tokens (prompt + answer), e.g. 1k,2k,4k")
       ->default_val(a->lengths);

@@ -67,13 +67,7 @@ policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
     const auto p = model::find_preset(a.preset);
     if (!p) fail(ErrorKind::kInvalidArgument, "unknown preset '{}' (see kvtier synth --list)", a.preset);
     m = {p->n_layer, p->n_embd, p->n_ff, p->n_head, p->n_head_kv, p->head_dim, 0};
-    uint64_t params = 0;
-    for (const auto& t : model::synth_tensors(*p, {})) {
-      uint64_t e = 1;
-      for (auto d : t.ne) e *= d;
-      params += e;
-    }
-    m.weight_bytes = params * 2;  // bf16, as the papers measure
+    m.weight_bytes = model::parameter_count(*p) * 2;  // bf16, as the papers measure
     name = std::string(p->name) + " (preset, bf16 weights)";
     return m;
   }

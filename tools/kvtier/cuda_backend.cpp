@@ -14,9 +14,9 @@
 #include "backend/cuda/device.h"
 #include "cli_util.h"
 #include "core/error.h"
-#include "eval/kv_policy.h"
 #include "model/cuda/synth_weights.h"
 #include "model/presets.h"
+#include "policy/placement.h"
 #include "runtime/cuda/cuda_session.h"
 #include "tokenizer/utf8.h"
 
@@ -137,7 +137,7 @@ int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
 }
 
 int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
-  const auto placements = eval::parse_kv_policy_list(a.policies);
+  const auto placements = policy::parse_placement_list(a.policies);
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
   // A GGUF file, or an in-memory synthetic model generated on the device.

@@ -80,6 +80,7 @@ OffloadDeviceKv::OffloadDeviceKv(cuda::Context& ctx, const DeviceKvShape& shape,
   staging_ =
       static_cast<uint8_t*>(ctx.arena().allocate_bytes(staging_bytes_, "KV staging (ping-pong) buffers"));
   rows_ = staging_rows(shape, staging_bytes_);
+  policy_shape_ = policy_shape(shape);
   layer_stored_.resize(shape.n_head_kv.size());
 }
 
@@ -119,8 +120,12 @@ void OffloadDeviceKv::begin_pass(int64_t pos0, int64_t n) {
          pos0 + n);
   }
   // Pure decisions: the group size and the flattened unit schedule (policy/placement.h), then the
-  // stream protocol over it (stream_plan.h); this object only applies them.
-  plan_ = policy::plan_pass(opt_.placement, policy_shape(shape_), pos0 + n, rows_);
+  // stream protocol over it (stream_plan.h); this object only applies them. The schedule depends on
+  // the group size only, so a decode step with the last pass's group re-plans nothing and, once
+  // ops_ has grown, allocates nothing.
+  if (plan_.units.empty() ||
+      policy::choose_group(opt_.placement, policy_shape_, pos0 + n, rows_) != plan_.group)
+    plan_ = policy::plan_pass(opt_.placement, policy_shape_, pos0 + n, rows_);
   cap_ = plan_.unit_capacity;
   KVTIER_ASSERT(cap_ >= pos0 + n && !plan_.units.empty());
   pos0_ = pos0;

@@ -67,7 +67,8 @@ class OffloadDeviceKv final : public DeviceKvCache {
   uint8_t* host_ = nullptr;     // [host_layout_.total_bytes]
   uint8_t* staging_ = nullptr;  // [staging_bytes_] device: two buffers [g][2][cap][head_dim]
   uint64_t staging_bytes_ = 0;
-  policy::RowsForGroup rows_;  // staging capacity per group size
+  policy::RowsForGroup rows_;     // staging capacity per group size
+  policy::KvShape policy_shape_;  // shape_ as the placement policy sees it
   // Static heads' planes of max_positions rows: [n_layer][n_static][2][max_positions][d] device.
   PlaneLayout static_layout_;
   uint8_t* static_ = nullptr;  // [static_layout_.total_bytes]

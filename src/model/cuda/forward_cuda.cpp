@@ -76,15 +76,20 @@ ForwardCuda::ForwardCuda(cuda::Context& ctx, const model::ModelConfig& cfg, cons
   logits_host_ = p.allocate<float>(R * cfg.n_vocab, "logits staging");
 }
 
-kv_cuda::DeviceKvShape ForwardCuda::kv_shape(int64_t max_positions, cuda::KvDtype dtype) const {
+kv_cuda::DeviceKvShape device_kv_shape(const model::ModelConfig& cfg, int64_t max_positions,
+                                       int64_t max_pass_tokens, cuda::KvDtype dtype) {
   kv_cuda::DeviceKvShape s;
-  for (const auto& l : cfg_.layers) s.n_head_kv.push_back(l.n_head_kv);
-  s.head_dim = cfg_.head_dim_k;
+  for (const auto& l : cfg.layers) s.n_head_kv.push_back(l.n_head_kv);
+  s.head_dim = cfg.head_dim_k;
   s.dtype = dtype;
   s.max_positions = max_positions;
-  s.max_pass_tokens = max_tokens_;
-  s.max_q_heads = cfg_.n_head;
+  s.max_pass_tokens = max_pass_tokens;
+  s.max_q_heads = cfg.n_head;
   return s;
+}
+
+kv_cuda::DeviceKvShape ForwardCuda::kv_shape(int64_t max_positions, cuda::KvDtype dtype) const {
+  return device_kv_shape(cfg_, max_positions, max_tokens_, dtype);
 }
 
 void ForwardCuda::to_bf16(const float* x, int64_t n_elems) {

@@ -27,6 +27,10 @@ namespace kvtier::model_cuda {
 using model::LogitRows;
 using model::TokenId;
 
+// The device KV shape of a model for passes of up to max_pass_tokens tokens.
+kv_cuda::DeviceKvShape device_kv_shape(const model::ModelConfig& cfg, int64_t max_positions,
+                                       int64_t max_pass_tokens, cuda::KvDtype dtype);
+
 class ForwardCuda {
  public:
   // max_logit_rows: rows LogitRows::kAll may ask for (>= 1; kLast needs 1).
@@ -41,7 +45,7 @@ class ForwardCuda {
   int64_t max_tokens() const { return max_tokens_; }
   const model::ModelConfig& config() const { return cfg_; }
 
-  // The KV shape of this model. Throws Error(kUnsupported) when head_dim_k != head_dim_v.
+  // The KV shape of this model (device_kv_shape with this forward's pass size).
   kv_cuda::DeviceKvShape kv_shape(int64_t max_positions, cuda::KvDtype dtype) const;
 
   // Device bytes of the activation buffers and pinned host bytes of the token / logits staging.

@@ -40,11 +40,8 @@ void CudaSession::init(const MakeWeights& make_weights) {
   opt_.chunk = std::min(opt_.chunk, opt_.n_ctx);
 
   // The pinned pool is sized up front: the host KV planes, the upload staging, the token/logits staging.
-  kv_cuda::DeviceKvShape shape;
-  for (const auto& l : cfg.layers) shape.n_head_kv.push_back(l.n_head_kv);
-  shape.head_dim = cfg.head_dim_k;
-  shape.dtype = opt_.kv_dtype;
-  shape.max_positions = opt_.n_ctx;
+  const kv_cuda::DeviceKvShape shape =
+      model_cuda::device_kv_shape(cfg, opt_.n_ctx, opt_.chunk, opt_.kv_dtype);
   const uint64_t pinned = kv_cuda::device_kv_host_bytes(shape, opt_.kv) + model_cuda::kUploadStagingBytes +
                           model_cuda::ForwardCuda::pinned_bytes(cfg, opt_.chunk, 1) + (uint64_t{1} << 20);
   cuda::ContextOptions co;
