@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <map>
+#include <memory>
 
 #include <algorithm>
 #include <cstdio>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_file.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "runtime/cuda/cuda_session.h"
@@ -55,16 +58,18 @@ inline std::string synth_gqa8_file(std::string_view arch) {
                         1e-5f,
                         false,
                         qwen};
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("kvtier_cuda_" + std::string(p.name) + "_" + std::to_string(::getpid()) + ".gguf");
-  if (!std::filesystem::exists(path)) {
+  // One file per architecture and process, removed at exit.
+  static std::map<std::string, std::unique_ptr<::kvtier::test::TempFile>, std::less<>> files;
+  auto& f = files[std::string(arch)];
+  if (!f) {
+    f = std::make_unique<::kvtier::test::TempFile>("kvtier_cuda_" + std::string(p.name), ".gguf");
     model::SynthOptions o;
     o.type = GgmlType::kQ8_0;
     o.seed = 11;
     o.n_ctx = 4096;
-    model::synth_writer(p, o).write(path.string());
+    model::synth_writer(p, o).write(f->str());
   }
-  return path.string();
+  return f->str();
 }
 
 using model::TokenId;

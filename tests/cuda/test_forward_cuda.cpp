@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "common/temp_file.h"
 #include "core/error.h"
 #include "gpu_test_util.h"
 #include "model_test_util.h"
@@ -110,10 +111,9 @@ TEST(CudaForward, DeviceSyntheticWeightsEqualUploadedSyntheticFile) {
   so.type = GgmlType::kF32;
   so.seed = 5;
   so.n_ctx = 1024;
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("kvtier_cuda_tiny_llama_f32_" + std::to_string(::getpid()) + ".gguf");
-  model::synth_writer(preset, so).write(path.string());
-  const auto file_model = runtime::load_model(path.string());
+  const ::kvtier::test::TempFile path("kvtier_cuda_tiny_llama_f32", ".gguf");
+  model::synth_writer(preset, so).write(path.str());
+  const auto file_model = runtime::load_model(path.str());
   const model::ModelConfig cfg = model::make_config(model_cuda::preset_hparams(preset, so));
   runtime_cuda::CudaSessionOptions o;
   o.n_ctx = 512;

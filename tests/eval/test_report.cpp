@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_file.h"
 #include "core/error.h"
 #include "eval/json_out.h"
 #include "eval/report.h"
@@ -241,9 +242,8 @@ TEST(Report, MergesRunsOfOneGrid) {
 }
 
 TEST(Report, WritesDirectory) {
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("kvtier_eval_report_test_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
+  const ::kvtier::test::TempFile tmp("kvtier_eval_report_test", "");
+  const auto& dir = tmp.path();
   write_report(dir.string(), info(), results());
   EXPECT_TRUE(std::filesystem::exists(dir / "README.md"));
   EXPECT_TRUE(std::filesystem::exists(dir / "niah-layer-heatmap.svg"));
@@ -252,7 +252,6 @@ TEST(Report, WritesDirectory) {
   std::stringstream ss;
   ss << in.rdbuf();
   EXPECT_NE(ss.str().find("\"answer\": \" <no> & \\\"idea\\\"\""), std::string::npos);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

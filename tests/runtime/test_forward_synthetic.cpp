@@ -2,11 +2,15 @@
 // prefill chunk size, the thread count, the KV head grouping, or prefill vs decode (bit-identical:
 // the attention tiles follow absolute positions and the matmul rows are batch-independent).
 #include <gtest/gtest.h>
+
 #include <unistd.h>
+#include <map>
+#include <memory>
 
 #include <filesystem>
 #include <vector>
 
+#include "common/temp_file.h"
 #include "kv/resident_kv.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
@@ -15,17 +19,21 @@
 namespace kvtier::runtime {
 namespace {
 
+// The tiny-llama synthetic model of `type`, written once per process (CTest runs this binary's
+// tests as parallel processes) and removed at exit.
 std::string synth_file(GgmlType type) {
-  // One file per process: CTest runs the tests of this binary as parallel processes.
-  const auto path = std::filesystem::temp_directory_path() /
-                    ("kvtier_test_tiny_llama_" + std::string(ggml_type_name(type)) + "_" +
-                     std::to_string(::getpid()) + ".gguf");
-  model::SynthOptions o;
-  o.type = type;
-  o.seed = 7;
-  o.n_ctx = 512;
-  model::synth_writer(*model::find_preset("tiny-llama"), o).write(path.string());
-  return path.string();
+  static std::map<GgmlType, std::unique_ptr<::kvtier::test::TempFile>> files;
+  auto& f = files[type];
+  if (!f) {
+    f = std::make_unique<::kvtier::test::TempFile>(
+        "kvtier_test_tiny_llama_" + std::string(ggml_type_name(type)), ".gguf");
+    model::SynthOptions o;
+    o.type = type;
+    o.seed = 7;
+    o.n_ctx = 512;
+    model::synth_writer(*model::find_preset("tiny-llama"), o).write(f->str());
+  }
+  return f->str();
 }
 
 std::vector<TokenId> prompt(size_t n) {

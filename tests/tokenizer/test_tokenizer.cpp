@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/temp_file.h"
 #include "core/error.h"
 #include "gguf/reader.h"
 #include "gguf/writer.h"
@@ -20,18 +21,11 @@ namespace {
 
 using gguf::Value;
 
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("kvtier_tok_" + std::to_string(::getpid()) + "_" + name))
-      .string();
-}
-
 Tokenizer load(const gguf::Writer& w, const std::string& name) {
-  const std::string path = temp_path(name);
-  w.write(path);
-  const gguf::File f(path);
-  Tokenizer t(f);
-  std::filesystem::remove(path);
-  return t;
+  const ::kvtier::test::TempFile path("kvtier_tok", "_" + name);  // removed also when the tokenizer throws
+  w.write(path.str());
+  const gguf::File f(path.str());
+  return Tokenizer(f);
 }
 
 // The vocabulary `kvtier synth` writes: 256 byte tokens, two controls, no merges, pre "gpt-2".
