@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "core/error.h"
 
 namespace kvtier {
@@ -15,7 +19,8 @@ void cpu_relax() {
 #endif
 }
 
-// Polls `done` for up to `budget`; true if it became true. The clock is read every 64 polls.
+// Polls `done` for up to `budget`; true if it became true. Every 64 polls it reads the clock and
+// yields the core, so a thread that this one's polling keeps off a busy CPU still gets to run.
 template <class Done>
 bool spin_until(std::chrono::microseconds budget, Done done) {
   if (budget.count() <= 0) return done();
@@ -23,8 +28,21 @@ bool spin_until(std::chrono::microseconds budget, Done done) {
   for (uint32_t i = 1;; ++i) {
     if (done()) return true;
     cpu_relax();
-    if (i % 64 == 0 && std::chrono::steady_clock::now() >= deadline) return done();
+    if (i % 64 == 0) {
+      if (std::chrono::steady_clock::now() >= deadline) return done();
+      std::this_thread::yield();
+    }
   }
+}
+
+// CPUs this process may run on.
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace
@@ -42,6 +60,9 @@ Range split_range(int64_t total, int n_parts, int part, int64_t align) {
 ThreadPool::ThreadPool(int n_threads, std::chrono::microseconds spin) : n_threads_(n_threads), spin_(spin) {
   if (n_threads < 1)
     fail(ErrorKind::kInvalidArgument, "thread pool needs at least 1 thread, got {}", n_threads);
+  // More threads than CPUs: a polling thread would hold the CPU that the thread it waits for needs
+  // (decode fell from 240 to 10 tok/s at 3 threads on 2 CPUs), so every hand-off sleeps instead.
+  if (n_threads > usable_cpus()) spin_ = std::chrono::microseconds{0};
   workers_.reserve(n_threads - 1);
   for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
@@ -76,12 +97,22 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
     start_cv_.notify_all();
   }
   std::exception_ptr own_error;
+  const auto t0 = std::chrono::steady_clock::now();
   try {
     fn(0);
   } catch (...) {
     own_error = std::current_exception();
   }
+  const auto t1 = std::chrono::steady_clock::now();
   wait_for_workers();
+  // Waiting beyond a normal imbalance (a quarter of the caller's own time plus 50 us) is time the
+  // workers lacked a CPU; contended() compares its recent sum with the runs' total time.
+  const auto t2 = std::chrono::steady_clock::now();
+  const auto normal = std::chrono::microseconds{50} + (t1 - t0) / 4;
+  const double late = std::max(0.0, std::chrono::duration<double>(t2 - t1 - normal).count());
+  late_time_ = 0.98 * late_time_ + late;
+  run_time_ = 0.98 * run_time_ + std::chrono::duration<double>(t2 - t0).count();
+  contended_.store(late_time_ > kContendedShare * run_time_, std::memory_order_relaxed);
   job_ = nullptr;
   std::exception_ptr err;
   {
@@ -94,7 +125,7 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
 
 void ThreadPool::wait_for_workers() {
   auto finished = [this] { return pending_.load(std::memory_order_acquire) == 0; };
-  if (spin_until(spin_, finished)) return;
+  if (spin_until(polls() ? spin_ : std::chrono::microseconds{0}, finished)) return;
   std::unique_lock lock(mutex_);
   caller_sleeping_.store(true);
   done_cv_.wait(lock, finished);
@@ -109,7 +140,7 @@ void ThreadPool::worker_loop(int index) {
       word = run_word_.load(std::memory_order_acquire);
       return word != seen;
     };
-    if (!spin_until(spin_, started)) {
+    if (!spin_until(polls() ? spin_ : std::chrono::microseconds{0}, started)) {
       std::unique_lock lock(mutex_);
       sleeping_workers_.fetch_add(1);
       start_cv_.wait(lock, started);

@@ -6,6 +6,8 @@
 // blocks on a condition variable, and the caller polls for the workers' completion for as long before
 // it blocks. Decode issues a few hundred small runs per token, microseconds apart; a futex wake per
 // run would cost more than the work it splits. Idle pools sleep, so a waiting server burns no CPU.
+// A pool of more threads than the process has CPUs never polls (a poller would hold the CPU the
+// awaited thread needs).
 #pragma once
 
 #include <atomic>
@@ -35,13 +37,19 @@ class ThreadPool {
   // How long an idle worker (or a waiting caller) polls before it blocks.
   static constexpr std::chrono::microseconds kDefaultSpin{200};
 
-  // n_threads >= 1 counts the calling thread: n_threads - 1 workers are started.
+  // n_threads >= 1 counts the calling thread: n_threads - 1 workers are started. `spin` is the
+  // polling time (0: every hand-off sleeps; also forced when n_threads exceeds the usable CPUs).
   explicit ThreadPool(int n_threads, std::chrono::microseconds spin = kDefaultSpin);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
+  // Whether hand-offs poll now (cheap, microseconds) or sleep (a futex wake per run()). A pool polls
+  // unless it has more threads than CPUs or is contended: recent runs spent a good share of their
+  // time waiting for workers that lacked a CPU (other processes' load); then polling would take
+  // CPU time from the threads doing the work, and splitting small work loses.
+  bool polls() const { return spin_.count() > 0 && !contended_.load(std::memory_order_relaxed); }
 
   // Calls fn(i) for every i in [0, n), n <= size(), and returns when all calls have returned.
   // Task 0 runs on the caller, task i on worker i. The first exception thrown by a task is rethrown
@@ -52,8 +60,13 @@ class ThreadPool {
   void worker_loop(int index);
   void wait_for_workers();
 
+  static constexpr double kContendedShare = 0.2;  // of recent run() time spent waiting for late workers
+
   int n_threads_;
   std::chrono::microseconds spin_;
+  // Decaying sums over recent run()s (seconds): time waited beyond normal imbalance, and total time.
+  double late_time_ = 0.0;
+  double run_time_ = 0.0;
   std::vector<std::thread> workers_;
 
   // Written by run() before `run_word_` changes, read by active workers after they see the change.
@@ -66,6 +79,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::atomic<int> sleeping_workers_{0};  // workers blocked (or about to block) on start_cv_
   std::atomic<bool> caller_sleeping_{false};
+  std::atomic<bool> contended_{false};  // set by run(), read by the workers to stop polling
 
   std::mutex mutex_;  // guards error_ and the two condition variables' waits
   std::condition_variable start_cv_;

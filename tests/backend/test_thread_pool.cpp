@@ -130,6 +130,25 @@ TEST(ThreadPool, WorkersWritesVisibleAfterRun) {
   }
 }
 
+// Polling is off with no spin, with more threads than CPUs, and once runs keep waiting for workers
+// that finish far later than the caller (what a worker without a CPU looks like).
+TEST(ThreadPool, PollsOnlyWhenItPays) {
+  EXPECT_FALSE(ThreadPool(2, std::chrono::microseconds{0}).polls());
+  EXPECT_FALSE(ThreadPool(static_cast<int>(std::thread::hardware_concurrency()) + 1).polls());
+  ThreadPool pool(2);
+  if (!pool.polls()) GTEST_SKIP() << "this process has a single CPU";
+  for (int i = 0; i < 5; ++i) {
+    pool.run(2, [](int part) {
+      if (part == 1) std::this_thread::sleep_for(std::chrono::milliseconds{5});
+    });
+  }
+  EXPECT_FALSE(pool.polls());
+  // Still correct while sleeping between runs.
+  std::vector<int> hits(2, 0);
+  for (int i = 0; i < 100; ++i) pool.run(2, [&](int part) { ++hits[static_cast<size_t>(part)]; });
+  EXPECT_EQ(hits, (std::vector<int>{100, 100}));
+}
+
 // A pool that was never used, or is idle and asleep, shuts down promptly.
 TEST(ThreadPool, ShutsDownWhenIdle) {
   { ThreadPool unused(4); }
