@@ -125,7 +125,7 @@ void ThreadPool::run(int n, const std::function<void(int)>& fn) {
 
 void ThreadPool::wait_for_workers() {
   auto finished = [this] { return pending_.load(std::memory_order_acquire) == 0; };
-  if (spin_until(polls() ? spin_ : std::chrono::microseconds{0}, finished)) return;
+  if (spin_until(poll_time(), finished)) return;
   std::unique_lock lock(mutex_);
   caller_sleeping_.store(true);
   done_cv_.wait(lock, finished);
@@ -140,7 +140,7 @@ void ThreadPool::worker_loop(int index) {
       word = run_word_.load(std::memory_order_acquire);
       return word != seen;
     };
-    if (!spin_until(polls() ? spin_ : std::chrono::microseconds{0}, started)) {
+    if (!spin_until(poll_time(), started)) {
       std::unique_lock lock(mutex_);
       sleeping_workers_.fetch_add(1);
       start_cv_.wait(lock, started);

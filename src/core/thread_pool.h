@@ -50,6 +50,12 @@ class ThreadPool {
   // time waiting for workers that lacked a CPU (other processes' load); then polling would take
   // CPU time from the threads doing the work, and splitting small work loses.
   bool polls() const { return spin_.count() > 0 && !contended_.load(std::memory_order_relaxed); }
+  // Threads worth using for a job of `work` units (the caller's measure of its size): all of them
+  // while the pool polls; a sleeping pool pays a futex wake per hand-off and may wait for a worker
+  // without a CPU, so below `sleeping_min_work` the job then runs on the caller alone.
+  int threads_for(int64_t work, int64_t sleeping_min_work) const {
+    return polls() || work >= sleeping_min_work ? n_threads_ : 1;
+  }
 
   // Calls fn(i) for every i in [0, n), n <= size(), and returns when all calls have returned.
   // Task 0 runs on the caller, task i on worker i. The first exception thrown by a task is rethrown
@@ -59,6 +65,7 @@ class ThreadPool {
  private:
   void worker_loop(int index);
   void wait_for_workers();
+  std::chrono::microseconds poll_time() const { return polls() ? spin_ : std::chrono::microseconds{0}; }
 
   static constexpr double kContendedShare = 0.2;  // of recent run() time spent waiting for late workers
 

@@ -15,10 +15,6 @@ size_t sz(int64_t n) {
   return static_cast<size_t>(n);
 }
 
-// Weight bytes x tokens below which a matmul runs on the calling thread alone when the pool sleeps
-// or is contended.
-constexpr int64_t kSoloMatmulBytes = int64_t{4} << 20;
-
 }  // namespace
 
 uint64_t ForwardBuffers::bytes() const {
@@ -84,13 +80,7 @@ kv::KvGeometry Forward::kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, u
 }
 
 void Forward::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y) {
-  // Results do not depend on the thread count (matmul.h), so this choice only affects speed. A
-  // polling pool (thread_pool.h) hands off in microseconds, so even decode's small matmuls are
-  // split; a sleeping one (more threads than CPUs) pays a futex wake per call, and a contended one
-  // (other load) waits for workers without a CPU: below kSoloMatmulBytes that costs more than it saves.
-  const auto bytes = static_cast<int64_t>(*ggml_row_bytes(w.type, static_cast<uint64_t>(w.k))) * w.n_rows * n;
-  const bool split = bytes >= kSoloMatmulBytes || pool_.polls();
-  cpu::matmul(split ? pool_ : solo_, isa_, w, x, n, y, mm_scratch_);
+  cpu::matmul(pool_, isa_, w, x, n, y, mm_scratch_);
 }
 
 void Forward::for_tokens(int64_t n, const std::function<void(int64_t)>& fn) {

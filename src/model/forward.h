@@ -70,7 +70,6 @@ class Forward {
   const ModelWeights& w_;
   int64_t max_tokens_;
   ThreadPool& pool_;
-  ThreadPool solo_{1};  // small matmuls when pool_ sleeps between runs (Forward::matmul)
   cpu::Isa isa_;
   kv::Reservation reservation_;
   // Activation buffers (T = max_tokens_):

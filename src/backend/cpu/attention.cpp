@@ -22,9 +22,9 @@ size_t align64(size_t n) {
 // The chunk-parallel path (attend): calls of at most kSplitTokens query tokens; each thread holds up
 // to kSlotsPerThread finished chunks of kSplitTokens * q_per_kv rows at once.
 constexpr int64_t kSplitTokens = 4;
-// Multiply-adds (keys x query heads x tokens x (dk + dv)) below which a call runs on the calling
-// thread when the pool sleeps between runs (about 0.1-0.2 ms of work).
-constexpr int64_t kSoloAttentionWork = int64_t{4} << 20;
+// Multiply-adds (keys x query heads x tokens x (dk + dv)) below which a sleeping pool's hand-off
+// costs more than it saves (ThreadPool::threads_for; about 0.1-0.2 ms of work).
+constexpr int64_t kSleepingPoolMinWork = int64_t{4} << 20;
 constexpr int64_t kSlotsPerThread = 16;
 static_assert(kSlotsPerThread * kSplitTokens >= kAttnQueryTile, "the slots hold one whole item's rows");
 static_assert(2 * kSplitTokens <= kAttnQueryTile, "run_lse holds two split heads' rows");
@@ -283,12 +283,11 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
   const int64_t n_kv = q.n_heads / p.q_per_kv;
   const int64_t n_qt = (q.n_tokens + kAttnQueryTile - 1) / kAttnQueryTile;
   const int64_t n_items = n_kv * n_qt;
-  // A sleeping pool (thread_pool.h: more threads than CPUs, or foreign load) pays a futex wake per
-  // hand-off and may wait for a worker without a CPU: small calls (decode at short context) then
-  // run on this thread alone. Results do not depend on the thread count.
+  // Small calls (decode at short context) run on this thread alone when the pool sleeps
+  // (ThreadPool::threads_for). Results do not depend on the thread count.
   const int64_t key_span = spans.empty() ? 0 : spans.back().pos0 + spans.back().n_tokens - spans.front().pos0;
-  const int64_t work = key_span * q.n_heads * q.n_tokens * (p.head_dim_k + p.head_dim_v);
-  const int threads = !pool.polls() && work < kSoloAttentionWork ? 1 : pool.size();
+  const int threads = pool.threads_for(key_span * q.n_heads * q.n_tokens * (p.head_dim_k + p.head_dim_v),
+                                       kSleepingPoolMinWork);
   // 64-byte aligned base for the per-thread scratch.
   auto* base =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(scratch.data()) + 63) & ~uintptr_t{63});

@@ -11,6 +11,9 @@ namespace kvtier::cpu {
 namespace {
 
 constexpr int64_t kTokenTile = 32;  // tokens per tile: their activations stay in L1/L2 across a row tile
+// Weight bytes x tokens below which a sleeping pool's hand-off costs more than it saves
+// (ThreadPool::threads_for; decode's per-layer matvecs are 0.2-1.7 MB).
+constexpr int64_t kSleepingPoolMinBytes = int64_t{4} << 20;
 
 VecDotFn dot_fn(const KernelTable& t, GgmlType type) {
   const VecDotFn fn = is_supported_weight_type(type) ? t.vec_dot[static_cast<size_t>(type)] : nullptr;
@@ -45,6 +48,7 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
          ggml_type_name(w.type));
   }
   const int64_t row_bytes = static_cast<int64_t>(*row_bytes_opt);
+  const int threads = pool.threads_for(row_bytes * w.n_rows * n_tokens, kSleepingPoolMinBytes);
   const ActFormat fmt = act_format_for(w.type);
   KVTIER_ASSERT(scratch.size() >= matmul_scratch_bytes(w.type, w.k, n_tokens), "matmul scratch of {} bytes",
                 scratch.size());
@@ -57,7 +61,7 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
     act_bytes = static_cast<int64_t>(act_row_bytes(fmt, w.k));
     const QuantizeActFn quantize = table.quantize_act[static_cast<size_t>(fmt)];
     KVTIER_ASSERT(quantize != nullptr, "no activation quantiser for {}", ggml_type_name(w.type));
-    const int n_q = static_cast<int>(std::min<int64_t>(pool.size(), n_tokens));
+    const int n_q = static_cast<int>(std::min<int64_t>(threads, n_tokens));
     pool.run(n_q, [&](int part) {
       const Range r = split_range(n_tokens, n_q, part);
       for (int64_t t = r.begin; t < r.end; ++t) quantize(x + t * w.k, w.k, scratch.data() + t * act_bytes);
@@ -73,8 +77,7 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
   const TileKernel wide = table.tile_wide[static_cast<size_t>(w.type)];
   KVTIER_ASSERT(wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows), "wide tile of {} rows",
                 wide.rows);
-  const int n_parts =
-      static_cast<int>(std::min<int64_t>(pool.size(), (w.n_rows + kRowAlign - 1) / kRowAlign));
+  const int n_parts = static_cast<int>(std::min<int64_t>(threads, (w.n_rows + kRowAlign - 1) / kRowAlign));
   pool.run(n_parts, [&](int part) {
     const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
     for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kRowAlign) {
