@@ -1,12 +1,18 @@
-// kvtier run -m MODEL (-p TEXT | -f FILE) [-n N] [--chat] [--ctx N] [--chunk N] [--threads N]
+// kvtier run -m MODEL (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat] [--ctx N] [--chunk N] [--threads N]
 //            [--temp --top-k --top-p --min-p --seed ...] [--stop S]... [--json] [--dump-logits FILE]
 // Streams the generated text to stdout; --json prints one object at the end instead.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -26,6 +32,7 @@ struct RunArgs {
   SampleArgs sample;
   std::string prompt;
   std::string file;
+  std::string ids;  // comma-separated token ids: the prompt as given, no tokenizer
   int64_t n_predict = 128;
   bool chat = false;
   std::string system;
@@ -53,12 +60,41 @@ std::vector<runtime::TokenId> prompt_tokens(const tokenizer::Tokenizer& tok, con
   return tok.encode(formatted, {.add_special = !tokenizer::template_writes_bos(tmpl), .parse_special = true});
 }
 
+// "1,2,3" -> ids, each checked against the model's vocabulary.
+std::vector<runtime::TokenId> parse_ids(const tokenizer::Tokenizer& tok, std::string_view text) {
+  std::vector<runtime::TokenId> ids;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t comma = std::min(text.find(',', begin), text.size());
+    const std::string item(text.substr(begin, comma - begin));
+    size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || id < 0 || id > INT32_MAX)
+      fail(ErrorKind::kInvalidArgument, "--ids: '{}' is not a token id (expected e.g. --ids 1,2,3)", item);
+    tok.check_id(static_cast<runtime::TokenId>(id));
+    ids.push_back(static_cast<runtime::TokenId>(id));
+    begin = comma + 1;
+  }
+  return ids;
+}
+
 int run_run(const RunArgs& a) {
-  if (a.prompt.empty() == a.file.empty())
-    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT and -f FILE");
+  const int n_sources = static_cast<int>(!a.prompt.empty()) + static_cast<int>(!a.file.empty()) +
+                        static_cast<int>(!a.ids.empty());
+  if (n_sources != 1)
+    fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE and --ids 1,2,3");
+  if (!a.ids.empty() && a.chat) fail(ErrorKind::kInvalidArgument, "--ids is the whole prompt: no --chat with it");
   const auto model = runtime::load_model(a.engine.model);
-  const std::string text = a.file.empty() ? a.prompt : read_text_file(a.file);
-  const auto prompt = prompt_tokens(*model->tokenizer, text, a.chat, a.system, a.chat_template);
+  const auto prompt =
+      !a.ids.empty()
+          ? parse_ids(*model->tokenizer, a.ids)
+          : prompt_tokens(*model->tokenizer, a.file.empty() ? a.prompt : read_text_file(a.file), a.chat, a.system,
+                          a.chat_template);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
   if (a.engine.backend == Backend::kCuda) {
     return run_generate_cuda(a.engine, *model, prompt, sampler_params(a.sample),
@@ -134,6 +170,7 @@ void add_run(CLI::App& app, Runner& run) {
   add_sample_flags(cmd, a->sample, runtime::SamplerParams{});
   cmd->add_option("-p,--prompt", a->prompt, "prompt text");
   cmd->add_option("-f,--file", a->file, "read the prompt from a file");
+  cmd->add_option("--ids", a->ids, "the prompt as token ids, comma-separated (e.g. 1,2,3; not tokenized)");
   cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most")
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--chat", a->chat, "wrap the prompt as a user turn in the model's chat template");
