@@ -84,7 +84,8 @@ struct ErrStats {
 };
 
 bool is_matmul_weight(const gguf::TensorInfo& t) {
-  return t.ne.size() == 2 && t.name.size() > 7 && t.name.ends_with(".weight") && is_supported_weight_type(t.type);
+  return t.ne.size() == 2 && t.name.size() > 7 && t.name.ends_with(".weight") &&
+         is_supported_weight_type(t.type);
 }
 
 TEST(IsaModels, MatmulEveryPathIsAsPreciseAsScalarOnRealWeights) {
@@ -160,8 +161,8 @@ TEST(IsaModels, MatmulEveryPathIsAsPreciseAsScalarOnRealWeights) {
       std::printf(" (%lld outputs)\n", static_cast<long long>(by_isa.at(paths[0]).n));
       const double ref = by_isa.at(Isa::kScalar).rms();
       for (Isa isa : paths) {
-        EXPECT_LE(by_isa.at(isa).rms(), 1.5 * ref + 0.1)
-            << file_name << " " << ggml_type_name(type) << ": " << isa_name(isa) << " is less precise than scalar";
+        EXPECT_LE(by_isa.at(isa).rms(), 1.5 * ref + 0.1) << file_name << " " << ggml_type_name(type) << ": "
+                                                         << isa_name(isa) << " is less precise than scalar";
       }
     }
   }
@@ -216,13 +217,15 @@ TEST(IsaModels, FloatOpsEveryPathMatchesExactOnRealNormWeights) {
       for (int64_t i = 0; i < n; ++i) {
         const double v = x[i], exact = v / (1.0 + std::exp(-v));
         // absolute error relative to |x| (silu(x) ~ 0 for x << 0: relative error there is meaningless)
-        worst[isa]["silu"] = std::max(worst[isa]["silu"], std::fabs(y[i] - exact) / (std::fabs(v) * kU + 1e-30));
+        worst[isa]["silu"] =
+            std::max(worst[isa]["silu"], std::fabs(y[i] - exact) / (std::fabs(v) * kU + 1e-30));
       }
       fo.gelu_tanh(x.data(), n, y.data());
       for (int64_t i = 0; i < n; ++i) {
         const double v = x[i];
         const double exact = 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
-        worst[isa]["gelu"] = std::max(worst[isa]["gelu"], std::fabs(y[i] - exact) / (std::fabs(v) * kU + 1e-30));
+        worst[isa]["gelu"] =
+            std::max(worst[isa]["gelu"], std::fabs(y[i] - exact) / (std::fabs(v) * kU + 1e-30));
       }
       fo.softmax(x.data(), n, y.data());
       double m = -INFINITY, s = 0.0;

@@ -1,4 +1,10 @@
-"""Shared helpers for the Python reference tests: where the binary and the models are."""
+"""Shared helpers for the Python reference tests: where the binary and the models are.
+
+KVTIER_TEST_ISA (scalar, avx2 or avx512; read here, never by the library) forces that CPU kernel path on
+every kvtier command that computes (run, chat, perplexity, bench, eval) and does not name --isa itself:
+scripts/test.sh runs the model tests a second time with KVTIER_TEST_ISA=avx2 on AVX-512 machines, so
+CI proves both SIMD paths against the references wherever it runs.
+"""
 import json
 import os
 import pathlib
@@ -23,8 +29,27 @@ def model(name: str) -> pathlib.Path:
     return p
 
 
+COMPUTING_COMMANDS = {"run", "chat", "perplexity", "bench", "eval"}
+
+
+def test_isa():
+    """The kernel path forced by KVTIER_TEST_ISA, or None (the best the CPU has)."""
+    isa = os.environ.get("KVTIER_TEST_ISA") or None
+    assert isa in (None, "scalar", "avx2", "avx512"), f"KVTIER_TEST_ISA={isa!r}: expected scalar, avx2 or avx512"
+    return isa
+
+
+def with_isa(args):
+    """args (a kvtier command line without the binary) with --isa KVTIER_TEST_ISA added where it applies."""
+    args = [str(a) for a in args]
+    isa = test_isa()
+    if isa and args and args[0] in COMPUTING_COMMANDS and "--isa" not in args:
+        args += ["--isa", isa]
+    return args
+
+
 def run(*args, check=True, **kw) -> subprocess.CompletedProcess:
-    proc = subprocess.run([kvtier_bin(), *map(str, args)], capture_output=True, text=True, timeout=600, **kw)
+    proc = subprocess.run([kvtier_bin(), *with_isa(args)], capture_output=True, text=True, timeout=600, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"kvtier {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stderr}")
     return proc

@@ -73,8 +73,8 @@ def test_perplexity_and_bench_json(tiny, tmp_path):
 
 
 def test_chat_two_turns_then_end_of_input():
-    proc = subprocess.run([kt.kvtier_bin(), "chat", "-m", str(kt.model("smollm2")), "--temp", "0", "-n", "24",
-                           "--threads", "2"], input="What is the capital of France?\nAnd of Italy?\n",
+    args = kt.with_isa(["chat", "-m", kt.model("smollm2"), "--temp", "0", "-n", "24", "--threads", "2"])
+    proc = subprocess.run([kt.kvtier_bin(), *args], input="What is the capital of France?\nAnd of Italy?\n",
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     replies = [r for r in proc.stdout.split("\n") if r.strip()]

@@ -88,13 +88,13 @@ int run_run(const RunArgs& a) {
                         static_cast<int>(!a.ids.empty());
   if (n_sources != 1)
     fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE and --ids 1,2,3");
-  if (!a.ids.empty() && a.chat) fail(ErrorKind::kInvalidArgument, "--ids is the whole prompt: no --chat with it");
+  if (!a.ids.empty() && a.chat)
+    fail(ErrorKind::kInvalidArgument, "--ids is the whole prompt: no --chat with it");
   const auto model = runtime::load_model(a.engine.model);
   const auto prompt =
-      !a.ids.empty()
-          ? parse_ids(*model->tokenizer, a.ids)
-          : prompt_tokens(*model->tokenizer, a.file.empty() ? a.prompt : read_text_file(a.file), a.chat, a.system,
-                          a.chat_template);
+      !a.ids.empty() ? parse_ids(*model->tokenizer, a.ids)
+                     : prompt_tokens(*model->tokenizer, a.file.empty() ? a.prompt : read_text_file(a.file),
+                                     a.chat, a.system, a.chat_template);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
   if (a.engine.backend == Backend::kCuda) {
     return run_generate_cuda(a.engine, *model, prompt, sampler_params(a.sample),
