@@ -82,7 +82,7 @@ def main():
             ref = reference.Model(str(kt.model(name)))
             ref.matmul_f64 = True
             paths.append("numpy-f64")
-        nll = {p: 0.0 for p in paths}
+        nll = {p: [] for p in paths}  # per scored token
         kls = {pair: [] for pair in itertools.combinations(paths, 2)}
         agree = {pair: [] for pair in kls}
         n_scored = 0
@@ -100,7 +100,7 @@ def main():
                         lg = kvtier_logits(name, seq, p, tmp)
                     lp[p] = log_softmax(lg)
                     targets = ids[w * N_CTX + N_CTX // 2 + 1:(w + 1) * N_CTX]
-                    nll[p] -= lp[p][np.arange(N_CTX // 2, N_CTX - 1), targets].sum()
+                    nll[p].append(-lp[p][np.arange(N_CTX // 2, N_CTX - 1), targets])
                 n_scored += N_CTX // 2 - 1
                 for a, b in kls:
                     kls[(a, b)].append(kl(lp[a], lp[b]))
@@ -109,7 +109,16 @@ def main():
         print(f"\n{name}: {len(wins)} windows of {N_CTX}, {n_scored} scored for perplexity, "
               f"{len(wins) * N_CTX} positions for KL")
         for p in paths:
-            print(f"  perplexity {p:10s} {np.exp(nll[p] / n_scored):.4f}")
+            print(f"  perplexity {p:10s} {np.exp(np.concatenate(nll[p]).mean()):.4f}")
+        # ln(ppl_a / ppl_b) is the mean per-token NLL difference; its standard error from the tokens'
+        # spread (se_tok) and from the windows' means (se_win: allows for correlation within a window).
+        print(f"  {'pair':24s} {'ppl ratio':>9s} {'sd dNLL':>8s} {'se_tok':>7s} {'se_win':>7s}")
+        for a, b in itertools.combinations(paths, 2):
+            d = [x - y for x, y in zip(nll[a], nll[b])]
+            dd = np.concatenate(d)
+            wm = np.array([x.mean() for x in d])
+            print(f"  {a + ' | ' + b:24s} {np.exp(dd.mean()) - 1:+9.2%} {dd.std():8.4f} "
+                  f"{dd.std() / np.sqrt(len(dd)):7.2%} {wm.std(ddof=1) / np.sqrt(len(wm)):7.2%}")
         print(f"  {'pair':24s} {'KL mean':>9s} {'KL p99':>9s} {'KL max':>9s} {'top-1':>7s}")
         for (a, b), v in kls.items():
             v = np.concatenate(v)
