@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "python"))
@@ -57,7 +58,14 @@ def test_stop_string_cuts_the_text(tiny):
 
 def test_context_and_flag_errors(tiny):
     p = kt.run("run", "-m", tiny, "-n", 4, check=False)
-    assert p.returncode != 0 and "exactly one of -p TEXT and -f FILE" in p.stderr
+    assert p.returncode != 0 and "exactly one of -p TEXT, -f FILE and --ids 1,2,3" in p.stderr
+    p = kt.run("run", "-m", tiny, "-p", "x", "--ids", "1,2", check=False)
+    assert p.returncode != 0 and "exactly one of" in p.stderr
+    for bad in ("1,,2", "1,2,", "x", "-1", "1 ,2"):
+        p = kt.run("run", "-m", tiny, "--ids", bad, check=False)
+        assert p.returncode != 0 and "is not a token id" in p.stderr, bad
+    p = kt.run("run", "-m", tiny, "--ids", "99999999", check=False)
+    assert p.returncode != 0 and "outside the vocabulary" in p.stderr
     p = kt.run("run", "-m", tiny, "-p", "x" * 300, "--ctx", 64, check=False)
     assert p.returncode != 0 and "raise --ctx" in p.stderr
 
@@ -80,3 +88,13 @@ def test_chat_two_turns_then_end_of_input():
     replies = [r for r in proc.stdout.split("\n") if r.strip()]
     assert len(replies) >= 2
     assert "Paris" in proc.stdout and "Rome" in proc.stdout, proc.stdout
+
+
+def test_ids_prompt_scores_a_given_sequence(tiny, tmp_path):
+    """--ids gives the prompt as token ids: the same logits as the text that tokenises to them."""
+    text = kt.run_json("run", "-m", tiny, "-p", "abc abc", "-n", 0, "--json", "--dump-logits", tmp_path / "a.npy")
+    ids = ",".join(map(str, text["prompt_tokens"]))
+    by_ids = kt.run_json("run", "-m", tiny, "--ids", ids, "-n", 0, "--json", "--dump-logits", tmp_path / "b.npy")
+    assert by_ids["prompt_tokens"] == text["prompt_tokens"]
+    a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
+    assert a.shape == b.shape and a.shape[0] == len(text["prompt_tokens"]) and (a == b).all()
