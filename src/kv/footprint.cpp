@@ -4,6 +4,8 @@
 
 #include "core/error.h"
 #include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "policy/retention.h"
 
 namespace kvtier::kv {
 namespace {
@@ -39,12 +41,30 @@ uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) 
 
 }  // namespace
 
-ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads) {
+int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
+  const int64_t max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  if (o.retention != policy::Retention::kSliding) return max_blocks;
+  const int64_t max_new = o.max_new_rows > 0 ? o.max_new_rows : capacity;
+  return policy::sliding_blocks(geo.window_of(layer), max_new, geo.block_tokens, max_blocks);
+}
+
+int64_t home_rows(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
+  const int64_t blocks = layer_blocks(geo, layer, capacity, o);
+  const int64_t max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  // A ring needs one block of slack: a pass's live range starts at a block boundary below the window.
+  if (blocks >= max_blocks - 1) return capacity;
+  return (blocks + 1) * geo.block_tokens;
+}
+
+ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                               const KvOptions& o) {
   geo.validate();
   if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
+  if (o.max_seqs == 0) fail(ErrorKind::kInvalidArgument, "a KV cache for 0 sequences");
   ResidentLayout r;
   r.max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
   std::vector<uint64_t> counts;
+  std::vector<uint32_t> groups;
   for (uint32_t l = 0; l < geo.n_layer(); ++l) {
     const uint64_t bytes = geo.block_bytes(l);
     auto it = std::find(r.pool_block_bytes.begin(), r.pool_block_bytes.end(), bytes);
@@ -55,10 +75,11 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     }
     const auto pi = static_cast<uint32_t>(it - r.pool_block_bytes.begin());
     r.pool_index.push_back(pi);
-    counts[pi] += uint64_t{geo.n_groups(l)} * static_cast<uint64_t>(r.max_blocks);
-    r.table_entries += size_t{geo.n_groups(l)} * static_cast<size_t>(r.max_blocks);
+    counts[pi] += uint64_t{o.max_seqs} * geo.n_groups(l) * static_cast<uint64_t>(layer_blocks(geo, l, capacity, o));
+    groups.push_back(geo.n_groups(l));
   }
-  r.kv_bytes = r.table_entries * sizeof(uint32_t) + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
+  r.table_bytes = BlockTable::bytes(o.max_seqs, groups, r.max_blocks);
+  r.kv_bytes = r.table_bytes + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] > 0xfffffff0u) fail(ErrorKind::kBudget, "{} KV blocks are too many", counts[i]);
     r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
@@ -76,6 +97,12 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     fail(ErrorKind::kInvalidArgument, "TieredKv serves offloaded placements, not resident");
   }
   if (o.placement.prefetch_depth == 0) fail(ErrorKind::kInvalidArgument, "prefetch depth must be at least 1");
+  if (o.max_seqs != 1) {
+    fail(ErrorKind::kUnsupported,
+         "the offloaded placements (layer, headinfer) hold one sequence per cache so far; {} were asked for "
+         "(use resident for several)",
+         o.max_seqs);
+  }
   const int64_t max_new_rows = o.max_new_rows > 0 ? o.max_new_rows : capacity;
   const uint32_t L = geo.n_layer();
   const uint64_t esz = cpu::kv_dtype_bytes(geo.dtype);
@@ -122,12 +149,25 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     // No use holding more than the largest unit needs.
     t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, 2ull * t.h_max * plane_for_ctx);
   }
-  // Home tier: one plane per (layer, head, K|V), page-aligned.
-  t.home_pitch = plane_for_ctx;
-  t.home_bytes = 2ull * t.n_heads_total * t.home_pitch;
+  // Home tier: one plane per (layer, head, K|V), page-aligned; a ring on sliding-retention layers.
+  for (uint32_t l = 0; l < L; ++l) {
+    const int64_t rows = home_rows(geo, l, capacity, o);
+    const uint64_t pitch = round_up(static_cast<uint64_t>(rows) * row_max, kPageAlign);
+    if (rows < capacity && (rows * geo.head_dim_k * esz % kPageAlign != 0 || rows * geo.head_dim_v * esz % kPageAlign != 0)) {
+      fail(ErrorKind::kUnsupported, "sliding retention on layer {}: a ring of {} rows is not page-aligned", l, rows);
+    }
+    t.home_rows.push_back(rows);
+    t.home_pitch.push_back(pitch);
+    t.home_offset.push_back(t.home_bytes);
+    t.home_bytes += 2ull * geo.n_head_kv[l] * pitch;
+  }
   t.home_block_bytes = round_up(uint64_t{geo.block_tokens} * row_max, kPageAlign);
   t.home_pin_bytes = (t.home_bytes + t.home_block_bytes - 1) / t.home_block_bytes * sizeof(uint32_t);
   return t;
+}
+
+uint32_t kv_needs(const KvOptions&) {
+  return kNeedNone;  // no policy of this build recomputes or scores from extra rows yet
 }
 
 void check_placement_options(const TieredOptions& o) {
@@ -159,7 +199,7 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
   check_placement_options(o);
   KvFootprint f;
   if (o.placement.placement == policy::Placement::kResident) {
-    const ResidentLayout r = resident_layout(geo, capacity, n_head, threads);
+    const ResidentLayout r = resident_layout(geo, capacity, n_head, threads, o);
     check_resident_budget(r, capacity, o.kv_mem);
     f.device_kv = r.kv_bytes;
     f.device_scratch = r.scratch_bytes;

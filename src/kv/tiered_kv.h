@@ -29,6 +29,7 @@
 #include "kv/home_store.h"
 #include "kv/kv_cache.h"
 #include "kv/ledger.h"
+#include "kv/pass_state.h"
 #include "kv/transfer_engine.h"
 #include "policy/placement.h"
 
@@ -51,11 +52,14 @@ class TieredKv final : public KvCache {
 
   const KvGeometry& geometry() const override { return geo_; }
   int64_t capacity() const override { return capacity_; }
-  int64_t length() const override;
-  void write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) override;
-  void attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
-              const LayerAttention& la, float* o) override;
-  void truncate(int64_t n_tokens) override;
+  uint32_t max_sequences() const override { return 1; }
+  int64_t positions(SeqId seq) const override;
+  PassPositions begin_pass(const PassInfo& info) override;
+  void write(uint32_t layer, const LayerRows& rows) override;
+  void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
+  void end_pass() override;
+  void abort_pass() override;
+  void truncate(SeqId seq, int64_t n) override;
 
   TieredStats stats() const;
   // Home blocks and staging buffers pinned by transfers in flight now (tests).
@@ -65,7 +69,8 @@ class TieredKv final : public KvCache {
   struct Visit {  // a load in flight (or done) for an upcoming unit visit
     uint64_t visit = 0;
     policy::Unit unit;
-    int64_t rows = 0;  // rows [0, rows) loaded
+    int64_t first = 0;  // rows [first, rows) loaded
+    int64_t rows = 0;
     uint64_t epoch = 0;
     TransferEngine::Ticket ticket = 0;
   };
@@ -75,8 +80,14 @@ class TieredKv final : public KvCache {
     int64_t rows = 0;    // rows a plane holds
   };
 
-  void begin_pass(int64_t s_kv);
+  void plan(int64_t s_kv);
   Layout layout_for(uint32_t group) const;
+  // First row a pass whose first new token is at `pos0` attends in `layer` (block-aligned; 0 unless
+  // sliding retention applies to the layer).
+  int64_t first_row(uint32_t layer, int64_t pos0) const;
+  // Appends the copies of rows [r0, r1) of one home plane <-> the staging plane at `buf` (row r at
+  // buf + r * row_bytes); a ring plane's wrap splits them in two.
+  void add_rows(uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0, int64_t r1, size_t& n);
   uint32_t buffer_slot(uint64_t visit) const { return buffer_slots_[visit % buffer_slots_.size()]; }
   uint8_t* buffer(uint64_t visit) { return staging_->data(buffer_slot(visit)); }
   // Appends the extent [home_offset, +bytes) <-> buf (one plane's rows: consecutive home blocks) to
@@ -98,7 +109,8 @@ class TieredKv final : public KvCache {
   size_t esz_;
   uint64_t row_max_;             // bytes of the longer of a K and a V row
   TieredLayout lay_;             // sizes of everything below
-  std::vector<int64_t> length_;  // [n_layer]
+  int64_t length_ = 0;           // positions the sequence holds
+  PassState pass_;
 
   std::unique_ptr<HomeStore> home_;
   uint64_t home_block_bytes_ = 0;      // pin granularity: block_tokens rows of one plane, page-rounded
@@ -117,7 +129,7 @@ class TieredKv final : public KvCache {
   std::vector<uint8_t> new_v_;  // [max_new_rows, max heads, head_dim_v] KV dtype
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;
-  std::vector<BlockCopy> copies_;  // [2 * max heads] extents of one job
+  std::vector<BlockCopy> copies_;  // [4 * max heads] extents of one job (a ring plane may need two)
 
   // The current pass.
   policy::PassPlan plan_;

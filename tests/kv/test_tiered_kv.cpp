@@ -37,6 +37,7 @@ std::vector<float> run(KvCache& kv, const Case& c, const std::vector<std::pair<i
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> out;
   for (auto [pos0, n] : ps) {
+    EXPECT_EQ(kv.begin_pass({0, n}).pos0, pos0);
     for (uint32_t l = 0; l < c.n_head_kv.size(); ++l) {
       const uint32_t hk = c.n_head_kv[l];
       std::vector<float> k(n * hk * c.dk), v(n * hk * c.dv), q(n * c.n_head * c.dk),
@@ -44,10 +45,11 @@ std::vector<float> run(KvCache& kv, const Case& c, const std::vector<std::pair<i
       for (auto* vec : {&k, &v, &q}) {
         for (float& x : *vec) x = nd(rng);
       }
-      kv.write(l, pos0, n, k.data(), v.data());
-      kv.attend(l, pos0, n, q.data(), c.n_head, la, o.data());
+      kv.write(l, {k.data(), v.data()});
+      kv.attend(l, q.data(), c.n_head, la, o.data());
       out.insert(out.end(), o.begin(), o.end());
     }
+    kv.end_pass();
   }
   return out;
 }
@@ -242,8 +244,8 @@ TEST(TieredKv, TruncateThenContinueMatchesResident) {
   TieredKv tiered(geometry(c), 300, c.n_head, lt, pool, isa, o);
   run(resident, c, passes(200, 64, 2), 5, {0.1f, 0, 0});
   run(tiered, c, passes(200, 64, 2), 5, {0.1f, 0, 0});
-  resident.truncate(130);
-  tiered.truncate(130);
+  resident.truncate(0, 130);
+  tiered.truncate(0, 130);
   std::vector<std::pair<int64_t, int64_t>> more = {{130, 50}, {180, 1}, {181, 1}};
   expect_bit_identical(run(resident, c, more, 9, {0.1f, 0, 0}), run(tiered, c, more, 9, {0.1f, 0, 0}),
                        "after truncate");

@@ -16,19 +16,13 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   runtime::SessionOptions first;
   for (size_t i = 0; i < a.policies.size(); ++i) {
-    EngineArgs e = a.engine;
-    e.kv_policy = a.policies[i];
-    if (e.kv_policy == "resident") {  // flags of the offloaded placements do not apply
-      e.group = 0;
-      e.static_heads = 0;
-      e.kv_disk.clear();
-    }
+    const EngineArgs e = engine_for(a.engine, a.policies[i]);
     const runtime::SessionOptions o =
         runtime::resolve_session_options(model->config, session_options(e, model->config, e.ctx));
     if (i == 0) first = o;
     nlohmann::ordered_json r;
     r["policy"] = e.kv_policy;
-    r["group"] = e.kv_policy == "headinfer" ? e.group : 0;  // 0: all heads (layer), adaptive (headinfer)
+    r["group"] = a.policies[i].placement == policy::Placement::kHeadInfer ? e.group : 0;  // 0: all heads (layer), adaptive (headinfer)
     try {
       const kv::MemoryLedger p = runtime::predict_memory(*model, o);
       r["fits"] = true;

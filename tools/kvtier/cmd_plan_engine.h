@@ -13,7 +13,7 @@ namespace kvtier::cli {
 
 struct EnginePlanArgs {
   EngineArgs engine;                  // model, ctx, chunk (0: the engine's default), threads, KV flags
-  std::vector<std::string> policies;  // resident, layer, headinfer
+  std::vector<policy::KvPolicy> policies;
 };
 
 // {"ctx": N, "chunk": N, "threads": N, "kv_mem": B, "policies": [{"policy", "group", "fits",
