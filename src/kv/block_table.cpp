@@ -22,9 +22,9 @@ uint64_t BlockTable::bytes(uint32_t n_seqs, std::span<const uint32_t> groups, in
 }
 
 size_t BlockTable::index(SeqId seq, uint32_t layer, uint32_t group, int64_t block) const {
-  KVTIER_ASSERT(seq < n_seqs_ && layer < groups_.size() && group < groups_[layer] && block >= 0 &&
-                    block < max_blocks_,
-                "block table entry (seq {}, layer {}, group {}, block {})", seq, layer, group, block);
+  KVTIER_ASSERT(
+      seq < n_seqs_ && layer < groups_.size() && group < groups_[layer] && block >= 0 && block < max_blocks_,
+      "block table entry (seq {}, layer {}, group {}, block {})", seq, layer, group, block);
   return seq * per_seq_ + layer_off_[layer] + size_t{group} * static_cast<size_t>(max_blocks_) +
          static_cast<size_t>(block);
 }

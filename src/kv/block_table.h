@@ -44,10 +44,10 @@ class BlockTable {
   size_t index(SeqId seq, uint32_t layer, uint32_t group, int64_t block) const;
 
   uint32_t n_seqs_;
-  std::vector<uint32_t> groups_;   // [n_layer]
+  std::vector<uint32_t> groups_;  // [n_layer]
   int64_t max_blocks_;
-  std::vector<size_t> layer_off_;  // [n_layer] first entry of the layer within a sequence
-  size_t per_seq_ = 0;             // entries per sequence
+  std::vector<size_t> layer_off_;    // [n_layer] first entry of the layer within a sequence
+  size_t per_seq_ = 0;               // entries per sequence
   std::vector<BlockEntry> entries_;  // [seq][layer][group][block]
   std::vector<int64_t> first_;       // [seq][layer]
 };

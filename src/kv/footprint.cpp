@@ -75,7 +75,8 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     }
     const auto pi = static_cast<uint32_t>(it - r.pool_block_bytes.begin());
     r.pool_index.push_back(pi);
-    counts[pi] += uint64_t{o.max_seqs} * geo.n_groups(l) * static_cast<uint64_t>(layer_blocks(geo, l, capacity, o));
+    counts[pi] +=
+        uint64_t{o.max_seqs} * geo.n_groups(l) * static_cast<uint64_t>(layer_blocks(geo, l, capacity, o));
     groups.push_back(geo.n_groups(l));
   }
   r.table_bytes = BlockTable::bytes(o.max_seqs, groups, r.max_blocks);
@@ -153,8 +154,10 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t l = 0; l < L; ++l) {
     const int64_t rows = home_rows(geo, l, capacity, o);
     const uint64_t pitch = round_up(static_cast<uint64_t>(rows) * row_max, kPageAlign);
-    if (rows < capacity && (rows * geo.head_dim_k * esz % kPageAlign != 0 || rows * geo.head_dim_v * esz % kPageAlign != 0)) {
-      fail(ErrorKind::kUnsupported, "sliding retention on layer {}: a ring of {} rows is not page-aligned", l, rows);
+    if (rows < capacity &&
+        (rows * geo.head_dim_k * esz % kPageAlign != 0 || rows * geo.head_dim_v * esz % kPageAlign != 0)) {
+      fail(ErrorKind::kUnsupported, "sliding retention on layer {}: a ring of {} rows is not page-aligned", l,
+           rows);
     }
     t.home_rows.push_back(rows);
     t.home_pitch.push_back(pitch);

@@ -55,13 +55,13 @@ struct TieredLayout {
   std::vector<uint64_t> static_offset;  // [n_layer] byte offset of the layer's static heads
   uint64_t static_pitch = 0;            // bytes per static plane (one head's K or V)
   uint64_t static_bytes = 0;
-  uint64_t staging_bytes = 0;  // new rows of the largest pass, KV dtype
-  uint64_t scratch_bytes = 0;  // attention scratch
-  uint32_t n_buffers = 0;      // staging buffers (prefetch depth + 1)
-  uint64_t buffer_bytes = 0;   // bytes per staging buffer, page-aligned
-  std::vector<int64_t> home_rows;       // [n_layer] rows of a layer's home planes (home_rows())
-  std::vector<uint64_t> home_pitch;     // [n_layer] bytes per home plane (one head's K or V), page-aligned
-  std::vector<uint64_t> home_offset;    // [n_layer] byte offset of the layer's planes in the home tier
+  uint64_t staging_bytes = 0;         // new rows of the largest pass, KV dtype
+  uint64_t scratch_bytes = 0;         // attention scratch
+  uint32_t n_buffers = 0;             // staging buffers (prefetch depth + 1)
+  uint64_t buffer_bytes = 0;          // bytes per staging buffer, page-aligned
+  std::vector<int64_t> home_rows;     // [n_layer] rows of a layer's home planes (home_rows())
+  std::vector<uint64_t> home_pitch;   // [n_layer] bytes per home plane (one head's K or V), page-aligned
+  std::vector<uint64_t> home_offset;  // [n_layer] byte offset of the layer's planes in the home tier
   uint64_t home_bytes = 0;
   uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
   uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)

@@ -22,7 +22,8 @@ void KvGeometry::validate() const {
          block_tokens, cpu::kAttnTile);
   }
   if (!window.empty() && window.size() != n_head_kv.size()) {
-    fail(ErrorKind::kInvalidArgument, "KV geometry: {} windows for {} layers", window.size(), n_head_kv.size());
+    fail(ErrorKind::kInvalidArgument, "KV geometry: {} windows for {} layers", window.size(),
+         n_head_kv.size());
   }
   for (uint32_t l = 0; l < n_layer(); ++l) {
     if (n_head_kv[l] == 0) fail(ErrorKind::kInvalidArgument, "layer {} has no KV heads", l);

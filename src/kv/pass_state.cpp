@@ -15,8 +15,8 @@ void PassState::check_seq(SeqId seq, const char* call) const {
 
 void PassState::begin(const PassInfo& info, int64_t seq_positions) {
   if (open_) {
-    fail(ErrorKind::kInternal, "KV begin_pass: the pass of sequence {} is still open (end_pass or abort_pass first)",
-         seq_);
+    fail(ErrorKind::kInternal,
+         "KV begin_pass: the pass of sequence {} is still open (end_pass or abort_pass first)", seq_);
   }
   check_seq(info.seq, "begin_pass");
   if (info.n <= 0) fail(ErrorKind::kInternal, "KV begin_pass: a pass of {} tokens", info.n);
@@ -35,8 +35,8 @@ void PassState::begin(const PassInfo& info, int64_t seq_positions) {
 void PassState::write(uint32_t layer) {
   if (!open_) fail(ErrorKind::kInternal, "KV write(layer {}) outside a pass (begin_pass first)", layer);
   if (layer != next_write_) {
-    fail(ErrorKind::kInternal, "KV write(layer {}): layer {} is next (layers are written once each, in order)",
-         layer, next_write_);
+    fail(ErrorKind::kInternal,
+         "KV write(layer {}): layer {} is next (layers are written once each, in order)", layer, next_write_);
   }
   ++next_write_;
 }
@@ -47,8 +47,9 @@ void PassState::attend(uint32_t layer) {
     fail(ErrorKind::kInternal, "KV attend(layer {}) before its write", layer);
   }
   if (layer != next_attend_) {
-    fail(ErrorKind::kInternal, "KV attend(layer {}): layer {} is next (each layer is attended once, in order)",
-         layer, next_attend_);
+    fail(ErrorKind::kInternal,
+         "KV attend(layer {}): layer {} is next (each layer is attended once, in order)", layer,
+         next_attend_);
   }
   ++next_attend_;
 }
@@ -68,7 +69,8 @@ void PassState::check_truncate(SeqId seq, int64_t n, int64_t seq_positions) cons
   if (open_) fail(ErrorKind::kInternal, "KV truncate during the open pass of sequence {}", seq_);
   check_seq(seq, "truncate");
   if (n < 0 || n > seq_positions) {
-    fail(ErrorKind::kInternal, "KV truncate of sequence {} to {} positions: it holds {}", seq, n, seq_positions);
+    fail(ErrorKind::kInternal, "KV truncate of sequence {} to {} positions: it holds {}", seq, n,
+         seq_positions);
   }
 }
 

@@ -107,9 +107,9 @@ class TieredKv final : public KvCache {
   TieredOptions opt_;
   policy::KvShape shape_;
   size_t esz_;
-  uint64_t row_max_;             // bytes of the longer of a K and a V row
-  TieredLayout lay_;             // sizes of everything below
-  int64_t length_ = 0;           // positions the sequence holds
+  uint64_t row_max_;    // bytes of the longer of a K and a V row
+  TieredLayout lay_;    // sizes of everything below
+  int64_t length_ = 0;  // positions the sequence holds
   PassState pass_;
 
   std::unique_ptr<HomeStore> home_;

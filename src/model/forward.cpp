@@ -113,7 +113,8 @@ void Forward::finish_q(const LayerWeights& L, float* q, const float* cos, const 
   const int64_t dk = cfg_.head_dim_k;
   if (L.bq != nullptr) cpu::add(isa_, q, L.bq, H * dk, q);
   if (cfg_.qk_norm) {
-    for (int64_t h = 0; h < H; ++h) cpu::rms_norm(isa_, q + h * dk, L.attn_q_norm, cfg_.rms_eps, dk, q + h * dk);
+    for (int64_t h = 0; h < H; ++h)
+      cpu::rms_norm(isa_, q + h * dk, L.attn_q_norm, cfg_.rms_eps, dk, q + h * dk);
   }
   if (pre != nullptr) std::copy(q, q + H * dk, pre);
   cpu::rope(isa_, q, H, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
@@ -127,7 +128,8 @@ void Forward::finish_kv(const LayerWeights& L, uint32_t l, float* k, float* v, c
   if (L.bk != nullptr) cpu::add(isa_, k, L.bk, hk * dk, k);
   if (L.bv != nullptr) cpu::add(isa_, v, L.bv, hk * dv, v);
   if (cfg_.qk_norm) {
-    for (int64_t h = 0; h < hk; ++h) cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
+    for (int64_t h = 0; h < hk; ++h)
+      cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
   }
   if (pre != nullptr) std::copy(k, k + hk * dk, pre);
   cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
@@ -232,20 +234,20 @@ void Forward::run(std::span<const TokenId> tokens, kv::SeqId seq, kv::KvCache& k
   }
   const kv::PassPositions pp = kv.begin_pass({seq, n});
   try {
-  // Embeddings and RoPE angles of the chunk's positions.
-  const int64_t half = cfg_.n_rot / 2;
-  for_tokens(n, [&](int64_t t) {
-    float* x = x_.data() + t * E;
-    cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + tokens[sz(t)] * row_bytes, x, E);
-    if (cfg_.embd_scale != 1.0f) {
-      for (int64_t i = 0; i < E; ++i) x[i] *= cfg_.embd_scale;
-    }
-    for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
-      const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
-      rope_angles_ext(pp.position(t), cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
-                      sin_.data() + off);
-    }
-  });
+    // Embeddings and RoPE angles of the chunk's positions.
+    const int64_t half = cfg_.n_rot / 2;
+    for_tokens(n, [&](int64_t t) {
+      float* x = x_.data() + t * E;
+      cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + tokens[sz(t)] * row_bytes, x, E);
+      if (cfg_.embd_scale != 1.0f) {
+        for (int64_t i = 0; i < E; ++i) x[i] *= cfg_.embd_scale;
+      }
+      for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
+        const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
+        rope_angles_ext(pp.position(t), cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
+                        sin_.data() + off);
+      }
+    });
     for (uint32_t l = 0; l < cfg_.n_layer; ++l) layer(l, n, kv);
     kv.end_pass();
   } catch (...) {

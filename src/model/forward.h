@@ -35,14 +35,14 @@ enum class LogitRows {
 // Sizes of Forward's buffers for passes of up to max_tokens tokens (T). The constructor allocates
 // exactly these, and planners predict the engine's activation memory from them.
 struct ForwardBuffers {
-  size_t x = 0, xn = 0, tmp = 0;  // [T, n_embd] f32 elements each
-  size_t q = 0, att = 0;          // [T, n_head, head_dim_k|v] f32 elements
-  size_t k = 0, v = 0;            // [T, max n_head_kv, head_dim_k|v] f32 elements
-  size_t gate = 0, up = 0;        // [T, n_ff] f32 elements
-  size_t cos = 0, sin = 0;        // [n_tables, T, n_rot / 2] f32 elements
-  size_t q_pre = 0, k_pre = 0;    // kNeedPreRope: [T, n_head | max n_head_kv, head_dim_k] f32 elements
+  size_t x = 0, xn = 0, tmp = 0;      // [T, n_embd] f32 elements each
+  size_t q = 0, att = 0;              // [T, n_head, head_dim_k|v] f32 elements
+  size_t k = 0, v = 0;                // [T, max n_head_kv, head_dim_k|v] f32 elements
+  size_t gate = 0, up = 0;            // [T, n_ff] f32 elements
+  size_t cos = 0, sin = 0;            // [n_tables, T, n_rot / 2] f32 elements
+  size_t q_pre = 0, k_pre = 0;        // kNeedPreRope: [T, n_head | max n_head_kv, head_dim_k] f32 elements
   size_t hook_cos = 0, hook_sin = 0;  // the compute hook's angles (kv needs set): [T, n_rot / 2] f32
-  size_t matmul_bytes = 0;        // activations quantised for the widest matmul, bytes
+  size_t matmul_bytes = 0;            // activations quantised for the widest matmul, bytes
   // All of them, in bytes (the ledger's activations of the forward pass).
   uint64_t bytes() const;
 };
@@ -103,10 +103,10 @@ class Forward final : public kv::KvCompute {
   std::vector<float> up_;            // [T, n_ff] f32
   std::vector<float> cos_;           // [n_tables, T, n_rot / 2] f32
   std::vector<float> sin_;           // [n_tables, T, n_rot / 2] f32
-  std::vector<float> q_pre_;          // kNeedPreRope: [T, n_head, head_dim_k] f32
-  std::vector<float> k_pre_;          // kNeedPreRope: [T, n_head_kv, head_dim_k] f32
-  std::vector<float> hook_cos_;       // kv needs: [T, n_rot / 2] f32, angles of project_kv
-  std::vector<float> hook_sin_;       // kv needs: [T, n_rot / 2] f32
+  std::vector<float> q_pre_;         // kNeedPreRope: [T, n_head, head_dim_k] f32
+  std::vector<float> k_pre_;         // kNeedPreRope: [T, n_head_kv, head_dim_k] f32
+  std::vector<float> hook_cos_;      // kv needs: [T, n_rot / 2] f32, angles of project_kv
+  std::vector<float> hook_sin_;      // kv needs: [T, n_rot / 2] f32
   std::vector<uint8_t> mm_scratch_;  // quantised activations of the widest matmul
 };
 

@@ -144,8 +144,9 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
   }
   for (std::string_view part : parts) {
     const auto v = find_value(part);
-    if (!v) fail(ErrorKind::kInvalidArgument, "unknown KV policy value '{}' in '{}' (known {})", part, spec,
-                 known_names());
+    if (!v)
+      fail(ErrorKind::kInvalidArgument, "unknown KV policy value '{}' in '{}' (known {})", part, spec,
+           known_names());
     auto& slot = seen[static_cast<int>(v->axis)];
     if (slot) {
       fail(ErrorKind::kInvalidArgument,
@@ -174,10 +175,13 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
 
 bool spec_names_axis(std::string_view spec, Axis axis) {
   for (std::string_view part : parts_of(spec)) {
-    for (const Preset& pr : kPresets) {
-      if (pr.name == part && spec_names_axis(pr.spec, axis)) return true;
-    }
     if (const auto v = find_value(part); v && v->axis == axis) return true;
+    for (const Preset& pr : kPresets) {  // a preset stands for its spec (expanded once, not recursively)
+      if (pr.name != part) continue;
+      for (std::string_view q : parts_of(pr.spec)) {
+        if (const auto v = find_value(q); v && v->axis == axis) return true;
+      }
+    }
   }
   return false;
 }

@@ -76,7 +76,8 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(cfg, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
                           isa_);
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
-  forward_ = std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv_->needs());
+  forward_ =
+      std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv_->needs());
   // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
   logit_rows_ = logit_rows(cfg, opt_.chunk);
   const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;
@@ -96,7 +97,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
 }
 
 std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> tokens,
-                                       const ProgressFn& progress) {
+                                        const ProgressFn& progress) {
   KVTIER_ASSERT(!tokens.empty(), "prefill of no tokens");
   const auto n = static_cast<int64_t>(tokens.size());
   for (int64_t i = 0; i < n; i += opt_.chunk) {

@@ -46,7 +46,8 @@ class Session {
 
   // Appends tokens to sequence `seq` through chunked prefill; returns the logits after the last one
   // ([n_vocab]; valid until the next call).
-  std::span<const float> prefill(kv::SeqId seq, std::span<const TokenId> tokens, const ProgressFn& progress = {});
+  std::span<const float> prefill(kv::SeqId seq, std::span<const TokenId> tokens,
+                                 const ProgressFn& progress = {});
   std::span<const float> prefill(std::span<const TokenId> tokens, const ProgressFn& progress = {}) {
     return prefill(0, tokens, progress);
   }

@@ -46,7 +46,8 @@ std::vector<float> pass(KvCache& kv, SeqId seq, int64_t n, uint32_t n_head = 8, 
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t h = 0; h < hk; ++h) {
         for (int64_t i = 0; i < dk; ++i)
-          k[static_cast<size_t>((t * hk + h) * dk + i)] = kval(l, p.position(t), h, i) + 1e5f * static_cast<float>(seq);
+          k[static_cast<size_t>((t * hk + h) * dk + i)] =
+              kval(l, p.position(t), h, i) + 1e5f * static_cast<float>(seq);
         for (int64_t i = 0; i < dv; ++i)
           v[static_cast<size_t>((t * hk + h) * dv + i)] = -kval(l, p.position(t), h, i);
       }
@@ -275,7 +276,8 @@ TEST(ResidentKv, SlidingRetentionFreesHiddenBlocksAndIsBitIdentical) {
 
 TEST(BlockTable, EntriesPerSequenceLayerGroupAndBlock) {
   BlockTable t(2, {1, 3}, 4);
-  EXPECT_EQ(BlockTable::bytes(2, std::vector<uint32_t>{1, 3}, 4), 2u * ((1 + 3) * 4 * sizeof(BlockEntry) + 2 * 8));
+  EXPECT_EQ(BlockTable::bytes(2, std::vector<uint32_t>{1, 3}, 4),
+            2u * ((1 + 3) * 4 * sizeof(BlockEntry) + 2 * 8));
   for (SeqId s = 0; s < 2; ++s)
     for (uint32_t l = 0; l < 2; ++l)
       for (uint32_t g = 0; g < t.groups(l); ++g)

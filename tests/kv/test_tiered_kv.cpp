@@ -45,8 +45,10 @@ std::vector<float> run(KvCache& kv, const Case& c, const std::vector<std::pair<i
       for (auto* vec : {&k, &v, &q}) {
         for (float& x : *vec) x = nd(rng);
       }
+      LayerAttention lal = la;  // a geometry with per-layer windows gives each layer its own
+      if (!kv.geometry().window.empty()) lal.window = kv.geometry().window_of(l);
       kv.write(l, {k.data(), v.data()});
-      kv.attend(l, q.data(), c.n_head, la, o.data());
+      kv.attend(l, q.data(), c.n_head, lal, o.data());
       out.insert(out.end(), o.begin(), o.end());
     }
     kv.end_pass();
@@ -249,6 +251,75 @@ TEST(TieredKv, TruncateThenContinueMatchesResident) {
   std::vector<std::pair<int64_t, int64_t>> more = {{130, 50}, {180, 1}, {181, 1}};
   expect_bit_identical(run(resident, c, more, 9, {0.1f, 0, 0}), run(tiered, c, more, 9, {0.1f, 0, 0}),
                        "after truncate");
+}
+
+TEST(TieredKv, SlidingRetentionRingsAreExactAndHoldLessHome) {
+  const Case c{{2, 2, 2}, 4, 64, 64};
+  KvGeometry g = geometry(c);
+  g.window = {0, 50, 50};  // layer 0 global; layers 1-2 see 50 keys
+  ThreadPool pool(2);
+  const auto isa = cpu::best_isa();
+  const auto ps = passes(400, 37, 40);  // 440 positions: the rings (256 rows) wrap
+  const LayerAttention la{0.125f, 0.0f, 0};
+  MemoryLedger lr;
+  ResidentKv resident(g, 600, c.n_head, lr, pool, isa);
+  const auto ref = run(resident, c, ps, 11, la);
+  struct Config {
+    policy::Placement p;
+    uint32_t group, depth, statics;
+    bool disk;
+  };
+  const Config configs[] = {{policy::Placement::kLayer, 0, 1, 0, false},
+                            {policy::Placement::kLayer, 0, 2, 0, true},
+                            {policy::Placement::kHeadInfer, 1, 1, 0, true},
+                            {policy::Placement::kHeadInfer, 1, 2, 3, false}};
+  for (const auto& cf : configs) {
+    TieredOptions o;
+    o.placement.placement = cf.p;
+    o.placement.group = cf.group;
+    o.placement.prefetch_depth = cf.depth;
+    o.placement.static_heads = cf.statics;
+    o.disk_dir = cf.disk ? disk_dir() : "";
+    o.max_new_rows = 37;
+    TieredOptions full = o;
+    o.retention = policy::Retention::kSliding;
+    const std::string what = std::string(policy::placement_name(cf.p)) + (cf.disk ? " disk" : " host");
+    MemoryLedger lt, lf;
+    TieredKv tiered(g, 600, c.n_head, lt, pool, isa, o);
+    { TieredKv unlimited(g, 600, c.n_head, lf, pool, isa, full); }
+    expect_bit_identical(ref, run(tiered, c, ps, 11, la), what);
+    const Tier home = cf.disk ? Tier::kDisk : Tier::kHost;
+    // Home planes: 600 rows for layer 0, a ring of (3 + 1) * 64 = 256 rows for layers 1-2.
+    EXPECT_LT(lt.peak(home, Category::kKv), lf.peak(home, Category::kKv)) << what;
+    const TieredLayout lay = tiered_layout(g, 600, c.n_head, 2, o);
+    EXPECT_EQ(lay.home_rows, (std::vector<int64_t>{600, 256, 256})) << what;
+    // Fewer bytes loaded than the whole history would need: layers 1-2 load at most one window.
+    EXPECT_GT(tiered.stats().transfer.bytes_loaded, 0u);
+  }
+  // A short step back and on stays exact; a step past the ring's oldest rows is a clear error.
+  TieredOptions o;
+  o.placement.placement = policy::Placement::kHeadInfer;
+  o.placement.group = 1;
+  o.max_new_rows = 37;
+  o.retention = policy::Retention::kSliding;
+  MemoryLedger lt;
+  TieredKv tiered(g, 600, c.n_head, lt, pool, isa, o);
+  MemoryLedger lr2;
+  ResidentKv resident2(g, 600, c.n_head, lr2, pool, isa);
+  run(tiered, c, ps, 11, la);
+  run(resident2, c, ps, 11, la);
+  try {
+    tiered.truncate(0, 100);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("sliding retention already overwrote"), std::string::npos)
+        << e.what();
+  }
+  tiered.truncate(0, 430);
+  resident2.truncate(0, 430);
+  const std::vector<std::pair<int64_t, int64_t>> more = {{430, 30}, {460, 1}, {461, 1}};
+  expect_bit_identical(run(resident2, c, more, 5, la), run(tiered, c, more, 5, la), "after truncate");
 }
 
 }  // namespace

@@ -47,7 +47,6 @@ struct PlanArgs {
   uint32_t static_heads = 0;
 };
 
-
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
   policy::ModelShape m;
   if (!a.preset.empty()) {

@@ -22,7 +22,9 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
     if (i == 0) first = o;
     nlohmann::ordered_json r;
     r["policy"] = e.kv_policy;
-    r["group"] = a.policies[i].placement == policy::Placement::kHeadInfer ? e.group : 0;  // 0: all heads (layer), adaptive (headinfer)
+    r["group"] = a.policies[i].placement == policy::Placement::kHeadInfer
+                     ? e.group
+                     : 0;  // 0: all heads (layer), adaptive (headinfer)
     try {
       const kv::MemoryLedger p = runtime::predict_memory(*model, o);
       r["fits"] = true;

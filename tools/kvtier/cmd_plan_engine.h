@@ -12,7 +12,7 @@
 namespace kvtier::cli {
 
 struct EnginePlanArgs {
-  EngineArgs engine;                  // model, ctx, chunk (0: the engine's default), threads, KV flags
+  EngineArgs engine;  // model, ctx, chunk (0: the engine's default), threads, KV flags
   std::vector<policy::KvPolicy> policies;
 };
 

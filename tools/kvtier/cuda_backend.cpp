@@ -27,7 +27,8 @@ using Clock = std::chrono::steady_clock;
 
 runtime_cuda::CudaSessionOptions cuda_options(const EngineArgs& e, policy::Placement placement,
                                               int64_t ctx_needed) {
-  if (!e.kv_type.empty() && e.kv_type != "f16") fail(ErrorKind::kUnsupported, "--backend cuda: --kv-type {} (f16 only)", e.kv_type);
+  if (!e.kv_type.empty() && e.kv_type != "f16")
+    fail(ErrorKind::kUnsupported, "--backend cuda: --kv-type {} (f16 only)", e.kv_type);
   if (!e.kv_disk.empty()) fail(ErrorKind::kUnsupported, "--backend cuda: --kv-disk is not implemented yet");
   if (!runtime_cuda::cuda_device_available()) {
     fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
@@ -74,8 +75,10 @@ double median(std::vector<double> v) {
 policy::Placement cuda_placement(const EngineArgs& e, std::string_view spec) {
   const policy::KvPolicy p = kv_policy_of(e, spec);
   if (p.retention != policy::Retention::kNone || p.representation != policy::Representation::kF16) {
-    fail(ErrorKind::kUnsupported, "--backend cuda runs the placements (resident, layer, headinfer) with f16 KV; "
-         "'{}' needs the CPU backend", spec);
+    fail(ErrorKind::kUnsupported,
+         "--backend cuda runs the placements (resident, layer, headinfer) with f16 KV; "
+         "'{}' needs the CPU backend",
+         spec);
   }
   return p.placement;
 }
@@ -149,7 +152,8 @@ int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
 
 int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
   std::vector<policy::Placement> placements;
-  for (const policy::KvPolicy& p : kv_policy_list(e, a.policies)) placements.push_back(cuda_placement(e, p.spec()));
+  for (const policy::KvPolicy& p : kv_policy_list(e, a.policies))
+    placements.push_back(cuda_placement(e, p.spec()));
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
   // A GGUF file, or an in-memory synthetic model generated on the device.

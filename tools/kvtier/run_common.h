@@ -19,15 +19,15 @@ enum class Backend { kCpu, kCuda };
 
 struct EngineArgs {
   std::string model;
-  int64_t ctx = 0;    // 0: chosen by the command
-  int64_t chunk = 0;  // 0: runtime::default_chunk
-  int threads = 0;    // 0: all cores
+  int64_t ctx = 0;      // 0: chosen by the command
+  int64_t chunk = 0;    // 0: runtime::default_chunk
+  int threads = 0;      // 0: all cores
   std::string kv_type;  // f16 | f32; empty: the policy's representation (f16 unless it names one)
-  std::string isa;  // empty: best
+  std::string isa;      // empty: best
   // KV placement.
   std::string kv_policy = "resident";  // a preset or a '+'-joined spec (policy/kv_policy.h)
-  std::string kv_mem;   // compute-local KV budget ("512MiB"); empty = as needed
-  std::string kv_disk;  // directory of the disk home tier
+  std::string kv_mem;                  // compute-local KV budget ("512MiB"); empty = as needed
+  std::string kv_disk;                 // directory of the disk home tier
   std::string host_mem;
   uint32_t group = 0;
   uint32_t prefetch_depth = 1;
