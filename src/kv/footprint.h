@@ -45,8 +45,10 @@ struct ResidentLayout {
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                                const KvOptions& options = {});
 
-// The offloaded placements (layer, headinfer): compute-local static heads, new-row staging,
-// attention scratch and `n_buffers` staging buffers; the master copy in the home tier.
+// The offloaded placements (layer, headinfer): compute-local static heads (per sequence), new-row
+// staging, attention scratch and `n_buffers` staging buffers; the master copy in the home tier, paged:
+// each (layer, KV head, K|V) has a region of pages of block_tokens rows, and a block table maps each
+// (sequence, layer, token block) to the page index its heads use (pages freed by retention are reused).
 struct TieredLayout {
   uint32_t h_max = 0;                   // most KV heads of a layer
   uint32_t n_heads_total = 0;           // KV heads of all layers
@@ -54,15 +56,21 @@ struct TieredLayout {
   std::vector<uint32_t> static_heads;   // [n_layer] static (resident) heads of each layer
   std::vector<uint64_t> static_offset;  // [n_layer] byte offset of the layer's static heads
   uint64_t static_pitch = 0;            // bytes per static plane (one head's K or V)
-  uint64_t static_bytes = 0;
-  uint64_t staging_bytes = 0;         // new rows of the largest pass, KV dtype
-  uint64_t scratch_bytes = 0;         // attention scratch
-  uint32_t n_buffers = 0;             // staging buffers (prefetch depth + 1)
-  uint64_t buffer_bytes = 0;          // bytes per staging buffer, page-aligned
-  std::vector<int64_t> home_rows;     // [n_layer] rows of a layer's home planes (home_rows())
-  std::vector<uint64_t> home_pitch;   // [n_layer] bytes per home plane (one head's K or V), page-aligned
-  std::vector<uint64_t> home_offset;  // [n_layer] byte offset of the layer's planes in the home tier
+  uint64_t static_bytes = 0;            // all sequences' static planes
+  uint64_t static_seq_bytes = 0;        // one sequence's static planes
+  uint64_t staging_bytes = 0;           // new rows of the largest pass, KV dtype
+  uint64_t scratch_bytes = 0;           // attention scratch
+  uint32_t n_buffers = 0;               // staging buffers (prefetch depth + 1)
+  uint64_t buffer_bytes = 0;            // bytes per staging buffer, page-aligned
+  uint64_t page_bytes[2] = {0, 0};      // K, V page: block_tokens rows of one head (page-aligned)
+  std::vector<uint32_t> home_pages;     // [n_layer] pages of each (layer, head, K|V) region
+  std::vector<uint64_t> home_offset;    // [n_layer] byte offset of the layer's regions in the home tier
   uint64_t home_bytes = 0;
+  int64_t max_blocks = 0;         // logical token blocks per (sequence, layer)
+  uint32_t max_copies = 0;        // extents of one transfer job (one per page per plane at most)
+  uint64_t table_bytes = 0;       // the page table and free lists (host)
+  uint32_t queue_slots = 0;       // transfer jobs in flight at most
+  uint64_t copy_list_bytes = 0;   // the transfer jobs' extent lists (host)
   uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
   uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
 };
@@ -85,9 +93,6 @@ struct KvFootprint {
 void check_placement_options(const TieredOptions& options);
 // Throws Error(kBudget) when kv_mem (non-zero) cannot hold the resident KV and its scratch.
 void check_resident_budget(const ResidentLayout& layout, int64_t capacity, uint64_t kv_mem);
-// Where the home tier stores positions of a layer: whole-context planes, or for sliding retention on
-// a sliding-window layer a ring of `rows` rows (position p at row p mod rows).
-int64_t home_rows(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o);
 
 // Validates the options as make_kv_cache does (same errors), then sizes the placement.
 KvFootprint kv_footprint(const TieredOptions& options, const KvGeometry& geo, int64_t capacity,

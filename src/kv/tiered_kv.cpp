@@ -40,7 +40,9 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
       threads_(pool),
       isa_(isa),
       opt_(options),
-      pass_(geometry.n_layer(), 1, capacity) {
+      pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity),
+      pages_(std::max<uint32_t>(options.max_seqs, 1), std::vector<uint32_t>(geometry.n_layer(), 1),
+             std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)) {
   lay_ = tiered_layout(geo_, capacity_, n_head, pool.size(), opt_);  // validates, checks the budget
   if (opt_.max_new_rows <= 0) opt_.max_new_rows = capacity_;
   esz_ = cpu::kv_dtype_bytes(geo_.dtype);
@@ -64,12 +66,18 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
                                 : make_disk_store(ledger, opt_.disk_dir, lay_.home_bytes, opt_.disk_faults);
   home_block_bytes_ = lay_.home_block_bytes;
   home_pins_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.home_pin_bytes);
-  // A job moves one extent (a run of whole or partial blocks) per plane: K and V of each head of the
-  // largest unit.
-  copies_.resize(4ull * lay_.h_max);
+  table_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.table_bytes);
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    std::vector<uint32_t>& f = free_pages_.emplace_back();
+    for (uint32_t p = lay_.home_pages[l]; p-- > 0;) f.push_back(p);  // page 0 on top
+  }
+  length_.assign(pages_.n_seqs(), 0);
+  // A job moves one extent per page per plane at most (the engine merges adjacent ones into runs).
+  copy_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.copy_list_bytes);
+  copies_.resize(lay_.max_copies);
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, 4 * lay_.n_buffers + 4,
-                                             copies_.size(), opt_.copy_delay_us);
+  engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, lay_.queue_slots, copies_.size(),
+                                             opt_.copy_delay_us);
 }
 
 TieredKv::~TieredKv() {
@@ -83,11 +91,7 @@ TieredKv::~TieredKv() {
 
 int64_t TieredKv::positions(SeqId seq) const {
   pass_.check_seq(seq, "positions");
-  return length_;
-}
-
-uint64_t TieredKv::home_plane(uint32_t layer, uint32_t head, int kv) const {
-  return lay_.home_offset[layer] + (2ull * head + kv) * lay_.home_pitch[layer];
+  return length_[seq];
 }
 
 int64_t TieredKv::first_row(uint32_t layer, int64_t pos0) const {
@@ -96,28 +100,58 @@ int64_t TieredKv::first_row(uint32_t layer, int64_t pos0) const {
   return policy::sliding_first_visible(pos0, geo_.window_of(layer)) / bt * bt;
 }
 
-void TieredKv::add_rows(uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0, int64_t r1,
-                        size_t& n) {
-  if (r1 <= r0) return;
+uint64_t TieredKv::page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const {
+  const uint64_t pages = lay_.home_pages[layer];
+  const uint64_t region = lay_.home_offset[layer] + head * pages * (lay_.page_bytes[0] + lay_.page_bytes[1]) +
+                          (kv == 0 ? 0 : pages * lay_.page_bytes[0]);
+  return region + uint64_t{page} * lay_.page_bytes[kv];
+}
+
+void TieredKv::ensure_pages(SeqId seq, uint32_t layer, int64_t r0, int64_t r1) {
+  const int64_t bt = geo_.block_tokens;
+  for (int64_t b = r0 / bt; b < (r1 + bt - 1) / bt; ++b) {
+    BlockEntry& e = pages_.at(seq, layer, 0, b);
+    if (e.slot == BlockTable::kNoSlot) {
+      // The layout sized the regions for every block a sequence may hold (tiered_layout).
+      KVTIER_ASSERT(!free_pages_[layer].empty(), "layer {}: no free home page for block {}", layer, b);
+      e.slot = free_pages_[layer].back();
+      free_pages_[layer].pop_back();
+      e.pos0 = b * bt;
+    }
+    e.n = static_cast<uint32_t>(std::min(r1, (b + 1) * bt) - b * bt);
+  }
+}
+
+void TieredKv::release_pages(SeqId seq, uint32_t layer, int64_t b0, int64_t b1) {
+  for (int64_t b = b1 - 1; b >= b0; --b) {  // pushed in reverse: the lowest page is reused first
+    BlockEntry& e = pages_.at(seq, layer, 0, b);
+    if (e.slot == BlockTable::kNoSlot) continue;
+    for (uint32_t h = 0; h < geo_.n_head_kv[layer]; ++h) {
+      for (int kv = 0; kv < 2; ++kv) {
+        KVTIER_ASSERT(!engine_->home_pinned(page_offset(layer, h, kv, e.slot), lay_.page_bytes[kv]),
+                      "layer {} page {} is released while a transfer uses it", layer, e.slot);
+      }
+    }
+    free_pages_[layer].push_back(e.slot);
+    e = BlockEntry{};
+  }
+}
+
+void TieredKv::add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0,
+                        int64_t r1, size_t& n) {
+  const int64_t bt = geo_.block_tokens;
   const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
   const uint64_t a = home_->alignment();
-  const uint64_t plane = home_plane(layer, head, kv);
-  const int64_t ring = lay_.home_rows[layer];
-  // Byte range of the rows in the staging plane, page-rounded for direct I/O (the bytes around the
-  // rows are loaded rows or never read as valid).
-  const uint64_t lo = round_down(static_cast<uint64_t>(r0) * rb, a);
-  const uint64_t hi = round_up(static_cast<uint64_t>(r1) * rb, a);
-  if (ring >= capacity_) {
-    add_copy(plane + lo, buf + lo, hi - lo, n);
-    return;
+  for (int64_t b = r0 / bt; r1 > r0 && b <= (r1 - 1) / bt; ++b) {
+    const BlockEntry& e = pages_.at(seq, layer, 0, b);
+    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
+    // The rows of the block, page-rounded for direct I/O inside the page (a page is a whole number of
+    // I/O pages): the bytes around the rows are loaded rows or never read as valid.
+    const uint64_t lo = round_down(static_cast<uint64_t>(std::max(r0, b * bt) - b * bt) * rb, a);
+    const uint64_t hi = round_up(static_cast<uint64_t>(std::min(r1, (b + 1) * bt) - b * bt) * rb, a);
+    add_copy(page_offset(layer, head, kv, e.slot) + lo, buf + static_cast<uint64_t>(b * bt) * rb + lo,
+             hi - lo, n);
   }
-  // A ring plane: row r lives at (r mod ring); ring * rb is a multiple of the page (tiered_layout).
-  const uint64_t ring_bytes = static_cast<uint64_t>(ring) * rb;
-  KVTIER_ASSERT(hi - lo <= ring_bytes, "rows [{}, {}) do not fit the ring of {} rows", r0, r1, ring);
-  const uint64_t start = lo % ring_bytes;
-  const uint64_t first = std::min(hi - lo, ring_bytes - start);
-  add_copy(plane + start, buf + lo, first, n);
-  add_copy(plane, buf + lo + first, hi - lo - first, n);
 }
 
 TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
@@ -129,9 +163,10 @@ TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
 }
 
 PassPositions TieredKv::begin_pass(const PassInfo& info) {
-  pass_.begin(info, length_);
+  pass_.begin(info, info.seq < length_.size() ? length_[info.seq] : 0);
   try {
     KVTIER_ASSERT(info.n <= opt_.max_new_rows, "pass of {} rows, staging for {}", info.n, opt_.max_new_rows);
+    pass_seq_ = info.seq;
     pass_pos0_ = pass_.pos0();
     pass_n_ = pass_.n();
     plan(pass_pos0_ + pass_n_);
@@ -174,6 +209,7 @@ void TieredKv::plan(int64_t s_kv) {
 void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
   const int64_t n = pass_n_;
+  ensure_pages(pass_seq_, layer, pass_pos0_, pass_pos0_ + n);
   const float* k = rows.k;
   const float* v = rows.v;
   const int64_t hk = geo_.n_head_kv[layer];
@@ -195,12 +231,14 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   size_t n_blocks = 0;
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
-      add_rows(u.layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, first, rows, n_blocks);
+      add_rows(pass_seq_, u.layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, first, rows,
+               n_blocks);
     }
   }
   Visit vis;
   vis.visit = visit;
   vis.unit = u;
+  vis.seq = pass_seq_;
   vis.first = first;
   vis.rows = rows;
   vis.epoch = epoch_;
@@ -274,15 +312,15 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
   for (size_t i = first_unit_[layer]; i < plan_.units.size() && plan_.units[i].layer == layer; ++i) {
     const policy::Unit& u = plan_.units[i];
     if (u.is_static) {
-      uint8_t* base = static_.get() + lay_.static_offset[layer];
+      uint8_t* base = static_base(pass_seq_, layer);
       scatter_new_rows(base, lay_.static_pitch, u, pos0, n);
       attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
       continue;
     }
     const uint64_t visit = next_visit_++;
     const bool ready = !inflight_.empty() && inflight_.front().visit == visit &&
-                       inflight_.front().epoch == epoch_ && inflight_.front().unit.layer == u.layer &&
-                       inflight_.front().unit.head0 == u.head0 &&
+                       inflight_.front().epoch == epoch_ && inflight_.front().seq == pass_seq_ &&
+                       inflight_.front().unit.layer == u.layer && inflight_.front().unit.head0 == u.head0 &&
                        inflight_.front().unit.n_heads == u.n_heads && inflight_.front().rows == pos0 &&
                        inflight_.front().first == std::min(first_row(u.layer, pos0), pos0);
     if (ready) {
@@ -308,7 +346,8 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
     size_t n_blocks = 0;
     for (uint32_t h = 0; h < u.n_heads; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
-        add_rows(layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pos0, pos0 + n, n_blocks);
+        add_rows(pass_seq_, layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pos0, pos0 + n,
+                 n_blocks);
       }
     }
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
@@ -320,33 +359,47 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
 
 void TieredKv::end_pass() {
   pass_.end();
-  length_ = pass_pos0_ + pass_n_;
+  const int64_t end = pass_pos0_ + pass_n_;
+  length_[pass_seq_] = end;
+  if (opt_.retention != policy::Retention::kSliding) return;
+  // Retention: a sliding-window layer's pages wholly below what the next query can see go back to
+  // the free list. No transfer uses them: this pass's loads completed, its stores hold new rows, and
+  // the next pass's prefetches start at the same first row.
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    const int64_t keep = first_row(l, end) / geo_.block_tokens;
+    const int64_t first = pages_.first_block(pass_seq_, l);
+    if (keep > first) {
+      release_pages(pass_seq_, l, first, keep);
+      pages_.set_first_block(pass_seq_, l, keep);
+    }
+  }
 }
 
 void TieredKv::abort_pass() {
   if (!pass_.open()) return;
   pass_.abort();
-  // Rows of the aborted pass may have reached the home tier; they lie past length_ and are rewritten
-  // by the next pass. Loads prefetched for it are void.
+  // Rows of the aborted pass may have reached the home tier; they lie past the sequence's length and
+  // are rewritten by its next pass. Loads prefetched for it are void; pages of blocks it opened go back.
   engine_->drain();
   inflight_.clear();
   ++epoch_;
+  const int64_t keep = (length_[pass_seq_] + geo_.block_tokens - 1) / geo_.block_tokens;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    release_pages(pass_seq_, l, std::max(keep, pages_.first_block(pass_seq_, l)), pages_.max_blocks());
+  }
   pass_pos0_ = -1;
 }
 
 void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
-  pass_.check_truncate(seq, n_tokens, length_);
+  pass_.check_truncate(seq, n_tokens, length_[seq]);
+  const int64_t bt = geo_.block_tokens;
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    // A ring holds the latest home_rows positions (the rows from block (length - ring) on).
-    const int64_t ring = lay_.home_rows[l];
-    const int64_t bt = geo_.block_tokens;
-    // Stores round up to whole pages, which may clobber a few rows past the oldest: a block of slack.
-    const int64_t oldest = length_ - ring + bt;
-    if (ring < capacity_ && n_tokens > 0 && first_row(l, n_tokens) < oldest) {
+    const int64_t freed = pages_.first_block(seq, l) * bt;
+    if (n_tokens > 0 && first_row(l, n_tokens) < freed) {
       fail(ErrorKind::kInvalidArgument,
-           "cannot truncate to {} tokens: sliding retention already overwrote positions below {} of layer "
-           "{}, which position {} attends; prefill again, or use a policy without +sliding",
-           n_tokens, oldest, l, n_tokens);
+           "cannot truncate sequence {} to {} tokens: sliding retention already freed positions below {} of "
+           "layer {}, which position {} attends; prefill again, or use a policy without +sliding",
+           seq, n_tokens, freed, l, n_tokens);
     }
   }
   // Waits for every transfer in flight: their pins drop before rows are forgotten (a store of rows
@@ -356,7 +409,12 @@ void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
                 "KV blocks pinned after the transfers drained");
   inflight_.clear();
   ++epoch_;
-  length_ = n_tokens;
+  const int64_t keep = (n_tokens + bt - 1) / bt;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    release_pages(seq, l, std::max(keep, pages_.first_block(seq, l)), pages_.max_blocks());
+    if (n_tokens == 0) pages_.set_first_block(seq, l, 0);
+  }
+  length_[seq] = n_tokens;
   pass_pos0_ = -1;
 }
 

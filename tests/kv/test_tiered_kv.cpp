@@ -61,7 +61,7 @@ KvGeometry geometry(const Case& c) {
   g.n_head_kv = c.n_head_kv;
   g.head_dim_k = c.dk;
   g.head_dim_v = c.dv;
-  g.block_tokens = 64;
+  g.block_tokens = 128;  // whole 4 KiB pages of the home tier for every case's rows
   return g;
 }
 
@@ -253,13 +253,13 @@ TEST(TieredKv, TruncateThenContinueMatchesResident) {
                        "after truncate");
 }
 
-TEST(TieredKv, SlidingRetentionRingsAreExactAndHoldLessHome) {
+TEST(TieredKv, SlidingRetentionReusesHomePagesAndIsExact) {
   const Case c{{2, 2, 2}, 4, 64, 64};
   KvGeometry g = geometry(c);
-  g.window = {0, 50, 50};  // layer 0 global; layers 1-2 see 50 keys
+  g.window = {0, 100, 100};  // layer 0 global; layers 1-2 see 100 keys
   ThreadPool pool(2);
   const auto isa = cpu::best_isa();
-  const auto ps = passes(400, 37, 40);  // 440 positions: the rings (256 rows) wrap
+  const auto ps = passes(400, 37, 40);  // 440 positions: sliding layers reuse their 3 pages
   const LayerAttention la{0.125f, 0.0f, 0};
   MemoryLedger lr;
   ResidentKv resident(g, 600, c.n_head, lr, pool, isa);
@@ -289,14 +289,15 @@ TEST(TieredKv, SlidingRetentionRingsAreExactAndHoldLessHome) {
     { TieredKv unlimited(g, 600, c.n_head, lf, pool, isa, full); }
     expect_bit_identical(ref, run(tiered, c, ps, 11, la), what);
     const Tier home = cf.disk ? Tier::kDisk : Tier::kHost;
-    // Home planes: 600 rows for layer 0, a ring of (3 + 1) * 64 = 256 rows for layers 1-2.
+    // Home pages of 128 rows: 5 for layer 0 (600 positions), for layers 1-2 what window - 1 + chunk =
+    // 136 positions touch at most: ceil(135 / 128) + 1 = 3.
     EXPECT_LT(lt.peak(home, Category::kKv), lf.peak(home, Category::kKv)) << what;
     const TieredLayout lay = tiered_layout(g, 600, c.n_head, 2, o);
-    EXPECT_EQ(lay.home_rows, (std::vector<int64_t>{600, 256, 256})) << what;
-    // Fewer bytes loaded than the whole history would need: layers 1-2 load at most one window.
+    EXPECT_EQ(lay.home_pages, (std::vector<uint32_t>{5, 3, 3})) << what;
+    // Something was loaded (the window's pages) through the paged home tier.
     EXPECT_GT(tiered.stats().transfer.bytes_loaded, 0u);
   }
-  // A short step back and on stays exact; a step past the ring's oldest rows is a clear error.
+  // A short step back and on stays exact; a step back past freed pages is a clear error.
   TieredOptions o;
   o.placement.placement = policy::Placement::kHeadInfer;
   o.placement.group = 1;
@@ -313,13 +314,69 @@ TEST(TieredKv, SlidingRetentionRingsAreExactAndHoldLessHome) {
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("sliding retention already overwrote"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("sliding retention already freed"), std::string::npos) << e.what();
   }
   tiered.truncate(0, 430);
   resident2.truncate(0, 430);
   const std::vector<std::pair<int64_t, int64_t>> more = {{430, 30}, {460, 1}, {461, 1}};
   expect_bit_identical(run(resident2, c, more, 5, la), run(tiered, c, more, 5, la), "after truncate");
+}
+
+TEST(TieredKv, TwoInterleavedSequencesShareTheHomeAndMatchRunningAlone) {
+  const Case c{{2, 2}, 4, 64, 64};
+  ThreadPool pool(2);
+  const auto isa = cpu::best_isa();
+  const LayerAttention la{0.125f, 0.0f, 0};
+  // Sequence a: 300 tokens in chunks of 37 then decode; b: 150 then decode, different keys (seed).
+  const auto pa = passes(300, 37, 3), pb = passes(150, 37, 3);
+  auto alone = [&](const std::vector<std::pair<int64_t, int64_t>>& ps, uint32_t seed) {
+    MemoryLedger l;
+    ResidentKv r(geometry(c), 512, c.n_head, l, pool, isa);
+    return run(r, c, ps, seed, la);
+  };
+  const auto ref_a = alone(pa, 1), ref_b = alone(pb, 2);
+  for (const bool disk : {false, true}) {
+    for (const auto p : {policy::Placement::kLayer, policy::Placement::kHeadInfer}) {
+      TieredOptions o;
+      o.placement.placement = p;
+      o.placement.group = p == policy::Placement::kHeadInfer ? 1 : 0;
+      o.max_new_rows = 37;
+      o.max_seqs = 2;
+      o.disk_dir = disk ? disk_dir() : "";
+      MemoryLedger l;
+      TieredKv kv(geometry(c), 512, c.n_head, l, pool, isa, o);
+      // Interleave pass by pass (each sequence's passes in order, with its own random stream).
+      std::mt19937 ra(1), rb(2);
+      std::vector<float> got_a, got_b;
+      auto one = [&](SeqId seq, std::pair<int64_t, int64_t> ps, std::mt19937& rng, std::vector<float>& out) {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        const auto [pos0, n] = ps;
+        EXPECT_EQ(kv.begin_pass({seq, n}).pos0, pos0);
+        for (uint32_t lyr = 0; lyr < c.n_head_kv.size(); ++lyr) {
+          const uint32_t hk = c.n_head_kv[lyr];
+          std::vector<float> k(n * hk * c.dk), v(n * hk * c.dv), q(n * c.n_head * c.dk),
+              o2(n * c.n_head * c.dv);
+          for (auto* vec : {&k, &v, &q}) {
+            for (float& x : *vec) x = nd(rng);
+          }
+          kv.write(lyr, {k.data(), v.data()});
+          kv.attend(lyr, q.data(), c.n_head, la, o2.data());
+          out.insert(out.end(), o2.begin(), o2.end());
+        }
+        kv.end_pass();
+      };
+      for (size_t i = 0; i < std::max(pa.size(), pb.size()); ++i) {
+        if (i < pb.size()) one(1, pb[i], rb, got_b);
+        if (i < pa.size()) one(0, pa[i], ra, got_a);
+      }
+      const std::string what = std::string(policy::placement_name(p)) + (disk ? " disk" : " host");
+      expect_bit_identical(ref_a, got_a, what + " seq 0");
+      expect_bit_identical(ref_b, got_b, what + " seq 1");
+      kv.truncate(1, 0);
+      EXPECT_EQ(kv.positions(1), 0);
+      EXPECT_EQ(kv.positions(0), 303);
+    }
+  }
 }
 
 }  // namespace
