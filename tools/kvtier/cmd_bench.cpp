@@ -158,9 +158,9 @@ void add_bench(CLI::App& app, Runner& run) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed (medians of several runs)");
   add_engine_flags(cmd, a->engine, /*with_policy=*/false);
-  cmd->add_option(
-         "--kv-policy", a->policies,
-         "KV placements to compare, comma-separated (resident, layer, headinfer); ratios are to the first")
+  cmd->add_option("--kv-policy", a->policies,
+                  "KV policies to compare, comma-separated (presets or specs, e.g. resident,layer+sliding); "
+                  "ratios are to the first")
       ->capture_default_str();
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt lengths, comma-separated")->delimiter(',');
   cmd->add_option("--gen", a->gen, "tokens to decode after each prompt")->check(CLI::PositiveNumber);

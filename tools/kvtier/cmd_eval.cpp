@@ -337,9 +337,10 @@ void add_eval(CLI::App& app, Runner& run) {
          "task or comma-separated tasks: " + eval::task_names() + "; 'niah-all' = the niah variants; 'all'")
       ->required();
   add_engine_flags(cmd, a->engine, /*with_policy=*/false);
-  cmd->add_option("--kv-policy", a->policies,
-                  "KV policies to compare, comma-separated (the first is the reference); known: " +
-                      policy::placement_names())
+  cmd->add_option(
+         "--kv-policy", a->policies,
+         "KV policies to compare, comma-separated (the first is the reference): presets or specs such as "
+         "layer+sliding (`kvtier policies` lists them)")
       ->default_val(a->policies);
   cmd->add_option("--lengths", a->lengths, "context lengths in tokens (prompt + answer), e.g. 1k,2k,4k")
       ->default_val(a->lengths);
