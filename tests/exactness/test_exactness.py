@@ -135,16 +135,18 @@ def test_sliding_retention_holds_less_kv_on_gemma3(tmp_path):
     """Gemma-3's local layers (5 of every 6) keep window + chunk positions instead of the context."""
     prompt = PROMPT * 4
     def peak(policy, *extra):
-        p = run("run", "-m", model("gemma3"), "-p", prompt, "-n", 2, "--chunk", 96, "--ctx", 2048, "-t", 2,
+        p = run("run", "-m", model("gemma3"), "-p", prompt, "-n", 2, "--chunk", 96, "--ctx", 8192, "-t", 2,
                 "--ignore-eos", "--json", "--kv-policy", policy, *extra)
         return json.loads(p.stdout)
+    # At --ctx 8192 (32 blocks of 256), the 3 global layers keep 32 blocks, the 15 local ones
+    # ceil((511 + 95) / 256) + 1 = 4: (3 * 32 + 15 * 4) / (18 * 32) = 0.27 of the KV.
     full, slid = peak("resident"), peak("resident+sliding")
     assert slid["tokens"] == full["tokens"]
-    assert slid["peak_memory_bytes"]["device"]["kv"] < 0.5 * full["peak_memory_bytes"]["device"]["kv"]
+    assert slid["peak_memory_bytes"]["device"]["kv"] < 0.3 * full["peak_memory_bytes"]["device"]["kv"]
     assert slid["kv"]["policy"] == "resident+sliding"
     full, slid = peak("layer", "--kv-disk", str(tmp_path)), peak("layer+sliding", "--kv-disk", str(tmp_path))
     assert slid["tokens"] == full["tokens"]
-    assert slid["peak_memory_bytes"]["disk"]["kv"] < 0.5 * full["peak_memory_bytes"]["disk"]["kv"]
+    assert slid["peak_memory_bytes"]["disk"]["kv"] < 0.3 * full["peak_memory_bytes"]["disk"]["kv"]
     assert slid["kv"]["bytes_loaded"] < full["kv"]["bytes_loaded"]
 
 
