@@ -1,9 +1,13 @@
 #include "kv/footprint.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "core/error.h"
 #include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "kv/transfer_engine.h"
+#include "policy/retention.h"
 
 namespace kvtier::kv {
 namespace {
@@ -39,12 +43,22 @@ uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) 
 
 }  // namespace
 
-ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads) {
+int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
+  const int64_t max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  if (o.retention != policy::Retention::kSliding) return max_blocks;
+  const int64_t max_new = o.max_new_rows > 0 ? o.max_new_rows : capacity;
+  return policy::sliding_blocks(geo.window_of(layer), max_new, geo.block_tokens, max_blocks);
+}
+
+ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                               const KvOptions& o) {
   geo.validate();
   if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
+  if (o.max_seqs == 0) fail(ErrorKind::kInvalidArgument, "a KV cache for 0 sequences");
   ResidentLayout r;
   r.max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
   std::vector<uint64_t> counts;
+  std::vector<uint32_t> groups;
   for (uint32_t l = 0; l < geo.n_layer(); ++l) {
     const uint64_t bytes = geo.block_bytes(l);
     auto it = std::find(r.pool_block_bytes.begin(), r.pool_block_bytes.end(), bytes);
@@ -55,10 +69,12 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     }
     const auto pi = static_cast<uint32_t>(it - r.pool_block_bytes.begin());
     r.pool_index.push_back(pi);
-    counts[pi] += uint64_t{geo.n_groups(l)} * static_cast<uint64_t>(r.max_blocks);
-    r.table_entries += size_t{geo.n_groups(l)} * static_cast<size_t>(r.max_blocks);
+    counts[pi] +=
+        uint64_t{o.max_seqs} * geo.n_groups(l) * static_cast<uint64_t>(layer_blocks(geo, l, capacity, o));
+    groups.push_back(geo.n_groups(l));
   }
-  r.kv_bytes = r.table_entries * sizeof(uint32_t) + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
+  r.table_bytes = BlockTable::bytes(o.max_seqs, groups, r.max_blocks);
+  r.kv_bytes = r.table_bytes + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] > 0xfffffff0u) fail(ErrorKind::kBudget, "{} KV blocks are too many", counts[i]);
     r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
@@ -76,6 +92,7 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     fail(ErrorKind::kInvalidArgument, "TieredKv serves offloaded placements, not resident");
   }
   if (o.placement.prefetch_depth == 0) fail(ErrorKind::kInvalidArgument, "prefetch depth must be at least 1");
+  if (o.max_seqs == 0) fail(ErrorKind::kInvalidArgument, "a KV cache for 0 sequences");
   const int64_t max_new_rows = o.max_new_rows > 0 ? o.max_new_rows : capacity;
   const uint32_t L = geo.n_layer();
   const uint64_t esz = cpu::kv_dtype_bytes(geo.dtype);
@@ -94,9 +111,10 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   t.static_heads = policy::static_heads_per_layer(o.placement, shape);
   t.static_pitch = round_up(static_cast<uint64_t>(capacity) * row_max, 64);
   for (uint32_t l = 0; l < L; ++l) {
-    t.static_offset.push_back(t.static_bytes);
-    t.static_bytes += uint64_t{t.static_heads[l]} * 2 * t.static_pitch;
+    t.static_offset.push_back(t.static_seq_bytes);
+    t.static_seq_bytes += uint64_t{t.static_heads[l]} * 2 * t.static_pitch;
   }
+  t.static_bytes = t.static_seq_bytes * o.max_seqs;
   t.staging_bytes = static_cast<uint64_t>(max_new_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * esz;
 
   t.n_buffers = o.placement.prefetch_depth + 1;
@@ -122,12 +140,43 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     // No use holding more than the largest unit needs.
     t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, 2ull * t.h_max * plane_for_ctx);
   }
-  // Home tier: one plane per (layer, head, K|V), page-aligned.
-  t.home_pitch = plane_for_ctx;
-  t.home_bytes = 2ull * t.n_heads_total * t.home_pitch;
-  t.home_block_bytes = round_up(uint64_t{geo.block_tokens} * row_max, kPageAlign);
+  // Home tier: per (layer, head, K|V) a region of pages of block_tokens rows; sliding retention needs
+  // fewer pages on sliding-window layers (freed pages are reused), the sequences share the regions.
+  t.max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  for (int kv = 0; kv < 2; ++kv) {
+    t.page_bytes[kv] = uint64_t{geo.block_tokens} * (kv == 0 ? geo.head_dim_k : geo.head_dim_v) * esz;
+    if (t.page_bytes[kv] % kPageAlign != 0) {
+      fail(ErrorKind::kUnsupported,
+           "KV blocks of {} tokens x {} bytes per row ({} bytes) are not a multiple of {} bytes: the "
+           "offloaded "
+           "placements move whole pages of the home tier",
+           geo.block_tokens, t.page_bytes[kv] / geo.block_tokens, t.page_bytes[kv], kPageAlign);
+    }
+  }
+  int64_t most_blocks = 0;
+  std::vector<uint32_t> groups(L, 1);
+  for (uint32_t l = 0; l < L; ++l) {
+    const int64_t blocks = layer_blocks(geo, l, capacity, o);
+    most_blocks = std::max(most_blocks, blocks);
+    t.home_pages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * blocks));
+    t.home_offset.push_back(t.home_bytes);
+    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.home_pages[l] * (t.page_bytes[0] + t.page_bytes[1]);
+  }
+  // A job reads or writes at most the pages of one sequence's layer, one extent per page and plane.
+  t.max_copies = static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(most_blocks));
+  uint64_t free_list = 0;
+  for (uint32_t p : t.home_pages) free_list += uint64_t{p} * sizeof(uint32_t);
+  t.table_bytes = BlockTable::bytes(o.max_seqs, groups, t.max_blocks) + free_list;
+  t.queue_slots = 4 * t.n_buffers + 4;
+  t.copy_list_bytes = uint64_t{t.queue_slots + 1} * t.max_copies * sizeof(BlockCopy);
+  // Pin granularity: every page boundary of either plane is a multiple of it.
+  t.home_block_bytes = std::gcd(t.page_bytes[0], t.page_bytes[1]);
   t.home_pin_bytes = (t.home_bytes + t.home_block_bytes - 1) / t.home_block_bytes * sizeof(uint32_t);
   return t;
+}
+
+uint32_t kv_needs(const KvOptions&) {
+  return kNeedNone;  // no policy of this build recomputes or scores from extra rows yet
 }
 
 void check_placement_options(const TieredOptions& o) {
@@ -159,7 +208,7 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
   check_placement_options(o);
   KvFootprint f;
   if (o.placement.placement == policy::Placement::kResident) {
-    const ResidentLayout r = resident_layout(geo, capacity, n_head, threads);
+    const ResidentLayout r = resident_layout(geo, capacity, n_head, threads, o);
     check_resident_budget(r, capacity, o.kv_mem);
     f.device_kv = r.kv_bytes;
     f.device_scratch = r.scratch_bytes;
@@ -170,7 +219,7 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
   f.device_staging = t.staging_bytes;
   f.device_scratch = t.scratch_bytes;
   (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;
-  f.host_kv += t.home_pin_bytes;
+  f.host_kv += t.home_pin_bytes + t.table_bytes + t.copy_list_bytes;
   return f;
 }
 

@@ -9,33 +9,46 @@
 
 #include "kv/geometry.h"
 #include "kv/home_store.h"
+#include "policy/kv_policy.h"
 #include "policy/placement.h"
 
 namespace kvtier::kv {
 
-struct TieredOptions {
+// How a KV cache is built: the placement and its settings, the retention, sequences and budgets.
+struct KvOptions {
   policy::PlacementConfig placement;
+  policy::Retention retention = policy::Retention::kNone;
+  uint32_t max_seqs = 1;       // sequences sharing the cache's pools
   uint64_t kv_mem = 0;         // compute-local bytes for KV, staging and scratch; 0 = as needed
   std::string disk_dir;        // home tier on disk in this directory; empty = host DRAM
   int64_t max_new_rows = 0;    // largest pass (prefill chunk); sizes the new-row staging
   DiskFaults disk_faults;      // tests
   uint32_t copy_delay_us = 0;  // tests: random delay before each copy job
 };
+using TieredOptions = KvOptions;
 
-// The resident placement: one block pool per distinct block size, all blocks for `capacity`.
+// Token blocks one (sequence, layer, group) holds at most: all of the context, or with sliding
+// retention on a sliding-window layer, the window plus the largest pass (policy::sliding_blocks).
+int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o);
+
+// The resident placement: one block pool per distinct block size, shared by the sequences, with
+// layer_blocks() blocks per (sequence, layer, group).
 struct ResidentLayout {
   std::vector<uint64_t> pool_block_bytes;  // [n_pools] block size of each pool
   std::vector<uint32_t> pool_blocks;       // [n_pools] blocks of each pool
   std::vector<uint32_t> pool_index;        // [n_layer] pool of each layer
-  int64_t max_blocks = 0;                  // token blocks per (layer, group)
-  size_t table_entries = 0;                // block table: [layer][group][block] -> slot
+  int64_t max_blocks = 0;                  // logical token blocks per (sequence, layer, group)
+  uint64_t table_bytes = 0;                // block table: (seq, layer, group, block) -> slot, positions
   uint64_t kv_bytes = 0;                   // all pools' slabs, the block table and the span list
   uint64_t scratch_bytes = 0;              // attention scratch
 };
-ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads);
+ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                               const KvOptions& options = {});
 
-// The offloaded placements (layer, headinfer): compute-local static heads, new-row staging,
-// attention scratch and `n_buffers` staging buffers; the master copy in the home tier.
+// The offloaded placements (layer, headinfer): compute-local static heads (per sequence), new-row
+// staging, attention scratch and `n_buffers` staging buffers; the master copy in the home tier, paged:
+// each (layer, KV head, K|V) has a region of pages of block_tokens rows, and a block table maps each
+// (sequence, layer, token block) to the page index its heads use (pages freed by retention are reused).
 struct TieredLayout {
   uint32_t h_max = 0;                   // most KV heads of a layer
   uint32_t n_heads_total = 0;           // KV heads of all layers
@@ -43,19 +56,30 @@ struct TieredLayout {
   std::vector<uint32_t> static_heads;   // [n_layer] static (resident) heads of each layer
   std::vector<uint64_t> static_offset;  // [n_layer] byte offset of the layer's static heads
   uint64_t static_pitch = 0;            // bytes per static plane (one head's K or V)
-  uint64_t static_bytes = 0;
-  uint64_t staging_bytes = 0;  // new rows of the largest pass, KV dtype
-  uint64_t scratch_bytes = 0;  // attention scratch
-  uint32_t n_buffers = 0;      // staging buffers (prefetch depth + 1)
-  uint64_t buffer_bytes = 0;   // bytes per staging buffer, page-aligned
-  uint64_t home_pitch = 0;     // bytes per home plane (one head's K or V for `capacity` rows)
+  uint64_t static_bytes = 0;            // all sequences' static planes
+  uint64_t static_seq_bytes = 0;        // one sequence's static planes
+  uint64_t staging_bytes = 0;           // new rows of the largest pass, KV dtype
+  uint64_t scratch_bytes = 0;           // attention scratch
+  uint32_t n_buffers = 0;               // staging buffers (prefetch depth + 1)
+  uint64_t buffer_bytes = 0;            // bytes per staging buffer, page-aligned
+  uint64_t page_bytes[2] = {0, 0};      // K, V page: block_tokens rows of one head (page-aligned)
+  std::vector<uint32_t> home_pages;     // [n_layer] pages of each (layer, head, K|V) region
+  std::vector<uint64_t> home_offset;    // [n_layer] byte offset of the layer's regions in the home tier
   uint64_t home_bytes = 0;
+  int64_t max_blocks = 0;         // logical token blocks per (sequence, layer)
+  uint32_t max_copies = 0;        // extents of one transfer job (one per page per plane at most)
+  uint64_t table_bytes = 0;       // the page table and free lists (host)
+  uint32_t queue_slots = 0;       // transfer jobs in flight at most
+  uint64_t copy_list_bytes = 0;   // the transfer jobs' extent lists (host)
   uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
   uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
 };
 // Throws Error(kBudget) naming needed and available bytes when options.kv_mem cannot hold it.
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                            const TieredOptions& options);
+
+// The extra rows (KvNeed bits) a cache built with these options asks the model for.
+uint32_t kv_needs(const KvOptions& options);
 
 // Ledger bytes of a placement by tier and category.
 struct KvFootprint {

@@ -21,6 +21,10 @@ void KvGeometry::validate() const {
     fail(ErrorKind::kInvalidArgument, "KV block of {} tokens: must be a positive multiple of {}",
          block_tokens, cpu::kAttnTile);
   }
+  if (!window.empty() && window.size() != n_head_kv.size()) {
+    fail(ErrorKind::kInvalidArgument, "KV geometry: {} windows for {} layers", window.size(),
+         n_head_kv.size());
+  }
   for (uint32_t l = 0; l < n_layer(); ++l) {
     if (n_head_kv[l] == 0) fail(ErrorKind::kInvalidArgument, "layer {} has no KV heads", l);
     if (n_head_kv[l] % heads_per_group(l) != 0) {

@@ -20,12 +20,14 @@ struct KvGeometry {
   uint32_t block_tokens = 256;  // a multiple of cpu::kAttnTile
   uint32_t group_heads = 0;     // KV heads per group (0: all heads of the layer in one group)
   KvDtype dtype = KvDtype::kF16;
+  std::vector<int64_t> window;  // [n_layer] sliding window of each layer (0: global); empty: all global
 
   uint32_t n_layer() const { return static_cast<uint32_t>(n_head_kv.size()); }
   // Heads per group of `layer` (group_heads clipped to the layer's heads; must divide them).
   uint32_t heads_per_group(uint32_t layer) const;
   uint32_t n_groups(uint32_t layer) const { return n_head_kv[layer] / heads_per_group(layer); }
   uint64_t block_bytes(uint32_t layer) const;
+  int64_t window_of(uint32_t layer) const { return window.empty() ? 0 : window[layer]; }
   // Throws Error(kInvalidArgument) for an impossible geometry.
   void validate() const;
 };

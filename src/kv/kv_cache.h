@@ -1,7 +1,18 @@
-// The interface between the model and KV placement: the model writes each layer's new K and V
-// (after RoPE) and asks for attention of its queries; where the blocks live and how they reach the
-// compute is the implementation's business (ResidentKv now; tiered policies later). The model never
-// sees blocks, tiers or spans.
+// The interface between the model and a KV policy. The model runs one forward pass at a time through
+// an explicit protocol:
+//
+//   PassPositions p = kv.begin_pass({seq, n});     // the RoPE position of each new token
+//   for each layer l (in order):
+//     kv.write(l, rows);                            // the pass's new K and V (after RoPE) [+ extras]
+//     kv.attend(l, q, n_head, la, o);               // attention of the pass's queries
+//   kv.end_pass();                                  // the sequence now holds the new tokens
+//
+// and may abort_pass() instead of end_pass() when a layer failed (nothing of the pass is kept).
+// Positions come from the cache, so a policy may keep compact positions after eviction; slots (where
+// rows are stored) are the cache's business and never equal positions by assumption. Several
+// sequences share one cache (its pools); each has its own positions and blocks. Misuse of the
+// protocol (a write outside a pass, layers out of order, end_pass before every layer attended, ...)
+// throws Error(kInternal) with a precise message, never undefined behaviour.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +21,8 @@
 
 namespace kvtier::kv {
 
+using SeqId = uint32_t;
+
 // Per-layer attention settings the model decides.
 struct LayerAttention {
   float scale = 1.0f;    // multiplies q.k
@@ -17,28 +30,65 @@ struct LayerAttention {
   int64_t window = 0;    // > 0: sliding window (key visible iff q_pos - k_pos < window)
 };
 
+struct PassInfo {
+  SeqId seq = 0;
+  int64_t n = 0;  // new tokens of the pass
+};
+
+// The positions of a pass's new tokens: token t is at position pos0 + t.
+struct PassPositions {
+  int64_t pos0 = 0;
+  int64_t n = 0;
+  int64_t position(int64_t t) const { return pos0 + t; }
+};
+
+// Extra rows a policy asks the model to hand over with each write (bits of KvCache::needs()). The
+// model produces them only when asked; its buffers for them are sized up front.
+enum KvNeed : uint32_t {
+  kNeedNone = 0,
+  kNeedLayerInput = 1u << 0,  // x: the normed input of the K/V projections (recompute from it)
+  kNeedPreRope = 1u << 1,     // q_pre, k_pre: q and k before RoPE (after bias and QK-norm)
+};
+
+// One layer's new rows of a pass (n = the pass's token count):
+struct LayerRows {
+  const float* k = nullptr;      // [n, n_head_kv(layer), head_dim_k] f32, after RoPE
+  const float* v = nullptr;      // [n, n_head_kv(layer), head_dim_v] f32
+  const float* x = nullptr;      // kNeedLayerInput: [n, n_embd] f32, else null
+  const float* q_pre = nullptr;  // kNeedPreRope: [n, n_head, head_dim_k] f32, else null
+  const float* k_pre = nullptr;  // kNeedPreRope: [n, n_head_kv(layer), head_dim_k] f32, else null
+};
+
 class KvCache {
  public:
   virtual ~KvCache() = default;
 
   virtual const KvGeometry& geometry() const = 0;
-  // Positions the cache can hold.
+  // Positions one sequence can hold.
   virtual int64_t capacity() const = 0;
-  // Positions [0, length) are stored in every layer.
-  virtual int64_t length() const = 0;
+  // Sequences the cache holds (ids 0 .. max_sequences() - 1).
+  virtual uint32_t max_sequences() const = 0;
+  // Tokens the sequence has seen (its next token's position unless a policy compacts positions).
+  virtual int64_t positions(SeqId seq) const = 0;
+  // The extra rows this policy wants with each write (KvNeed bits).
+  virtual uint32_t needs() const { return kNeedNone; }
 
-  // Appends K and V of positions [pos0, pos0 + n) of `layer`; pos0 must equal the layer's length.
-  //   k: [n, n_head_kv(layer), head_dim_k] f32    v: [n, n_head_kv(layer), head_dim_v] f32
-  virtual void write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) = 0;
-
-  // Causal attention of queries at positions [pos0, pos0 + n) over the layer's stored keys (which
-  // must include position pos0 + n - 1):
+  // Starts a pass of n new tokens of `seq`. Throws Error(kBudget) when the sequence's context is full.
+  virtual PassPositions begin_pass(const PassInfo& info) = 0;
+  // The pass's new rows for `layer` (layers in order 0, 1, ...).
+  virtual void write(uint32_t layer, const LayerRows& rows) = 0;
+  // Causal attention of the pass's queries over the layer's keys (the new ones included):
   //   q: [n, n_head, head_dim_k] f32    o: [n, n_head, head_dim_v] f32
-  virtual void attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
-                      const LayerAttention& la, float* o) = 0;
+  virtual void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) = 0;
+  // Ends the pass: the sequence holds its n new tokens.
+  virtual void end_pass() = 0;
+  // Drops an open pass (after a failure): the sequence is as before begin_pass. No-op without one.
+  virtual void abort_pass() = 0;
 
-  // Forgets positions >= n_tokens in every layer (n_tokens <= length()).
-  virtual void truncate(int64_t n_tokens) = 0;
+  // Forgets the sequence's positions >= n (n <= positions(seq)); n = 0 frees the sequence. Not during
+  // a pass. Throws Error(kInvalidArgument) when a retention policy already freed positions that the
+  // shortened sequence would attend.
+  virtual void truncate(SeqId seq, int64_t n) = 0;
 };
 
 }  // namespace kvtier::kv

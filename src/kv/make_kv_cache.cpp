@@ -13,8 +13,8 @@ std::unique_ptr<KvCache> make_kv_cache(const TieredOptions& o, const KvGeometry&
   if (o.placement.placement != policy::Placement::kResident) {
     return std::make_unique<TieredKv>(geometry, capacity, n_head, ledger, pool, isa, o);
   }
-  check_resident_budget(resident_layout(geometry, capacity, n_head, pool.size()), capacity, o.kv_mem);
-  return std::make_unique<ResidentKv>(geometry, capacity, n_head, ledger, pool, isa);
+  check_resident_budget(resident_layout(geometry, capacity, n_head, pool.size(), o), capacity, o.kv_mem);
+  return std::make_unique<ResidentKv>(geometry, capacity, n_head, ledger, pool, isa, o);
 }
 
 }  // namespace kvtier::kv

@@ -3,59 +3,61 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "kv/footprint.h"
 #include "kv/kv_row.h"
+#include "policy/retention.h"
 
 namespace kvtier::kv {
+namespace {
+
+std::vector<uint32_t> groups_of(const KvGeometry& g) {
+  std::vector<uint32_t> out;
+  for (uint32_t l = 0; l < g.n_layer(); ++l) out.push_back(g.n_groups(l));
+  return out;
+}
+
+}  // namespace
 
 ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
-                       ThreadPool& pool, cpu::Isa isa)
-    : geo_(geometry), capacity_(capacity), threads_(pool), isa_(isa) {
-  const ResidentLayout r = resident_layout(geo_, capacity_, n_head, pool.size());
-  max_blocks_ = r.max_blocks;
-  const uint32_t L = geo_.n_layer();
+                       ThreadPool& pool, cpu::Isa isa, const KvOptions& options)
+    : geo_(geometry),
+      capacity_(capacity),
+      opt_(options),
+      threads_(pool),
+      isa_(isa),
+      table_(std::max<uint32_t>(options.max_seqs, 1), groups_of(geometry),
+             std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
+      pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity) {
+  const ResidentLayout r = resident_layout(geo_, capacity_, n_head, pool.size(), opt_);
+  KVTIER_ASSERT(r.max_blocks == table_.max_blocks());
   pool_index_ = r.pool_index;
-  table_offset_.resize(L);
-  length_.assign(L, 0);
-  size_t entries = 0;
-  for (uint32_t l = 0; l < L; ++l) {
-    table_offset_[l] = entries;
-    entries += size_t{geo_.n_groups(l)} * static_cast<size_t>(max_blocks_);
-  }
   for (size_t i = 0; i < r.pool_blocks.size(); ++i) {
     pools_.push_back(
         std::make_unique<BlockPool>(ledger, Tier::kDevice, r.pool_block_bytes[i], r.pool_blocks[i]));
   }
-  KVTIER_ASSERT(entries == r.table_entries);
-  meta_reservation_ =
-      Reservation(ledger, Tier::kDevice, Category::kKv,
-                  entries * sizeof(uint32_t) + static_cast<size_t>(max_blocks_) * sizeof(cpu::KvSpan));
-  table_.assign(entries, BlockPool::kNoBlock);
-  span_buf_.resize(static_cast<size_t>(max_blocks_));
+  meta_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv,
+                                  r.table_bytes + static_cast<size_t>(r.max_blocks) * sizeof(cpu::KvSpan));
+  positions_.assign(table_.n_seqs(), 0);
+  written_.assign(geo_.n_layer(), 0);
+  span_buf_.resize(static_cast<size_t>(r.max_blocks));
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);
   scratch_.resize(r.scratch_bytes);
 }
 
-uint32_t& ResidentKv::slot(uint32_t layer, uint32_t group, uint32_t block) {
-  return table_[table_offset_[layer] + size_t{group} * static_cast<size_t>(max_blocks_) + block];
+int64_t ResidentKv::positions(SeqId seq) const {
+  pass_.check_seq(seq, "positions");
+  return positions_[seq];
 }
 
-uint32_t ResidentKv::slot(uint32_t layer, uint32_t group, uint32_t block) const {
-  return table_[table_offset_[layer] + size_t{group} * static_cast<size_t>(max_blocks_) + block];
+PassPositions ResidentKv::begin_pass(const PassInfo& info) {
+  pass_.begin(info, info.seq < positions_.size() ? positions_[info.seq] : 0);
+  return {pass_.pos0(), pass_.n()};
 }
 
-int64_t ResidentKv::length() const {
-  return *std::min_element(length_.begin(), length_.end());
-}
-
-void ResidentKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) {
-  KVTIER_ASSERT(layer < geo_.n_layer(), "layer {}", layer);
-  KVTIER_ASSERT(pos0 == length_[layer], "layer {}: write at {} but {} positions stored", layer, pos0,
-                length_[layer]);
-  if (pos0 + n > capacity_) {
-    fail(ErrorKind::kBudget, "the KV cache holds {} positions; {} are needed (raise --ctx)", capacity_,
-         pos0 + n);
-  }
+void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
+  pass_.write(layer);
+  const SeqId seq = pass_.seq();
+  const int64_t pos0 = pass_.pos0();
+  const int64_t n = pass_.n();
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t g = geo_.heads_per_group(layer);
   const int64_t bt = geo_.block_tokens;
@@ -65,52 +67,65 @@ void ResidentKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, 
   BlockPool& pool = pool_of(layer);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = pos0 + t;
-    const auto b = static_cast<uint32_t>(pos / bt);
+    const int64_t b = pos / bt;
     const int64_t row = pos % bt;
     for (int64_t grp = 0; grp < hk / g; ++grp) {
-      uint32_t& s = slot(layer, static_cast<uint32_t>(grp), b);
-      if (s == BlockPool::kNoBlock) s = pool.acquire();
-      uint8_t* base = pool.data(s);
+      BlockEntry& e = table_.at(seq, layer, static_cast<uint32_t>(grp), b);
+      if (e.slot == BlockTable::kNoSlot) {
+        e.slot = pool.acquire();
+        e.pos0 = b * bt;
+      }
+      e.n = static_cast<uint32_t>(row + 1);
+      uint8_t* base = pool.data(e.slot);
       for (int64_t i = 0; i < g; ++i) {
         const int64_t h = grp * g + i;
         uint8_t* kd = base + static_cast<size_t>((i * bt + row) * dk) * esz;
         uint8_t* vd = base + static_cast<size_t>(g * bt * dk + (i * bt + row) * dv) * esz;
-        store_kv_row(geo_.dtype, k + (t * hk + h) * dk, dk, kd);
-        store_kv_row(geo_.dtype, v + (t * hk + h) * dv, dv, vd);
+        store_kv_row(geo_.dtype, rows.k + (t * hk + h) * dk, dk, kd);
+        store_kv_row(geo_.dtype, rows.v + (t * hk + h) * dv, dv, vd);
       }
     }
   }
-  length_[layer] = pos0 + n;
+  written_[layer] = pos0 + n;
 }
 
-std::span<const cpu::KvSpan> ResidentKv::spans(uint32_t layer, uint32_t group, int64_t end,
+std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32_t group, int64_t end,
                                                std::span<cpu::KvSpan> out) const {
   const int64_t bt = geo_.block_tokens;
   const int64_t g = geo_.heads_per_group(layer);
   const size_t esz = cpu::kv_dtype_bytes(geo_.dtype);
+  const int64_t b0 = table_.first_block(seq, layer);
   const int64_t nb = blocks_for(end);
-  KVTIER_ASSERT(static_cast<int64_t>(out.size()) >= nb, "span buffer of {} for {} blocks", out.size(), nb);
+  KVTIER_ASSERT(static_cast<int64_t>(out.size()) >= nb - b0, "span buffer of {} for {} blocks", out.size(),
+                nb - b0);
   const BlockPool& pool = pool_of(layer);
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint32_t s = slot(layer, group, static_cast<uint32_t>(b));
-    KVTIER_ASSERT(s != BlockPool::kNoBlock, "layer {} group {} block {} is not stored", layer, group, b);
-    const uint8_t* base = pool.data(s);
-    cpu::KvSpan& sp = out[static_cast<size_t>(b)];
-    sp.pos0 = b * bt;
-    sp.n_tokens = std::min(bt, end - b * bt);
+  for (int64_t b = b0; b < nb; ++b) {
+    const BlockEntry& e = table_.at(seq, layer, group, b);
+    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot && e.pos0 == b * bt,
+                  "seq {} layer {} group {} block {} is not stored", seq, layer, group, b);
+    const uint8_t* base = pool.data(e.slot);
+    cpu::KvSpan& sp = out[static_cast<size_t>(b - b0)];
+    sp.pos0 = e.pos0;
+    sp.n_tokens = std::min<int64_t>(bt, end - e.pos0);
     sp.k = base;
     sp.v = base + static_cast<size_t>(g * bt * geo_.head_dim_k) * esz;
     sp.k_head_stride = bt * geo_.head_dim_k;
     sp.v_head_stride = bt * geo_.head_dim_v;
   }
-  return out.first(static_cast<size_t>(nb));
+  return out.first(static_cast<size_t>(nb - b0));
 }
 
-void ResidentKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
-                        const LayerAttention& la, float* o) {
+void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
+  pass_.attend(layer);
+  const SeqId seq = pass_.seq();
+  const int64_t pos0 = pass_.pos0();
+  const int64_t n = pass_.n();
   const int64_t end = pos0 + n;
-  KVTIER_ASSERT(end <= length_[layer], "layer {}: attention up to {} but {} positions stored", layer, end,
-                length_[layer]);
+  KVTIER_ASSERT(written_[layer] == end, "layer {}: attention up to {} but {} rows written", layer, end,
+                written_[layer]);
+  KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
+                "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
+                geo_.window_of(layer));
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t g = geo_.heads_per_group(layer);
   cpu::AttnParams ap;
@@ -123,28 +138,76 @@ void ResidentKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q,
   ap.kv_dtype = geo_.dtype;
   const int64_t qh = g * ap.q_per_kv;  // query heads per group
   for (int64_t grp = 0; grp < hk / g; ++grp) {
-    const auto sp = spans(layer, static_cast<uint32_t>(grp), end, span_buf_);
+    const auto sp = spans(seq, layer, static_cast<uint32_t>(grp), end, span_buf_);
     cpu::AttnQueries aq{q + grp * qh * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
     cpu::AttnOutput out{o + grp * qh * ap.head_dim_v, n_head * ap.head_dim_v, nullptr, 0};
     cpu::attend(threads_, isa_, ap, aq, sp, out, scratch_);
   }
 }
 
-void ResidentKv::truncate(int64_t n_tokens) {
-  KVTIER_ASSERT(n_tokens >= 0 && n_tokens <= length(), "truncate to {} of {}", n_tokens, length());
-  const int64_t keep = blocks_for(n_tokens);
+void ResidentKv::free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to) {
+  for (uint32_t grp = 0; grp < geo_.n_groups(layer); ++grp) {
+    for (int64_t b = from; b < to; ++b) {
+      BlockEntry& e = table_.at(seq, layer, grp, b);
+      if (e.slot != BlockTable::kNoSlot) pool_of(layer).release(e.slot);
+      e = BlockEntry{};
+    }
+  }
+}
+
+void ResidentKv::end_pass() {
+  pass_.end();
+  const SeqId seq = pass_.seq();
+  const int64_t end = pass_.pos0() + pass_.n();
+  positions_[seq] = end;
+  if (opt_.retention != policy::Retention::kSliding) return;
+  // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    for (uint32_t grp = 0; grp < geo_.n_groups(l); ++grp) {
-      for (int64_t b = keep; b < max_blocks_; ++b) {
-        uint32_t& s = slot(l, grp, static_cast<uint32_t>(b));
-        if (s != BlockPool::kNoBlock) {
-          pool_of(l).release(s);
-          s = BlockPool::kNoBlock;
-        }
+    const int64_t keep = policy::sliding_first_visible(end, geo_.window_of(l)) / geo_.block_tokens;
+    const int64_t first = table_.first_block(seq, l);
+    if (keep > first) {
+      free_blocks(seq, l, first, keep);
+      table_.set_first_block(seq, l, keep);
+    }
+  }
+}
+
+void ResidentKv::abort_pass() {
+  if (!pass_.open()) return;
+  pass_.abort();
+  // Rows written past the sequence's positions are ignored; blocks that hold none of its positions
+  // go back to the pools.
+  const SeqId seq = pass_.seq();
+  const int64_t keep = blocks_for(positions_[seq]);
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+  }
+}
+
+void ResidentKv::truncate(SeqId seq, int64_t n) {
+  pass_.check_truncate(seq, n, positions_[seq]);
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    const int64_t first = table_.first_block(seq, l);
+    const int64_t need = n == 0 ? 0 : policy::sliding_first_visible(n, geo_.window_of(l));
+    if (n > 0 && first > 0 && need < first * geo_.block_tokens) {
+      fail(ErrorKind::kInvalidArgument,
+           "cannot truncate sequence {} to {} tokens: sliding retention already freed positions below {} of "
+           "layer {}, which position {} attends; prefill again, or use a policy without +sliding",
+           seq, n, first * geo_.block_tokens, l, n);
+    }
+  }
+  const int64_t keep = blocks_for(n);
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+    if (n == 0) table_.set_first_block(seq, l, 0);
+    if (keep > 0) {
+      for (uint32_t grp = 0; grp < geo_.n_groups(l); ++grp) {
+        BlockEntry& e = table_.at(seq, l, grp, keep - 1);
+        if (e.slot != BlockTable::kNoSlot) e.n = static_cast<uint32_t>(n - e.pos0);
       }
     }
-    length_[l] = n_tokens;
   }
+  positions_[seq] = n;
 }
 
 uint64_t ResidentKv::blocks_in_use() const {

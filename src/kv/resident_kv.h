@@ -1,6 +1,10 @@
-// The resident placement: every block of one sequence lives in compute-local memory (a block pool
-// per block size, allocated up front for `capacity` positions). Attention hands the blocks of each
-// KV-head group, in position order, as spans to the backend's blocked attention.
+// The resident placement: every stored block lives in compute-local memory, in block pools (one per
+// block size) shared by the cache's sequences and allocated up front. A block table maps each
+// (sequence, layer, head group, logical block) to its pool slot and positions. Attention hands the
+// stored blocks of each group, in position order, as spans to the backend's blocked attention.
+// With sliding retention, a sliding-window layer frees the blocks no later query can see at the end
+// of each pass (exact: those keys are masked for every later query), so its pool holds window + pass
+// positions per sequence, not the whole context.
 #pragma once
 
 #include <memory>
@@ -10,7 +14,10 @@
 #include "backend/cpu/attention.h"
 #include "core/thread_pool.h"
 #include "kv/block_pool.h"
+#include "kv/block_table.h"
+#include "kv/footprint.h"
 #include "kv/kv_cache.h"
+#include "kv/pass_state.h"
 
 namespace kvtier::kv {
 
@@ -18,45 +25,48 @@ class ResidentKv final : public KvCache {
  public:
   // n_head: query heads (for scratch sizing). Throws Error(kBudget) if the pools do not fit.
   ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
-             ThreadPool& pool, cpu::Isa isa);
+             ThreadPool& pool, cpu::Isa isa, const KvOptions& options = {});
 
   const KvGeometry& geometry() const override { return geo_; }
   int64_t capacity() const override { return capacity_; }
-  int64_t length() const override;
-  void write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) override;
-  void attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
-              const LayerAttention& la, float* o) override;
-  void truncate(int64_t n_tokens) override;
+  uint32_t max_sequences() const override { return table_.n_seqs(); }
+  int64_t positions(SeqId seq) const override;
+  PassPositions begin_pass(const PassInfo& info) override;
+  void write(uint32_t layer, const LayerRows& rows) override;
+  void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
+  void end_pass() override;
+  void abort_pass() override;
+  void truncate(SeqId seq, int64_t n) override;
 
-  // The spans of group `group` of `layer` covering positions [0, end), one per block, in order.
-  // Writes into `out` (at least blocks_for(end) entries) and returns the filled part.
-  std::span<const cpu::KvSpan> spans(uint32_t layer, uint32_t group, int64_t end,
+  // The spans of group `group` of `layer` of `seq` covering the stored positions below `end`, one per
+  // block, in order. Writes into `out` (at least blocks_for(end) entries) and returns the filled part.
+  std::span<const cpu::KvSpan> spans(SeqId seq, uint32_t layer, uint32_t group, int64_t end,
                                      std::span<cpu::KvSpan> out) const;
   int64_t blocks_for(int64_t n_tokens) const {
     return (n_tokens + geo_.block_tokens - 1) / geo_.block_tokens;
   }
-  // Blocks in use now, and the most ever, over all pools.
+  // Blocks in use now over all pools, and their bytes.
   uint64_t blocks_in_use() const;
   uint64_t kv_bytes_in_use() const;
 
  private:
   BlockPool& pool_of(uint32_t layer) { return *pools_[pool_index_[layer]]; }
   const BlockPool& pool_of(uint32_t layer) const { return *pools_[pool_index_[layer]]; }
-  uint32_t& slot(uint32_t layer, uint32_t group, uint32_t block);
-  uint32_t slot(uint32_t layer, uint32_t group, uint32_t block) const;
+  void free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to);
 
   KvGeometry geo_;
   int64_t capacity_;
-  int64_t max_blocks_;  // token blocks per (layer, group)
+  KvOptions opt_;
   ThreadPool& threads_;
   cpu::Isa isa_;
   std::vector<std::unique_ptr<BlockPool>> pools_;  // one per distinct block size
   std::vector<uint32_t> pool_index_;               // [n_layer]
-  std::vector<size_t> table_offset_;               // [n_layer] first entry of the layer in table_
   Reservation meta_reservation_;                   // table_ and span_buf_
-  std::vector<uint32_t> table_;                    // [layer][group][block] -> slot (kNoBlock if none)
-  std::vector<int64_t> length_;                    // [n_layer] positions written
-  std::vector<cpu::KvSpan> span_buf_;              // [max_blocks] spans of one attend call
+  BlockTable table_;
+  std::vector<int64_t> positions_;     // [n_seqs] tokens each sequence holds
+  std::vector<int64_t> written_;       // [n_layer] rows of the open pass written (pos0 + n once written)
+  std::vector<cpu::KvSpan> span_buf_;  // [max_blocks] spans of one attend call
+  PassState pass_;
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;  // attention scratch, sized for the widest layer
 };

@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kv/kv_row.h"
+#include "policy/retention.h"
 
 namespace kvtier::kv {
 namespace {
@@ -34,15 +35,20 @@ void TieredKv::FreeDeleter::operator()(uint8_t* p) const {
 
 TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                    ThreadPool& pool, cpu::Isa isa, const TieredOptions& options)
-    : geo_(geometry), capacity_(capacity), threads_(pool), isa_(isa), opt_(options) {
+    : geo_(geometry),
+      capacity_(capacity),
+      threads_(pool),
+      isa_(isa),
+      opt_(options),
+      pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity),
+      pages_(std::max<uint32_t>(options.max_seqs, 1), std::vector<uint32_t>(geometry.n_layer(), 1),
+             std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)) {
   lay_ = tiered_layout(geo_, capacity_, n_head, pool.size(), opt_);  // validates, checks the budget
   if (opt_.max_new_rows <= 0) opt_.max_new_rows = capacity_;
-  const uint32_t L = geo_.n_layer();
   esz_ = cpu::kv_dtype_bytes(geo_.dtype);
   row_max_ = std::max(geo_.head_dim_k, geo_.head_dim_v) * esz_;
   shape_.n_head_kv = geo_.n_head_kv;
   shape_.head_bytes_per_token = 2 * row_max_;
-  length_.assign(L, 0);
 
   // Compute-local: static heads, new-row staging, attention scratch, then the staging buffers.
   static_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, lay_.static_bytes);
@@ -60,12 +66,18 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
                                 : make_disk_store(ledger, opt_.disk_dir, lay_.home_bytes, opt_.disk_faults);
   home_block_bytes_ = lay_.home_block_bytes;
   home_pins_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.home_pin_bytes);
-  // A job moves one extent (a run of whole or partial blocks) per plane: K and V of each head of the
-  // largest unit.
-  copies_.resize(2ull * lay_.h_max);
+  table_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.table_bytes);
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    std::vector<uint32_t>& f = free_pages_.emplace_back();
+    for (uint32_t p = lay_.home_pages[l]; p-- > 0;) f.push_back(p);  // page 0 on top
+  }
+  length_.assign(pages_.n_seqs(), 0);
+  // A job moves one extent per page per plane at most (the engine merges adjacent ones into runs).
+  copy_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.copy_list_bytes);
+  copies_.resize(lay_.max_copies);
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
-  engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, 4 * lay_.n_buffers + 4,
-                                             copies_.size(), opt_.copy_delay_us);
+  engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, lay_.queue_slots, copies_.size(),
+                                             opt_.copy_delay_us);
 }
 
 TieredKv::~TieredKv() {
@@ -77,12 +89,69 @@ TieredKv::~TieredKv() {
   engine_.reset();
 }
 
-int64_t TieredKv::length() const {
-  return *std::min_element(length_.begin(), length_.end());
+int64_t TieredKv::positions(SeqId seq) const {
+  pass_.check_seq(seq, "positions");
+  return length_[seq];
 }
 
-uint64_t TieredKv::home_plane(uint32_t layer, uint32_t head, int kv) const {
-  return (2ull * (lay_.head_offset[layer] + head) + kv) * lay_.home_pitch;
+int64_t TieredKv::first_row(uint32_t layer, int64_t pos0) const {
+  if (opt_.retention != policy::Retention::kSliding) return 0;
+  const int64_t bt = geo_.block_tokens;
+  return policy::sliding_first_visible(pos0, geo_.window_of(layer)) / bt * bt;
+}
+
+uint64_t TieredKv::page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const {
+  const uint64_t pages = lay_.home_pages[layer];
+  const uint64_t region = lay_.home_offset[layer] + head * pages * (lay_.page_bytes[0] + lay_.page_bytes[1]) +
+                          (kv == 0 ? 0 : pages * lay_.page_bytes[0]);
+  return region + uint64_t{page} * lay_.page_bytes[kv];
+}
+
+void TieredKv::ensure_pages(SeqId seq, uint32_t layer, int64_t r0, int64_t r1) {
+  const int64_t bt = geo_.block_tokens;
+  for (int64_t b = r0 / bt; b < (r1 + bt - 1) / bt; ++b) {
+    BlockEntry& e = pages_.at(seq, layer, 0, b);
+    if (e.slot == BlockTable::kNoSlot) {
+      // The layout sized the regions for every block a sequence may hold (tiered_layout).
+      KVTIER_ASSERT(!free_pages_[layer].empty(), "layer {}: no free home page for block {}", layer, b);
+      e.slot = free_pages_[layer].back();
+      free_pages_[layer].pop_back();
+      e.pos0 = b * bt;
+    }
+    e.n = static_cast<uint32_t>(std::min(r1, (b + 1) * bt) - b * bt);
+  }
+}
+
+void TieredKv::release_pages(SeqId seq, uint32_t layer, int64_t b0, int64_t b1) {
+  for (int64_t b = b1 - 1; b >= b0; --b) {  // pushed in reverse: the lowest page is reused first
+    BlockEntry& e = pages_.at(seq, layer, 0, b);
+    if (e.slot == BlockTable::kNoSlot) continue;
+    for (uint32_t h = 0; h < geo_.n_head_kv[layer]; ++h) {
+      for (int kv = 0; kv < 2; ++kv) {
+        KVTIER_ASSERT(!engine_->home_pinned(page_offset(layer, h, kv, e.slot), lay_.page_bytes[kv]),
+                      "layer {} page {} is released while a transfer uses it", layer, e.slot);
+      }
+    }
+    free_pages_[layer].push_back(e.slot);
+    e = BlockEntry{};
+  }
+}
+
+void TieredKv::add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0,
+                        int64_t r1, size_t& n) {
+  const int64_t bt = geo_.block_tokens;
+  const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
+  const uint64_t a = home_->alignment();
+  for (int64_t b = r0 / bt; r1 > r0 && b <= (r1 - 1) / bt; ++b) {
+    const BlockEntry& e = pages_.at(seq, layer, 0, b);
+    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
+    // The rows of the block, page-rounded for direct I/O inside the page (a page is a whole number of
+    // I/O pages): the bytes around the rows are loaded rows or never read as valid.
+    const uint64_t lo = round_down(static_cast<uint64_t>(std::max(r0, b * bt) - b * bt) * rb, a);
+    const uint64_t hi = round_up(static_cast<uint64_t>(std::min(r1, (b + 1) * bt) - b * bt) * rb, a);
+    add_copy(page_offset(layer, head, kv, e.slot) + lo, buf + static_cast<uint64_t>(b * bt) * rb + lo,
+             hi - lo, n);
+  }
 }
 
 TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
@@ -93,7 +162,22 @@ TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
   return lay;
 }
 
-void TieredKv::begin_pass(int64_t s_kv) {
+PassPositions TieredKv::begin_pass(const PassInfo& info) {
+  pass_.begin(info, info.seq < length_.size() ? length_[info.seq] : 0);
+  try {
+    KVTIER_ASSERT(info.n <= opt_.max_new_rows, "pass of {} rows, staging for {}", info.n, opt_.max_new_rows);
+    pass_seq_ = info.seq;
+    pass_pos0_ = pass_.pos0();
+    pass_n_ = pass_.n();
+    plan(pass_pos0_ + pass_n_);
+  } catch (...) {
+    pass_.abort();
+    throw;
+  }
+  return {pass_pos0_, pass_n_};
+}
+
+void TieredKv::plan(int64_t s_kv) {
   const policy::RowsForGroup rows = [this](uint32_t g) { return layout_for(g).rows; };
   // Same group as the last pass: the schedule is unchanged, so nothing is re-planned or
   // allocated on the decode path.
@@ -122,22 +206,12 @@ void TieredKv::begin_pass(int64_t s_kv) {
   ++passes_;
 }
 
-void TieredKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) {
-  KVTIER_ASSERT(layer < geo_.n_layer(), "layer {}", layer);
-  KVTIER_ASSERT(pos0 == length_[layer], "layer {}: write at {} but {} positions stored", layer, pos0,
-                length_[layer]);
-  if (pos0 + n > capacity_) {
-    fail(ErrorKind::kBudget, "the KV cache holds {} positions; {} are needed (raise --ctx)", capacity_,
-         pos0 + n);
-  }
-  KVTIER_ASSERT(n <= opt_.max_new_rows, "pass of {} rows, staging for {}", n, opt_.max_new_rows);
-  if (layer == 0) {
-    pass_pos0_ = pos0;
-    pass_n_ = n;
-    begin_pass(pos0 + n);
-  }
-  KVTIER_ASSERT(pos0 == pass_pos0_ && n == pass_n_, "layer {} writes [{}, +{}) in pass [{}, +{})", layer,
-                pos0, n, pass_pos0_, pass_n_);
+void TieredKv::write(uint32_t layer, const LayerRows& rows) {
+  pass_.write(layer);
+  const int64_t n = pass_n_;
+  ensure_pages(pass_seq_, layer, pass_pos0_, pass_pos0_ + n);
+  const float* k = rows.k;
+  const float* v = rows.v;
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
   for (int64_t t = 0; t < n; ++t) {
@@ -148,24 +222,24 @@ void TieredKv::write(uint32_t layer, int64_t pos0, int64_t n, const float* k, co
                    new_v_.data() + static_cast<size_t>((t * hk + h) * dv) * esz_);
     }
   }
-  length_[layer] = pos0 + n;
 }
 
 void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   const policy::Unit& u = plan_.units[unit_index];
   uint8_t* base = buffer(visit);
-  const uint64_t a = home_->alignment();
-  const uint64_t rb[2] = {geo_.head_dim_k * esz_, geo_.head_dim_v * esz_};
+  const int64_t first = std::min(first_row(u.layer, rows), rows);
   size_t n_blocks = 0;
-  for (uint32_t h = 0; h < u.n_heads && rows > 0; ++h) {
+  for (uint32_t h = 0; h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
-      add_copy(home_plane(u.layer, u.head0 + h, kv), base + (2ull * h + kv) * layout_.pitch,
-               round_up(static_cast<uint64_t>(rows) * rb[kv], a), n_blocks);
+      add_rows(pass_seq_, u.layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, first, rows,
+               n_blocks);
     }
   }
   Visit vis;
   vis.visit = visit;
   vis.unit = u;
+  vis.seq = pass_seq_;
+  vis.first = first;
   vis.rows = rows;
   vis.epoch = epoch_;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
@@ -205,6 +279,7 @@ void TieredKv::scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Uni
 
 void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0,
                            int64_t n, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
+  const int64_t first = first_row(u.layer, pos0);
   cpu::AttnParams ap;
   ap.head_dim_k = geo_.head_dim_k;
   ap.head_dim_v = geo_.head_dim_v;
@@ -214,10 +289,10 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   ap.window = la.window;
   ap.kv_dtype = geo_.dtype;
   cpu::KvSpan span;
-  span.pos0 = 0;
-  span.n_tokens = pos0 + n;
-  span.k = base;
-  span.v = base + pitch;
+  span.pos0 = first;
+  span.n_tokens = pos0 + n - first;
+  span.k = base + static_cast<uint64_t>(first) * geo_.head_dim_k * esz_;
+  span.v = base + pitch + static_cast<uint64_t>(first) * geo_.head_dim_v * esz_;
   span.k_head_stride = static_cast<int64_t>(2 * pitch / esz_);
   span.v_head_stride = span.k_head_stride;
   const int64_t qh = u.n_heads * ap.q_per_kv;
@@ -227,25 +302,27 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
 }
 
-void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
-                      const LayerAttention& la, float* o) {
-  KVTIER_ASSERT(pos0 == pass_pos0_ && n == pass_n_ && length_[layer] == pos0 + n,
-                "layer {}: attend [{}, +{})", layer, pos0, n);
-  const uint64_t a = home_->alignment();
-  const uint64_t rb[2] = {geo_.head_dim_k * esz_, geo_.head_dim_v * esz_};
+void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
+  pass_.attend(layer);
+  KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
+                "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
+                geo_.window_of(layer));
+  const int64_t pos0 = pass_pos0_;
+  const int64_t n = pass_n_;
   for (size_t i = first_unit_[layer]; i < plan_.units.size() && plan_.units[i].layer == layer; ++i) {
     const policy::Unit& u = plan_.units[i];
     if (u.is_static) {
-      uint8_t* base = static_.get() + lay_.static_offset[layer];
+      uint8_t* base = static_base(pass_seq_, layer);
       scatter_new_rows(base, lay_.static_pitch, u, pos0, n);
       attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
       continue;
     }
     const uint64_t visit = next_visit_++;
     const bool ready = !inflight_.empty() && inflight_.front().visit == visit &&
-                       inflight_.front().epoch == epoch_ && inflight_.front().unit.layer == u.layer &&
-                       inflight_.front().unit.head0 == u.head0 &&
-                       inflight_.front().unit.n_heads == u.n_heads && inflight_.front().rows == pos0;
+                       inflight_.front().epoch == epoch_ && inflight_.front().seq == pass_seq_ &&
+                       inflight_.front().unit.layer == u.layer && inflight_.front().unit.head0 == u.head0 &&
+                       inflight_.front().unit.n_heads == u.n_heads && inflight_.front().rows == pos0 &&
+                       inflight_.front().first == std::min(first_row(u.layer, pos0), pos0);
     if (ready) {
       engine_->wait(inflight_.front().ticket);
       inflight_.erase(inflight_.begin());
@@ -269,10 +346,8 @@ void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, i
     size_t n_blocks = 0;
     for (uint32_t h = 0; h < u.n_heads; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
-        const uint64_t lo = round_down(static_cast<uint64_t>(pos0) * rb[kv], a);
-        const uint64_t hi = round_up(static_cast<uint64_t>(pos0 + n) * rb[kv], a);
-        add_copy(home_plane(layer, u.head0 + h, kv) + lo, base + (2ull * h + kv) * layout_.pitch + lo,
-                 hi - lo, n_blocks);
+        add_rows(pass_seq_, layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pos0, pos0 + n,
+                 n_blocks);
       }
     }
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
@@ -282,8 +357,51 @@ void TieredKv::attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, i
   }
 }
 
-void TieredKv::truncate(int64_t n_tokens) {
-  KVTIER_ASSERT(n_tokens >= 0 && n_tokens <= length(), "truncate to {} of {}", n_tokens, length());
+void TieredKv::end_pass() {
+  pass_.end();
+  const int64_t end = pass_pos0_ + pass_n_;
+  length_[pass_seq_] = end;
+  if (opt_.retention != policy::Retention::kSliding) return;
+  // Retention: a sliding-window layer's pages wholly below what the next query can see go back to
+  // the free list. No transfer uses them: this pass's loads completed, its stores hold new rows, and
+  // the next pass's prefetches start at the same first row.
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    const int64_t keep = first_row(l, end) / geo_.block_tokens;
+    const int64_t first = pages_.first_block(pass_seq_, l);
+    if (keep > first) {
+      release_pages(pass_seq_, l, first, keep);
+      pages_.set_first_block(pass_seq_, l, keep);
+    }
+  }
+}
+
+void TieredKv::abort_pass() {
+  if (!pass_.open()) return;
+  pass_.abort();
+  // Rows of the aborted pass may have reached the home tier; they lie past the sequence's length and
+  // are rewritten by its next pass. Loads prefetched for it are void; pages of blocks it opened go back.
+  engine_->drain();
+  inflight_.clear();
+  ++epoch_;
+  const int64_t keep = (length_[pass_seq_] + geo_.block_tokens - 1) / geo_.block_tokens;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    release_pages(pass_seq_, l, std::max(keep, pages_.first_block(pass_seq_, l)), pages_.max_blocks());
+  }
+  pass_pos0_ = -1;
+}
+
+void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
+  pass_.check_truncate(seq, n_tokens, length_[seq]);
+  const int64_t bt = geo_.block_tokens;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    const int64_t freed = pages_.first_block(seq, l) * bt;
+    if (n_tokens > 0 && first_row(l, n_tokens) < freed) {
+      fail(ErrorKind::kInvalidArgument,
+           "cannot truncate sequence {} to {} tokens: sliding retention already freed positions below {} of "
+           "layer {}, which position {} attends; prefill again, or use a policy without +sliding",
+           seq, n_tokens, freed, l, n_tokens);
+    }
+  }
   // Waits for every transfer in flight: their pins drop before rows are forgotten (a store of rows
   // being truncated lands first; prefetched loads of the old length are void after the epoch bump).
   engine_->drain();
@@ -291,7 +409,12 @@ void TieredKv::truncate(int64_t n_tokens) {
                 "KV blocks pinned after the transfers drained");
   inflight_.clear();
   ++epoch_;
-  std::fill(length_.begin(), length_.end(), n_tokens);
+  const int64_t keep = (n_tokens + bt - 1) / bt;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    release_pages(seq, l, std::max(keep, pages_.first_block(seq, l)), pages_.max_blocks());
+    if (n_tokens == 0) pages_.set_first_block(seq, l, 0);
+  }
+  length_[seq] = n_tokens;
   pass_pos0_ = -1;
 }
 

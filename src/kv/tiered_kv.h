@@ -25,10 +25,12 @@
 #include "backend/cpu/attention.h"
 #include "core/thread_pool.h"
 #include "kv/block_pool.h"
+#include "kv/block_table.h"
 #include "kv/footprint.h"
 #include "kv/home_store.h"
 #include "kv/kv_cache.h"
 #include "kv/ledger.h"
+#include "kv/pass_state.h"
 #include "kv/transfer_engine.h"
 #include "policy/placement.h"
 
@@ -51,11 +53,14 @@ class TieredKv final : public KvCache {
 
   const KvGeometry& geometry() const override { return geo_; }
   int64_t capacity() const override { return capacity_; }
-  int64_t length() const override;
-  void write(uint32_t layer, int64_t pos0, int64_t n, const float* k, const float* v) override;
-  void attend(uint32_t layer, int64_t pos0, int64_t n, const float* q, int64_t n_head,
-              const LayerAttention& la, float* o) override;
-  void truncate(int64_t n_tokens) override;
+  uint32_t max_sequences() const override { return pages_.n_seqs(); }
+  int64_t positions(SeqId seq) const override;
+  PassPositions begin_pass(const PassInfo& info) override;
+  void write(uint32_t layer, const LayerRows& rows) override;
+  void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
+  void end_pass() override;
+  void abort_pass() override;
+  void truncate(SeqId seq, int64_t n) override;
 
   TieredStats stats() const;
   // Home blocks and staging buffers pinned by transfers in flight now (tests).
@@ -65,7 +70,9 @@ class TieredKv final : public KvCache {
   struct Visit {  // a load in flight (or done) for an upcoming unit visit
     uint64_t visit = 0;
     policy::Unit unit;
-    int64_t rows = 0;  // rows [0, rows) loaded
+    SeqId seq = 0;
+    int64_t first = 0;  // rows [first, rows) loaded
+    int64_t rows = 0;
     uint64_t epoch = 0;
     TransferEngine::Ticket ticket = 0;
   };
@@ -75,14 +82,27 @@ class TieredKv final : public KvCache {
     int64_t rows = 0;    // rows a plane holds
   };
 
-  void begin_pass(int64_t s_kv);
+  void plan(int64_t s_kv);
   Layout layout_for(uint32_t group) const;
+  // First row a pass whose first new token is at `pos0` attends in `layer` (block-aligned; 0 unless
+  // sliding retention applies to the layer).
+  int64_t first_row(uint32_t layer, int64_t pos0) const;  // Appends the copies of rows [r0, r1) of one head's
+                                                          // K or V between its home pages and the staging
+  // plane at `buf` (row r at buf + r * row_bytes): one extent per page (the engine merges adjacent ones).
+  void add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0, int64_t r1,
+                size_t& n);
+  uint64_t page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const;
+  // Pages for the token blocks of rows [r0, r1) of (seq, layer), taken from the layer's free list.
+  void ensure_pages(SeqId seq, uint32_t layer, int64_t r0, int64_t r1);
+  void release_pages(SeqId seq, uint32_t layer, int64_t b0, int64_t b1);
+  uint8_t* static_base(SeqId seq, uint32_t layer) {
+    return static_.get() + seq * lay_.static_seq_bytes + lay_.static_offset[layer];
+  }
   uint32_t buffer_slot(uint64_t visit) const { return buffer_slots_[visit % buffer_slots_.size()]; }
   uint8_t* buffer(uint64_t visit) { return staging_->data(buffer_slot(visit)); }
   // Appends the extent [home_offset, +bytes) <-> buf (one plane's rows: consecutive home blocks) to
   // copies_.
   void add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n);
-  uint64_t home_plane(uint32_t layer, uint32_t head, int kv) const;
   void submit_load(uint64_t visit, size_t unit_index, int64_t rows);
   void prefetch_ahead(uint64_t visit);
   void scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n);
@@ -98,11 +118,16 @@ class TieredKv final : public KvCache {
   size_t esz_;
   uint64_t row_max_;             // bytes of the longer of a K and a V row
   TieredLayout lay_;             // sizes of everything below
-  std::vector<int64_t> length_;  // [n_layer]
+  std::vector<int64_t> length_;  // [n_seqs] positions each sequence holds
+  PassState pass_;
 
   std::unique_ptr<HomeStore> home_;
   uint64_t home_block_bytes_ = 0;      // pin granularity: block_tokens rows of one plane, page-rounded
   Reservation home_pins_reservation_;  // the engine's pin counts of the home blocks
+  Reservation table_reservation_;      // pages_ and free_pages_
+  Reservation copy_reservation_;       // the engine's and copies_' extent lists
+  BlockTable pages_;                   // (seq, layer, token block) -> page index in the layer's regions
+  std::vector<std::vector<uint32_t>> free_pages_;  // [n_layer] free page indices (a stack)
   std::unique_ptr<TransferEngine> engine_;
 
   struct FreeDeleter {
@@ -117,12 +142,13 @@ class TieredKv final : public KvCache {
   std::vector<uint8_t> new_v_;  // [max_new_rows, max heads, head_dim_v] KV dtype
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;
-  std::vector<BlockCopy> copies_;  // [2 * max heads] extents of one job
+  std::vector<BlockCopy> copies_;  // [max_copies] extents of one job
 
   // The current pass.
   policy::PassPlan plan_;
   Layout layout_;
   uint64_t epoch_ = 0;  // bumps when the layout changes (prefetches of older epochs are void)
+  SeqId pass_seq_ = 0;
   int64_t pass_pos0_ = -1;
   int64_t pass_n_ = 0;
   std::vector<size_t> first_unit_;  // [n_layer] index into plan_.units of the layer's first unit

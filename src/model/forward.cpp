@@ -18,10 +18,13 @@ size_t sz(int64_t n) {
 }  // namespace
 
 uint64_t ForwardBuffers::bytes() const {
-  return 4 * uint64_t{x + xn + tmp + q + att + k + v + gate + up + cos + sin} + matmul_bytes;
+  return 4 * uint64_t{x + xn + tmp + q + att + k + v + gate + up + cos + sin + q_pre + k_pre + hook_cos +
+                      hook_sin} +
+         matmul_bytes;
 }
 
-ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens) {
+ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens,
+                               uint32_t kv_needs) {
   const size_t T = sz(max_tokens);
   const size_t hk = cfg.max_head_kv();
   const size_t tables = cfg.rope_tables.size();
@@ -33,6 +36,11 @@ ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, in
   b.v = T * hk * cfg.head_dim_v;
   b.gate = b.up = T * cfg.n_ff;
   b.cos = b.sin = tables * T * (cfg.n_rot / 2);
+  if (kv_needs & kv::kNeedPreRope) {
+    b.q_pre = b.q;
+    b.k_pre = b.k;
+  }
+  if (kv_needs != kv::kNeedNone) b.hook_cos = b.hook_sin = T * (cfg.n_rot / 2);
   auto need = [&](const cpu::WeightMatrix& m) {
     b.matmul_bytes = std::max(b.matmul_bytes, cpu::matmul_scratch_bytes(m.type, m.k, max_tokens));
   };
@@ -44,10 +52,10 @@ ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, in
 }
 
 Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool,
-                 cpu::Isa isa, kv::MemoryLedger& ledger)
-    : cfg_(cfg), w_(w), max_tokens_(max_tokens), pool_(pool), isa_(isa) {
+                 cpu::Isa isa, kv::MemoryLedger& ledger, uint32_t kv_needs)
+    : cfg_(cfg), w_(w), max_tokens_(max_tokens), pool_(pool), isa_(isa), kv_needs_(kv_needs) {
   KVTIER_ASSERT(max_tokens > 0);
-  const ForwardBuffers b = forward_buffers(cfg, w, max_tokens);
+  const ForwardBuffers b = forward_buffers(cfg, w, max_tokens, kv_needs);
   reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations, b.bytes());
   x_.resize(b.x);
   xn_.resize(b.xn);
@@ -60,6 +68,10 @@ Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_toke
   up_.resize(b.up);
   cos_.resize(b.cos);
   sin_.resize(b.sin);
+  q_pre_.resize(b.q_pre);
+  k_pre_.resize(b.k_pre);
+  hook_cos_.resize(b.hook_cos);
+  hook_sin_.resize(b.hook_sin);
   mm_scratch_.resize(b.matmul_bytes);
 }
 
@@ -72,6 +84,7 @@ kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::K
   g.block_tokens = block_tokens;
   g.group_heads = group_heads;
   g.dtype = dtype;
+  for (const auto& l : cfg.layers) g.window.push_back(l.window);
   return g;
 }
 
@@ -95,7 +108,52 @@ void Forward::for_tokens(int64_t n, const std::function<void(int64_t)>& fn) {
   });
 }
 
-void Forward::layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv) {
+void Forward::finish_q(const LayerWeights& L, float* q, const float* cos, const float* sin, float* pre) {
+  const int64_t H = cfg_.n_head;
+  const int64_t dk = cfg_.head_dim_k;
+  if (L.bq != nullptr) cpu::add(isa_, q, L.bq, H * dk, q);
+  if (cfg_.qk_norm) {
+    for (int64_t h = 0; h < H; ++h)
+      cpu::rms_norm(isa_, q + h * dk, L.attn_q_norm, cfg_.rms_eps, dk, q + h * dk);
+  }
+  if (pre != nullptr) std::copy(q, q + H * dk, pre);
+  cpu::rope(isa_, q, H, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
+}
+
+void Forward::finish_kv(const LayerWeights& L, uint32_t l, float* k, float* v, const float* cos,
+                        const float* sin, float* pre) {
+  const int64_t hk = cfg_.layers[l].n_head_kv;
+  const int64_t dk = cfg_.head_dim_k;
+  const int64_t dv = cfg_.head_dim_v;
+  if (L.bk != nullptr) cpu::add(isa_, k, L.bk, hk * dk, k);
+  if (L.bv != nullptr) cpu::add(isa_, v, L.bv, hk * dv, v);
+  if (cfg_.qk_norm) {
+    for (int64_t h = 0; h < hk; ++h)
+      cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
+  }
+  if (pre != nullptr) std::copy(k, k + hk * dk, pre);
+  cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
+}
+
+void Forward::project_kv(uint32_t l, const float* x, std::span<const int64_t> positions, float* k, float* v) {
+  const auto n = static_cast<int64_t>(positions.size());
+  KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_kv on a Forward built without KV needs");
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_kv of layer {} for {} rows", l, n);
+  const LayerWeights& L = w_.layers[l];
+  const LayerConfig& lc = cfg_.layers[l];
+  const int64_t half = cfg_.n_rot / 2;
+  matmul(L.wk, x, n, k);
+  matmul(L.wv, x, n, v);
+  for_tokens(n, [&](int64_t t) {
+    float* c = hook_cos_.data() + t * half;
+    float* sn = hook_sin_.data() + t * half;
+    rope_angles_ext(positions[sz(t)], cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
+    finish_kv(L, l, k + t * lc.n_head_kv * cfg_.head_dim_k, v + t * lc.n_head_kv * cfg_.head_dim_v, c, sn,
+              nullptr);
+  });
+}
+
+void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
   const LayerWeights& L = w_.layers[l];
   const LayerConfig& lc = cfg_.layers[l];
   const int64_t E = cfg_.n_embd;
@@ -106,6 +164,7 @@ void Forward::layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv) {
   const int64_t half = cfg_.n_rot / 2;
   const int64_t T = max_tokens_;
   const float eps = cfg_.rms_eps;
+  const bool pre_rope = (kv_needs_ & kv::kNeedPreRope) != 0;
 
   // Attention block.
   for_tokens(
@@ -116,21 +175,21 @@ void Forward::layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv) {
   const float* cos = cos_.data() + lc.rope_table * T * half;
   const float* sin = sin_.data() + lc.rope_table * T * half;
   for_tokens(n, [&](int64_t t) {
-    float* q = q_.data() + t * H * dk;
-    float* k = k_.data() + t * hk * dk;
-    float* v = v_.data() + t * hk * dv;
-    if (L.bq != nullptr) cpu::add(isa_, q, L.bq, H * dk, q);
-    if (L.bk != nullptr) cpu::add(isa_, k, L.bk, hk * dk, k);
-    if (L.bv != nullptr) cpu::add(isa_, v, L.bv, hk * dv, v);
-    if (cfg_.qk_norm) {
-      for (int64_t h = 0; h < H; ++h) cpu::rms_norm(isa_, q + h * dk, L.attn_q_norm, eps, dk, q + h * dk);
-      for (int64_t h = 0; h < hk; ++h) cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, eps, dk, k + h * dk);
-    }
-    cpu::rope(isa_, q, H, dk, cfg_.n_rot, cos + t * half, sin + t * half, cfg_.rope_mode);
-    cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos + t * half, sin + t * half, cfg_.rope_mode);
+    finish_q(L, q_.data() + t * H * dk, cos + t * half, sin + t * half,
+             pre_rope ? q_pre_.data() + t * H * dk : nullptr);
+    finish_kv(L, l, k_.data() + t * hk * dk, v_.data() + t * hk * dv, cos + t * half, sin + t * half,
+              pre_rope ? k_pre_.data() + t * hk * dk : nullptr);
   });
-  kv.write(l, pos0, n, k_.data(), v_.data());
-  kv.attend(l, pos0, n, q_.data(), H, {cfg_.attn_scale, cfg_.attn_softcap, lc.window}, att_.data());
+  kv::LayerRows rows;
+  rows.k = k_.data();
+  rows.v = v_.data();
+  if (kv_needs_ & kv::kNeedLayerInput) rows.x = xn_.data();
+  if (pre_rope) {
+    rows.q_pre = q_pre_.data();
+    rows.k_pre = k_pre_.data();
+  }
+  kv.write(l, rows);
+  kv.attend(l, q_.data(), H, {cfg_.attn_scale, cfg_.attn_softcap, lc.window}, att_.data());
   matmul(L.wo, att_.data(), n, tmp_.data());
   for_tokens(n, [&](int64_t t) {
     float* a = tmp_.data() + t * E;
@@ -161,36 +220,40 @@ void Forward::layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv) {
   });
 }
 
-void Forward::run(std::span<const TokenId> tokens, int64_t pos0, kv::KvCache& kv, LogitRows rows,
+void Forward::run(std::span<const TokenId> tokens, kv::SeqId seq, kv::KvCache& kv, LogitRows rows,
                   float* logits) {
   const auto n = static_cast<int64_t>(tokens.size());
   KVTIER_ASSERT(n > 0 && n <= max_tokens_, "{} tokens for a forward pass of at most {}", n, max_tokens_);
-  KVTIER_ASSERT(pos0 == kv.length(), "forward at position {} with {} positions cached", pos0, kv.length());
-  if (pos0 + n > kv.capacity()) {
-    fail(ErrorKind::kBudget, "context of {} positions is full ({} needed): raise --ctx", kv.capacity(),
-         pos0 + n);
-  }
+  KVTIER_ASSERT((kv.needs() & ~kv_needs_) == 0, "the KV cache needs rows {:#x}; this Forward makes {:#x}",
+                kv.needs(), kv_needs_);
   const int64_t E = cfg_.n_embd;
   const auto row_bytes = static_cast<int64_t>(*ggml_row_bytes(w_.tok_embd.type, static_cast<uint64_t>(E)));
   for (TokenId id : tokens) {
     if (id < 0 || static_cast<uint32_t>(id) >= cfg_.n_vocab)
       fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary of {}", id, cfg_.n_vocab);
   }
-  // Embeddings and RoPE angles of the chunk's positions.
-  const int64_t half = cfg_.n_rot / 2;
-  for_tokens(n, [&](int64_t t) {
-    float* x = x_.data() + t * E;
-    cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + tokens[sz(t)] * row_bytes, x, E);
-    if (cfg_.embd_scale != 1.0f) {
-      for (int64_t i = 0; i < E; ++i) x[i] *= cfg_.embd_scale;
-    }
-    for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
-      const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
-      rope_angles_ext(pos0 + t, cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
-                      sin_.data() + off);
-    }
-  });
-  for (uint32_t l = 0; l < cfg_.n_layer; ++l) layer(l, pos0, n, kv);
+  const kv::PassPositions pp = kv.begin_pass({seq, n});
+  try {
+    // Embeddings and RoPE angles of the chunk's positions.
+    const int64_t half = cfg_.n_rot / 2;
+    for_tokens(n, [&](int64_t t) {
+      float* x = x_.data() + t * E;
+      cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + tokens[sz(t)] * row_bytes, x, E);
+      if (cfg_.embd_scale != 1.0f) {
+        for (int64_t i = 0; i < E; ++i) x[i] *= cfg_.embd_scale;
+      }
+      for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
+        const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
+        rope_angles_ext(pp.position(t), cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
+                        sin_.data() + off);
+      }
+    });
+    for (uint32_t l = 0; l < cfg_.n_layer; ++l) layer(l, n, kv);
+    kv.end_pass();
+  } catch (...) {
+    kv.abort_pass();
+    throw;
+  }
   if (rows == LogitRows::kNone) return;
 
   const int64_t first = rows == LogitRows::kLast ? n - 1 : 0;

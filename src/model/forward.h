@@ -1,5 +1,6 @@
 // The decoder forward pass of the supported architectures (llama, qwen2, gemma3) on the CPU backend.
-// One layer loop serves all of them, switched by ModelConfig; KV goes through kv::KvCache.
+// One layer loop serves all of them, switched by ModelConfig; KV goes through kv::KvCache's pass
+// protocol (the cache gives the positions of the new tokens).
 //
 //   x = embed(tokens) * embd_scale
 //   per layer: h = norm(x); q,k,v = h W (+b); [qk-norm]; rope(q, k); kv.write(k, v); o = kv.attend(q)
@@ -16,6 +17,7 @@
 #include "backend/cpu/cpu_features.h"
 #include "core/thread_pool.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_compute.h"
 #include "kv/ledger.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -33,28 +35,39 @@ enum class LogitRows {
 // Sizes of Forward's buffers for passes of up to max_tokens tokens (T). The constructor allocates
 // exactly these, and planners predict the engine's activation memory from them.
 struct ForwardBuffers {
-  size_t x = 0, xn = 0, tmp = 0;  // [T, n_embd] f32 elements each
-  size_t q = 0, att = 0;          // [T, n_head, head_dim_k|v] f32 elements
-  size_t k = 0, v = 0;            // [T, max n_head_kv, head_dim_k|v] f32 elements
-  size_t gate = 0, up = 0;        // [T, n_ff] f32 elements
-  size_t cos = 0, sin = 0;        // [n_tables, T, n_rot / 2] f32 elements
-  size_t matmul_bytes = 0;        // activations quantised for the widest matmul, bytes
+  size_t x = 0, xn = 0, tmp = 0;      // [T, n_embd] f32 elements each
+  size_t q = 0, att = 0;              // [T, n_head, head_dim_k|v] f32 elements
+  size_t k = 0, v = 0;                // [T, max n_head_kv, head_dim_k|v] f32 elements
+  size_t gate = 0, up = 0;            // [T, n_ff] f32 elements
+  size_t cos = 0, sin = 0;            // [n_tables, T, n_rot / 2] f32 elements
+  size_t q_pre = 0, k_pre = 0;        // kNeedPreRope: [T, n_head | max n_head_kv, head_dim_k] f32 elements
+  size_t hook_cos = 0, hook_sin = 0;  // the compute hook's angles (kv needs set): [T, n_rot / 2] f32
+  size_t matmul_bytes = 0;            // activations quantised for the widest matmul, bytes
   // All of them, in bytes (the ledger's activations of the forward pass).
   uint64_t bytes() const;
 };
-ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens);
+// kv_needs: the KvNeed bits of the cache the passes will use (extra rows are sized only when asked).
+ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens,
+                               uint32_t kv_needs = 0);
 
 // The KV geometry of a model (block size and dtype as given; group_heads 0: all of a layer's heads).
 kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::KvDtype dtype,
                            uint32_t group_heads = 0);
 
-class Forward {
+class Forward final : public kv::KvCompute {
  public:
+  // kv_needs: the KvNeed bits of the caches this Forward will run with.
   Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_tokens, ThreadPool& pool, cpu::Isa isa,
-          kv::MemoryLedger& ledger);
+          kv::MemoryLedger& ledger, uint32_t kv_needs = 0);
 
-  // Runs tokens at positions [pos0, pos0 + n) (pos0 == kv.length()) and writes the requested logits.
-  void run(std::span<const TokenId> tokens, int64_t pos0, kv::KvCache& kv, LogitRows rows, float* logits);
+  // Runs one pass of `tokens` of sequence `seq` (at the positions the cache gives) and writes the
+  // requested logits. A failure aborts the cache's pass (the sequence is as before) and rethrows.
+  void run(std::span<const TokenId> tokens, kv::SeqId seq, kv::KvCache& kv, LogitRows rows, float* logits);
+
+  // kv::KvCompute: the same projection code a pass uses for its new tokens. Needs kv_needs != 0.
+  void project_kv(uint32_t layer, const float* x, std::span<const int64_t> positions, float* k,
+                  float* v) override;
+  int64_t max_rows() const override { return max_tokens_; }
 
   int64_t max_tokens() const { return max_tokens_; }
   const ModelConfig& config() const { return cfg_; }
@@ -63,7 +76,12 @@ class Forward {
 
  private:
   void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y);
-  void layer(uint32_t l, int64_t pos0, int64_t n, kv::KvCache& kv);
+  void layer(uint32_t l, int64_t n, kv::KvCache& kv);
+  // Bias, QK-norm and RoPE of token t's q (H heads) or k (hk heads), in place; the pre-RoPE rows are
+  // copied to pre (if not null) first. cos/sin: the token's angles.
+  void finish_q(const LayerWeights& L, float* q, const float* cos, const float* sin, float* pre);
+  void finish_kv(const LayerWeights& L, uint32_t l, float* k, float* v, const float* cos, const float* sin,
+                 float* pre);
   void for_tokens(int64_t n, const std::function<void(int64_t)>& fn);
 
   const ModelConfig& cfg_;
@@ -71,6 +89,7 @@ class Forward {
   int64_t max_tokens_;
   ThreadPool& pool_;
   cpu::Isa isa_;
+  uint32_t kv_needs_;
   kv::Reservation reservation_;
   // Activation buffers (T = max_tokens_):
   std::vector<float> x_;             // [T, n_embd] f32: residual stream
@@ -84,6 +103,10 @@ class Forward {
   std::vector<float> up_;            // [T, n_ff] f32
   std::vector<float> cos_;           // [n_tables, T, n_rot / 2] f32
   std::vector<float> sin_;           // [n_tables, T, n_rot / 2] f32
+  std::vector<float> q_pre_;         // kNeedPreRope: [T, n_head, head_dim_k] f32
+  std::vector<float> k_pre_;         // kNeedPreRope: [T, n_head_kv, head_dim_k] f32
+  std::vector<float> hook_cos_;      // kv needs: [T, n_rot / 2] f32, angles of project_kv
+  std::vector<float> hook_sin_;      // kv needs: [T, n_rot / 2] f32
   std::vector<uint8_t> mm_scratch_;  // quantised activations of the widest matmul
 };
 

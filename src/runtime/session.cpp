@@ -26,6 +26,7 @@ SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOpt
   if (opt.threads < 1) fail(ErrorKind::kInvalidArgument, "--threads must be at least 1");
   opt.chunk = std::min(opt.chunk, opt.n_ctx);
   opt.kv_placement.max_new_rows = opt.chunk;
+  if (opt.kv_placement.max_seqs < 1) fail(ErrorKind::kInvalidArgument, "a session of 0 sequences");
   return opt;
 }
 
@@ -49,7 +50,7 @@ kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& 
   p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
   p.reserve(kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   p.reserve(kv::Tier::kDevice, kv::Category::kActivations,
-            model::forward_buffers(cfg, model.weights, o.chunk).bytes());
+            model::forward_buffers(cfg, model.weights, o.chunk, kv::kv_needs(o.kv_placement)).bytes());
   const kv::KvFootprint f =
       kv::kv_footprint(o.kv_placement, kv_geometry(cfg, o), o.n_ctx, cfg.n_head, o.threads);
   p.reserve(kv::Tier::kDevice, kv::Category::kKv, f.device_kv);
@@ -71,10 +72,12 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   if (!cpu::isa_supported(isa_)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", cpu::isa_name(isa_));
   weights_reservation_ =
       kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
-  forward_ = std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_);
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
   kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(cfg, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
                           isa_);
+  KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
+  forward_ =
+      std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv_->needs());
   // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
   logit_rows_ = logit_rows(cfg, opt_.chunk);
   const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;
@@ -93,25 +96,26 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   }
 }
 
-std::span<const float> Session::prefill(std::span<const TokenId> tokens, const ProgressFn& progress) {
+std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> tokens,
+                                        const ProgressFn& progress) {
   KVTIER_ASSERT(!tokens.empty(), "prefill of no tokens");
   const auto n = static_cast<int64_t>(tokens.size());
   for (int64_t i = 0; i < n; i += opt_.chunk) {
     const int64_t m = std::min(opt_.chunk, n - i);
     const bool last = i + m == n;
-    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), kv_->length(), *kv_,
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
                   last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.data());
     if (progress) progress(i + m, n);
   }
   return {logits_.data(), model_.config.n_vocab};
 }
 
-std::span<const float> Session::decode(TokenId token) {
-  forward_->run({&token, 1}, kv_->length(), *kv_, model::LogitRows::kLast, logits_.data());
+std::span<const float> Session::decode(kv::SeqId seq, TokenId token) {
+  forward_->run({&token, 1}, seq, *kv_, model::LogitRows::kLast, logits_.data());
   return {logits_.data(), model_.config.n_vocab};
 }
 
-std::span<const float> Session::evaluate(std::span<const TokenId> tokens, const LogitsFn& fn,
+std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId> tokens, const LogitsFn& fn,
                                          const ProgressFn& progress) {
   const auto n = static_cast<int64_t>(tokens.size());
   KVTIER_ASSERT(n > 0, "evaluation of no tokens");
@@ -119,8 +123,8 @@ std::span<const float> Session::evaluate(std::span<const TokenId> tokens, const 
   const size_t V = model_.config.n_vocab;
   for (int64_t i = 0; i < n; i += logit_rows_) {
     const int64_t m = std::min(logit_rows_, n - i);
-    const int64_t pos0 = kv_->length();
-    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), pos0, *kv_,
+    const int64_t pos0 = kv_->positions(seq);
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
                   model::LogitRows::kAll, logits_.data());
     for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.data() + static_cast<size_t>(t) * V, V});
     last_row = m - 1;
@@ -129,8 +133,8 @@ std::span<const float> Session::evaluate(std::span<const TokenId> tokens, const 
   return {logits_.data() + static_cast<size_t>(last_row) * V, V};
 }
 
-void Session::truncate(int64_t n) {
-  kv_->truncate(n);
+void Session::truncate(kv::SeqId seq, int64_t n) {
+  kv_->truncate(seq, n);
 }
 
 std::optional<kv::TieredStats> Session::kv_stats() const {

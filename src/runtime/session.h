@@ -1,7 +1,7 @@
-// One sequence being evaluated: the forward pass, its KV cache (resident placement), the memory
-// ledger and the logits buffer. Chunked prefill, single-token decode, and whole-text evaluation
-// (every position's logits) for perplexity and logit dumps. Batch of one sequence for now: the KV
-// cache is per sequence and its pools are per cache; several sequences would share the pools.
+// Sequences being evaluated: the forward pass, one KV cache (any policy) whose pools the sequences
+// share, the memory ledger and the logits buffer. Chunked prefill, single-token decode, and
+// whole-text evaluation (every position's logits) for perplexity and logit dumps. Each call runs one
+// sequence (id 0 unless given); sequences may be interleaved freely, each sees only its own KV.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +30,8 @@ struct SessionOptions {
   uint32_t kv_block_tokens = 256;
   cpu::KvDtype kv_dtype = cpu::KvDtype::kF16;
   std::optional<cpu::Isa> isa;  // default: the best the CPU has
-  // KV placement (resident, layer, headinfer), its compute-local budget and home tier.
-  kv::TieredOptions kv_placement;
+  // KV placement (resident, layer, headinfer), retention, sequences, compute-local budget, home tier.
+  kv::KvOptions kv_placement;
   uint64_t host_mem = 0;  // budget of the host tier (offloaded KV in DRAM); 0 = unlimited
 };
 
@@ -44,19 +44,31 @@ class Session {
  public:
   Session(const LoadedModel& model, const SessionOptions& opt);
 
-  // Appends tokens through chunked prefill; returns the logits after the last one ([n_vocab]).
-  std::span<const float> prefill(std::span<const TokenId> tokens, const ProgressFn& progress = {});
+  // Appends tokens to sequence `seq` through chunked prefill; returns the logits after the last one
+  // ([n_vocab]; valid until the next call).
+  std::span<const float> prefill(kv::SeqId seq, std::span<const TokenId> tokens,
+                                 const ProgressFn& progress = {});
+  std::span<const float> prefill(std::span<const TokenId> tokens, const ProgressFn& progress = {}) {
+    return prefill(0, tokens, progress);
+  }
   // Appends one token; returns its logits.
-  std::span<const float> decode(TokenId token);
+  std::span<const float> decode(kv::SeqId seq, TokenId token);
+  std::span<const float> decode(TokenId token) { return decode(0, token); }
   // Appends tokens, calling `fn` with every position's logits (for perplexity / dumps), in passes of
   // at most min(chunk, 64 MiB of logits) tokens (results do not depend on the pass size).
   // Returns the logits of the last position.
-  std::span<const float> evaluate(std::span<const TokenId> tokens, const LogitsFn& fn,
+  std::span<const float> evaluate(kv::SeqId seq, std::span<const TokenId> tokens, const LogitsFn& fn,
                                   const ProgressFn& progress = {});
-  // Forgets positions >= n.
-  void truncate(int64_t n);
+  std::span<const float> evaluate(std::span<const TokenId> tokens, const LogitsFn& fn,
+                                  const ProgressFn& progress = {}) {
+    return evaluate(0, tokens, fn, progress);
+  }
+  // Forgets the sequence's positions >= n (n = 0 frees it).
+  void truncate(kv::SeqId seq, int64_t n);
+  void truncate(int64_t n) { truncate(0, n); }
 
-  int64_t n_past() const { return kv_->length(); }
+  int64_t n_past(kv::SeqId seq = 0) const { return kv_->positions(seq); }
+  uint32_t max_sequences() const { return kv_->max_sequences(); }
   int64_t n_ctx() const { return kv_->capacity(); }
   int64_t chunk() const { return opt_.chunk; }
   const kv::MemoryLedger& ledger() const { return ledger_; }
@@ -73,8 +85,8 @@ class Session {
   kv::MemoryLedger ledger_;
   kv::Reservation weights_reservation_;
   ThreadPool pool_;
-  std::unique_ptr<model::Forward> forward_;
   std::unique_ptr<kv::KvCache> kv_;
+  std::unique_ptr<model::Forward> forward_;
   kv::Reservation logits_reservation_;
   int64_t logit_rows_ = 1;     // tokens per pass of evaluate() (its logits buffer's rows)
   std::vector<float> logits_;  // [logit_rows_, n_vocab] f32

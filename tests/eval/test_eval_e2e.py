@@ -8,7 +8,7 @@ import pytest
 from kvtier_testlib import model, run
 
 GRID = ["--lengths", "512", "--depths", "0,1", "--samples", "1", "--seed", "3", "-t", "2"]
-EXACT = ("layer", "headinfer")  # policies that promise resident's tokens exactly
+EXACT = ("layer", "headinfer", "layer+sliding")  # policies that promise resident's tokens exactly
 
 
 def eval_json(tmp_path, name, *args):
@@ -18,11 +18,17 @@ def eval_json(tmp_path, name, *args):
 
 
 def known_policies():
+    """The presets the unknown-policy error names (the same list `kvtier policies` prints)."""
     p = run("eval", "niah", "-m", model("smollm2"), "--kv-policy", "no-such-policy", check=False)
     assert p.returncode == 1
-    m = re.search(r"this build has: ([a-z0-9_, -]+)\)", p.stderr)
+    m = re.search(r"known presets: ([a-z0-9_ -]+);", p.stderr)
     assert m, p.stderr
-    return [s.strip() for s in m.group(1).split(",")]
+    return m.group(1).split()
+
+
+def exact_specs():
+    """Whether `kvtier policies --check` calls each of EXACT exact."""
+    return {s: json.loads(run("policies", "--check", s, "--json").stdout)["exact"] for s in EXACT}
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +91,8 @@ def test_eval_report_merges_runs(first, tmp_path):
 
 
 def test_exact_policies_equal_resident(tmp_path):
-    assert set(EXACT) <= set(known_policies())
+    assert set(EXACT) & set(known_policies()) == {"layer", "headinfer"}
+    assert all(exact_specs().values()), exact_specs()
     # Offloaded policies with one KV head per unit and the master copy on disk: answers and NLLs
     # must equal resident's sample by sample (--expect-equal exits 1 otherwise).
     run("eval", "niah,ppl", "-m", model("smollm2"), "--kv-policy", ",".join(["resident", *EXACT]), *GRID,

@@ -1,9 +1,14 @@
-"""Exactness matrix: every exact KV policy (layer, headinfer with each group size) under each KV
-budget (unlimited; the smallest that fits, found from the engine's own budget error; the smallest
-with the KV master copy on disk) and each chunk size produces bit-identical logits at every
-position and identical tokens to `resident` with the same chunk size. Prompts span several chunks.
+"""Exactness matrix: every exact KV policy, generated from the policy axes that `kvtier policies --json`
+reports (every exact placement x every exact retention; headinfer with each group size, static heads
+and a deeper prefetch) under each KV budget (unlimited; the smallest that fits, found from the
+engine's own budget error; the smallest with the KV master copy on disk) and each chunk size
+produces bit-identical logits at every position and identical tokens to `resident` with the same
+chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than its 512-token sliding
+window, so `+sliding` really frees blocks (and the test checks that it holds less KV).
 Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off) and a
 synthetic MHA model (4/4 heads)."""
+import functools
+import json
 import re
 import subprocess
 import sys
@@ -43,12 +48,37 @@ def smallest_kv_mem(mdl, chunk, extra):
     return int(m.group(1))
 
 
+@functools.lru_cache(maxsize=None)
+def exact_values(axis):
+    """The exact values of one policy axis, as the engine itself lists them."""
+    j = json.loads(run("policies", "--json").stdout)
+    vals = [v["value"] for v in j["axes"] if v["axis"] == axis and v["exact"]]
+    assert vals, axis
+    return vals
+
+
 def configs(n_kv_heads):
-    out = [["--kv-policy", "layer"]]
-    for g in sorted({n_kv_heads, 4, 2, 1}, reverse=True):
-        if g <= n_kv_heads and n_kv_heads % g == 0:
-            out.append(["--kv-policy", "headinfer", "--group", str(g)])
-    out.append(["--kv-policy", "headinfer", "--group", "1", "--static-heads", "2", "--prefetch-depth", "2"])
+    """(flags, offloaded) of every exact combination of placement and retention (the representation is
+    the reference's own: f16), with headinfer's group sizes, static heads and prefetch depth."""
+    out = []
+    for retention in exact_values("retention"):
+        suffix = "" if retention == "none" else "+" + retention
+        for placement in exact_values("placement"):
+            spec = placement + suffix
+            if placement == "resident":
+                if suffix:  # resident itself is the reference
+                    out.append((["--kv-policy", spec], False))
+            elif placement == "headinfer":
+                groups = [g for g in sorted({n_kv_heads, 4, 2, 1}, reverse=True)
+                          if g <= n_kv_heads and n_kv_heads % g == 0]
+                if suffix:
+                    groups = groups[-1:]
+                for g in groups:
+                    out.append((["--kv-policy", spec, "--group", str(g)], True))
+                out.append((["--kv-policy", spec, "--group", "1", "--static-heads", "2", "--prefetch-depth", "2"],
+                            True))
+            else:
+                out.append((["--kv-policy", spec], True))
     return out
 
 
@@ -66,10 +96,13 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
     for chunk in CHUNKS:
         ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
         assert ref_logits.shape[0] > 2 * chunk  # logits at every position of a prompt of several chunks
-        for cfg in configs(n_kv_heads):
-            small = smallest_kv_mem(mdl, chunk, cfg)
-            for budget, extra in (("unlimited", []), ("smallest", ["--kv-mem", str(small)]),
-                                  ("smallest+disk", ["--kv-mem", str(small), "--kv-disk", str(disk)])):
+        for cfg, offloaded in configs(n_kv_heads):
+            budgets = [("unlimited", [])]
+            if offloaded:
+                small = smallest_kv_mem(mdl, chunk, cfg)
+                budgets += [("smallest", ["--kv-mem", str(small)]),
+                            ("smallest+disk", ["--kv-mem", str(small), "--kv-disk", str(disk)])]
+            for budget, extra in budgets:
                 tag = f"{'_'.join(cfg)}_{budget}_{chunk}".replace("-", "")
                 tokens, logits = generate(tmp_path, mdl, chunk, cfg + extra, tag, prompt)
                 what = f"{mdl.name} chunk={chunk} {' '.join(cfg)} budget={budget}"
@@ -86,7 +119,35 @@ def test_smollm2(tmp_path):
 
 
 def test_gemma3(tmp_path):
-    assert check_model(tmp_path, model("gemma3"), 1) >= 2 * 3 * 3
+    # Longer than the 512-token window of the sliding layers: +sliding frees blocks.
+    assert check_model(tmp_path, model("gemma3"), 1, PROMPT * 4) >= 2 * 3 * 3
+
+
+def test_matrix_covers_every_exact_axis_value():
+    specs = {c[1] for c, _ in configs(3)}
+    for p in exact_values("placement"):
+        for r in exact_values("retention"):
+            spec = p if r == "none" else f"{p}+{r}"
+            assert spec in specs or spec == "resident", spec
+
+
+def test_sliding_retention_holds_less_kv_on_gemma3(tmp_path):
+    """Gemma-3's local layers (5 of every 6) keep window + chunk positions instead of the context."""
+    prompt = PROMPT * 4
+    def peak(policy, *extra):
+        p = run("run", "-m", model("gemma3"), "-p", prompt, "-n", 2, "--chunk", 96, "--ctx", 8192, "-t", 2,
+                "--ignore-eos", "--json", "--kv-policy", policy, *extra)
+        return json.loads(p.stdout)
+    # At --ctx 8192 (32 blocks of 256), the 3 global layers keep 32 blocks, the 15 local ones
+    # ceil((511 + 95) / 256) + 1 = 4: (3 * 32 + 15 * 4) / (18 * 32) = 0.27 of the KV.
+    full, slid = peak("resident"), peak("resident+sliding")
+    assert slid["tokens"] == full["tokens"]
+    assert slid["peak_memory_bytes"]["device"]["kv"] < 0.3 * full["peak_memory_bytes"]["device"]["kv"]
+    assert slid["kv"]["policy"] == "resident+sliding"
+    full, slid = peak("layer", "--kv-disk", str(tmp_path)), peak("layer+sliding", "--kv-disk", str(tmp_path))
+    assert slid["tokens"] == full["tokens"]
+    assert slid["peak_memory_bytes"]["disk"]["kv"] < 0.3 * full["peak_memory_bytes"]["disk"]["kv"]
+    assert slid["kv"]["bytes_loaded"] < full["kv"]["bytes_loaded"]
 
 
 def test_synthetic_mha(tmp_path, synthetic_mha):

@@ -37,6 +37,7 @@ std::vector<float> run(KvCache& kv, const Case& c, const std::vector<std::pair<i
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> out;
   for (auto [pos0, n] : ps) {
+    EXPECT_EQ(kv.begin_pass({0, n}).pos0, pos0);
     for (uint32_t l = 0; l < c.n_head_kv.size(); ++l) {
       const uint32_t hk = c.n_head_kv[l];
       std::vector<float> k(n * hk * c.dk), v(n * hk * c.dv), q(n * c.n_head * c.dk),
@@ -44,10 +45,13 @@ std::vector<float> run(KvCache& kv, const Case& c, const std::vector<std::pair<i
       for (auto* vec : {&k, &v, &q}) {
         for (float& x : *vec) x = nd(rng);
       }
-      kv.write(l, pos0, n, k.data(), v.data());
-      kv.attend(l, pos0, n, q.data(), c.n_head, la, o.data());
+      LayerAttention lal = la;  // a geometry with per-layer windows gives each layer its own
+      if (!kv.geometry().window.empty()) lal.window = kv.geometry().window_of(l);
+      kv.write(l, {k.data(), v.data()});
+      kv.attend(l, q.data(), c.n_head, lal, o.data());
       out.insert(out.end(), o.begin(), o.end());
     }
+    kv.end_pass();
   }
   return out;
 }
@@ -57,7 +61,7 @@ KvGeometry geometry(const Case& c) {
   g.n_head_kv = c.n_head_kv;
   g.head_dim_k = c.dk;
   g.head_dim_v = c.dv;
-  g.block_tokens = 64;
+  g.block_tokens = 128;  // whole 4 KiB pages of the home tier for every case's rows
   return g;
 }
 
@@ -242,11 +246,137 @@ TEST(TieredKv, TruncateThenContinueMatchesResident) {
   TieredKv tiered(geometry(c), 300, c.n_head, lt, pool, isa, o);
   run(resident, c, passes(200, 64, 2), 5, {0.1f, 0, 0});
   run(tiered, c, passes(200, 64, 2), 5, {0.1f, 0, 0});
-  resident.truncate(130);
-  tiered.truncate(130);
+  resident.truncate(0, 130);
+  tiered.truncate(0, 130);
   std::vector<std::pair<int64_t, int64_t>> more = {{130, 50}, {180, 1}, {181, 1}};
   expect_bit_identical(run(resident, c, more, 9, {0.1f, 0, 0}), run(tiered, c, more, 9, {0.1f, 0, 0}),
                        "after truncate");
+}
+
+TEST(TieredKv, SlidingRetentionReusesHomePagesAndIsExact) {
+  const Case c{{2, 2, 2}, 4, 64, 64};
+  KvGeometry g = geometry(c);
+  g.window = {0, 100, 100};  // layer 0 global; layers 1-2 see 100 keys
+  ThreadPool pool(2);
+  const auto isa = cpu::best_isa();
+  const auto ps = passes(400, 37, 40);  // 440 positions: sliding layers reuse their 3 pages
+  const LayerAttention la{0.125f, 0.0f, 0};
+  MemoryLedger lr;
+  ResidentKv resident(g, 600, c.n_head, lr, pool, isa);
+  const auto ref = run(resident, c, ps, 11, la);
+  struct Config {
+    policy::Placement p;
+    uint32_t group, depth, statics;
+    bool disk;
+  };
+  const Config configs[] = {{policy::Placement::kLayer, 0, 1, 0, false},
+                            {policy::Placement::kLayer, 0, 2, 0, true},
+                            {policy::Placement::kHeadInfer, 1, 1, 0, true},
+                            {policy::Placement::kHeadInfer, 1, 2, 3, false}};
+  for (const auto& cf : configs) {
+    TieredOptions o;
+    o.placement.placement = cf.p;
+    o.placement.group = cf.group;
+    o.placement.prefetch_depth = cf.depth;
+    o.placement.static_heads = cf.statics;
+    o.disk_dir = cf.disk ? disk_dir() : "";
+    o.max_new_rows = 37;
+    TieredOptions full = o;
+    o.retention = policy::Retention::kSliding;
+    const std::string what = std::string(policy::placement_name(cf.p)) + (cf.disk ? " disk" : " host");
+    MemoryLedger lt, lf;
+    TieredKv tiered(g, 600, c.n_head, lt, pool, isa, o);
+    { TieredKv unlimited(g, 600, c.n_head, lf, pool, isa, full); }
+    expect_bit_identical(ref, run(tiered, c, ps, 11, la), what);
+    const Tier home = cf.disk ? Tier::kDisk : Tier::kHost;
+    // Home pages of 128 rows: 5 for layer 0 (600 positions), for layers 1-2 what window - 1 + chunk =
+    // 136 positions touch at most: ceil(135 / 128) + 1 = 3.
+    EXPECT_LT(lt.peak(home, Category::kKv), lf.peak(home, Category::kKv)) << what;
+    const TieredLayout lay = tiered_layout(g, 600, c.n_head, 2, o);
+    EXPECT_EQ(lay.home_pages, (std::vector<uint32_t>{5, 3, 3})) << what;
+    // Something was loaded (the window's pages) through the paged home tier.
+    EXPECT_GT(tiered.stats().transfer.bytes_loaded, 0u);
+  }
+  // A short step back and on stays exact; a step back past freed pages is a clear error.
+  TieredOptions o;
+  o.placement.placement = policy::Placement::kHeadInfer;
+  o.placement.group = 1;
+  o.max_new_rows = 37;
+  o.retention = policy::Retention::kSliding;
+  MemoryLedger lt;
+  TieredKv tiered(g, 600, c.n_head, lt, pool, isa, o);
+  MemoryLedger lr2;
+  ResidentKv resident2(g, 600, c.n_head, lr2, pool, isa);
+  run(tiered, c, ps, 11, la);
+  run(resident2, c, ps, 11, la);
+  try {
+    tiered.truncate(0, 100);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("sliding retention already freed"), std::string::npos) << e.what();
+  }
+  tiered.truncate(0, 430);
+  resident2.truncate(0, 430);
+  const std::vector<std::pair<int64_t, int64_t>> more = {{430, 30}, {460, 1}, {461, 1}};
+  expect_bit_identical(run(resident2, c, more, 5, la), run(tiered, c, more, 5, la), "after truncate");
+}
+
+TEST(TieredKv, TwoInterleavedSequencesShareTheHomeAndMatchRunningAlone) {
+  const Case c{{2, 2}, 4, 64, 64};
+  ThreadPool pool(2);
+  const auto isa = cpu::best_isa();
+  const LayerAttention la{0.125f, 0.0f, 0};
+  // Sequence a: 300 tokens in chunks of 37 then decode; b: 150 then decode, different keys (seed).
+  const auto pa = passes(300, 37, 3), pb = passes(150, 37, 3);
+  auto alone = [&](const std::vector<std::pair<int64_t, int64_t>>& ps, uint32_t seed) {
+    MemoryLedger l;
+    ResidentKv r(geometry(c), 512, c.n_head, l, pool, isa);
+    return run(r, c, ps, seed, la);
+  };
+  const auto ref_a = alone(pa, 1), ref_b = alone(pb, 2);
+  for (const bool disk : {false, true}) {
+    for (const auto p : {policy::Placement::kLayer, policy::Placement::kHeadInfer}) {
+      TieredOptions o;
+      o.placement.placement = p;
+      o.placement.group = p == policy::Placement::kHeadInfer ? 1 : 0;
+      o.max_new_rows = 37;
+      o.max_seqs = 2;
+      o.disk_dir = disk ? disk_dir() : "";
+      MemoryLedger l;
+      TieredKv kv(geometry(c), 512, c.n_head, l, pool, isa, o);
+      // Interleave pass by pass (each sequence's passes in order, with its own random stream).
+      std::mt19937 ra(1), rb(2);
+      std::vector<float> got_a, got_b;
+      auto one = [&](SeqId seq, std::pair<int64_t, int64_t> ps, std::mt19937& rng, std::vector<float>& out) {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        const auto [pos0, n] = ps;
+        EXPECT_EQ(kv.begin_pass({seq, n}).pos0, pos0);
+        for (uint32_t lyr = 0; lyr < c.n_head_kv.size(); ++lyr) {
+          const uint32_t hk = c.n_head_kv[lyr];
+          std::vector<float> k(n * hk * c.dk), v(n * hk * c.dv), q(n * c.n_head * c.dk),
+              o2(n * c.n_head * c.dv);
+          for (auto* vec : {&k, &v, &q}) {
+            for (float& x : *vec) x = nd(rng);
+          }
+          kv.write(lyr, {k.data(), v.data()});
+          kv.attend(lyr, q.data(), c.n_head, la, o2.data());
+          out.insert(out.end(), o2.begin(), o2.end());
+        }
+        kv.end_pass();
+      };
+      for (size_t i = 0; i < std::max(pa.size(), pb.size()); ++i) {
+        if (i < pb.size()) one(1, pb[i], rb, got_b);
+        if (i < pa.size()) one(0, pa[i], ra, got_a);
+      }
+      const std::string what = std::string(policy::placement_name(p)) + (disk ? " disk" : " host");
+      expect_bit_identical(ref_a, got_a, what + " seq 0");
+      expect_bit_identical(ref_b, got_b, what + " seq 1");
+      kv.truncate(1, 0);
+      EXPECT_EQ(kv.positions(1), 0);
+      EXPECT_EQ(kv.positions(0), 303);
+    }
+  }
 }
 
 }  // namespace

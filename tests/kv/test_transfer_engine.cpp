@@ -187,14 +187,16 @@ struct Pass {
 
 void run_pass(TieredKv& kv, uint32_t layers, Pass p, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
+  EXPECT_EQ(kv.begin_pass({0, p.n}).pos0, p.pos0);
   for (uint32_t l = 0; l < layers; ++l) {
     std::vector<float> k(p.n * 64), v(p.n * 64), q(p.n * 2 * 64), o(p.n * 2 * 64);
     for (auto* vec : {&k, &v, &q}) {
       for (float& x : *vec) x = nd(rng);
     }
-    kv.write(l, p.pos0, p.n, k.data(), v.data());
-    kv.attend(l, p.pos0, p.n, q.data(), 2, {0.125f, 0.0f, 0}, o.data());
+    kv.write(l, {k.data(), v.data()});
+    kv.attend(l, q.data(), 2, {0.125f, 0.0f, 0}, o.data());
   }
+  kv.end_pass();
 }
 
 TieredKv make_tiered(MemoryLedger& ledger, ThreadPool& pool, uint32_t layers, uint32_t delay_us) {
@@ -224,7 +226,7 @@ TEST(TieredKv, TruncateWaitsForDelayedCopiesInFlight) {
     const auto before = kv.stats().transfer.jobs;
     const size_t pinned = kv.pinned_blocks();
     seen_pinned += pinned > 0;
-    kv.truncate(len - 30);  // waits: every pin has dropped when it returns
+    kv.truncate(0, len - 30);  // waits: every pin has dropped when it returns
     len -= 30;
     EXPECT_EQ(kv.pinned_blocks(), 0u);
     if (pinned > 0) {
@@ -232,7 +234,7 @@ TEST(TieredKv, TruncateWaitsForDelayedCopiesInFlight) {
     }
   }
   EXPECT_GE(seen_pinned, 3) << "copies were expected to be in flight after most passes";
-  EXPECT_EQ(kv.length(), len);
+  EXPECT_EQ(kv.positions(0), len);
 }
 
 TEST(TieredKv, LoadsOfLongHistoriesCoalesceBlocksIntoRuns) {

@@ -1,12 +1,16 @@
 // The forward pass on a tiny synthetic llama (f32 and q8_0 weights): logits do not depend on the
 // prefill chunk size, the thread count, the KV head grouping, or prefill vs decode (bit-identical:
-// the attention tiles follow absolute positions and the matmul rows are batch-independent).
+// the attention tiles follow absolute positions and the matmul rows are batch-independent). The
+// model-side compute hook recomputes the very bits a pass wrote; sequences interleaved in one
+// session give what each gives alone.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
 #include <map>
 #include <memory>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -97,13 +101,139 @@ TEST(SyntheticForward, HeadGroupingDoesNotChangeLogits) {
     std::vector<float> all;
     for (size_t i = 0; i < tokens.size(); i += 32) {
       const size_t n = std::min<size_t>(32, tokens.size() - i);
-      fwd.run(std::span(tokens).subspan(i, n), static_cast<int64_t>(i), cache, model::LogitRows::kAll,
-              logits.data());
+      fwd.run(std::span(tokens).subspan(i, n), 0, cache, model::LogitRows::kAll, logits.data());
       all.insert(all.end(), logits.begin(), logits.begin() + static_cast<int64_t>(n * model->config.n_vocab));
     }
     outs.push_back(all);
   }
   EXPECT_EQ(outs[0], outs[1]);
+}
+
+// A cache that asks for the layer inputs and pre-RoPE rows and records what each write hands over.
+class RecordingKv final : public kv::KvCache {
+ public:
+  RecordingKv(kv::KvCache& inner, const model::ModelConfig& cfg) : inner_(inner), cfg_(cfg) {}
+  const kv::KvGeometry& geometry() const override { return inner_.geometry(); }
+  int64_t capacity() const override { return inner_.capacity(); }
+  uint32_t max_sequences() const override { return inner_.max_sequences(); }
+  int64_t positions(kv::SeqId s) const override { return inner_.positions(s); }
+  uint32_t needs() const override { return kv::kNeedLayerInput | kv::kNeedPreRope; }
+  kv::PassPositions begin_pass(const kv::PassInfo& i) override {
+    x.clear();
+    k.clear();
+    v.clear();
+    return pass_ = inner_.begin_pass(i);
+  }
+  void write(uint32_t l, const kv::LayerRows& r) override {
+    const int64_t n = pass_.n, hk = cfg_.layers[l].n_head_kv;
+    EXPECT_NE(r.x, nullptr);
+    EXPECT_NE(r.q_pre, nullptr);
+    EXPECT_NE(r.k_pre, nullptr);
+    x.emplace_back(r.x, r.x + n * cfg_.n_embd);
+    k.emplace_back(r.k, r.k + n * hk * cfg_.head_dim_k);
+    v.emplace_back(r.v, r.v + n * hk * cfg_.head_dim_v);
+    inner_.write(l, r);
+  }
+  void attend(uint32_t l, const float* q, int64_t h, const kv::LayerAttention& la, float* o) override {
+    inner_.attend(l, q, h, la, o);
+  }
+  void end_pass() override { inner_.end_pass(); }
+  void abort_pass() override { inner_.abort_pass(); }
+  void truncate(kv::SeqId s, int64_t n) override { inner_.truncate(s, n); }
+
+  kv::PassPositions pass_;
+  std::vector<std::vector<float>> x, k, v;  // [layer] rows of the last pass
+
+ private:
+  kv::KvCache& inner_;
+  const model::ModelConfig& cfg_;
+};
+
+TEST(SyntheticForward, ComputeHookRecomputesTheBitsThePassWrote) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0}) {
+    const auto model = load_model(synth_file(type));
+    const auto& cfg = model->config;
+    const auto tokens = prompt(40);
+    ThreadPool pool(2);
+    kv::MemoryLedger ledger;
+    model::Forward fwd(cfg, model->weights, 32, pool, cpu::best_isa(), ledger,
+                       kv::kNeedLayerInput | kv::kNeedPreRope);
+    kv::ResidentKv inner(fwd.kv_geometry(32, cpu::KvDtype::kF16), 128, cfg.n_head, ledger, pool,
+                         cpu::best_isa());
+    RecordingKv cache(inner, cfg);
+    std::vector<float> logits(32 * cfg.n_vocab);
+    fwd.run(std::span(tokens).first(32), 0, cache, model::LogitRows::kLast, logits.data());
+    fwd.run(std::span(tokens).subspan(32, 8), 0, cache, model::LogitRows::kLast, logits.data());
+    ASSERT_EQ(cache.pass_.pos0, 32);
+    // Recompute the second pass's rows (positions 32..39) from the recorded layer inputs.
+    std::vector<int64_t> pos(8);
+    for (int64_t t = 0; t < 8; ++t) pos[static_cast<size_t>(t)] = 32 + t;
+    for (uint32_t l = 0; l < cfg.n_layer; ++l) {
+      std::vector<float> k(cache.k[l].size()), v(cache.v[l].size());
+      fwd.project_kv(l, cache.x[l].data(), pos, k.data(), v.data());
+      EXPECT_EQ(0, std::memcmp(k.data(), cache.k[l].data(), k.size() * sizeof(float))) << "layer " << l;
+      EXPECT_EQ(0, std::memcmp(v.data(), cache.v[l].data(), v.size() * sizeof(float))) << "layer " << l;
+      // At other positions the keys differ (RoPE), the values do not.
+      std::vector<int64_t> shifted(pos);
+      for (auto& p : shifted) p += 5;
+      std::vector<float> k2(k.size()), v2(v.size());
+      fwd.project_kv(l, cache.x[l].data(), shifted, k2.data(), v2.data());
+      EXPECT_NE(k2, k) << "layer " << l;
+      EXPECT_EQ(v2, v) << "layer " << l;
+    }
+  }
+}
+
+TEST(SyntheticForward, InterleavedSequencesInOneSessionMatchRunningAlone) {
+  const auto model = load_model(synth_file(GgmlType::kQ8_0));
+  const size_t V = model->config.n_vocab;
+  SessionOptions o;
+  o.n_ctx = 256;
+  o.kv_block_tokens = 64;
+  o.chunk = 48;
+  o.threads = 2;
+  const auto a = prompt(100);
+  std::vector<TokenId> b;
+  for (size_t i = 0; i < 70; ++i) b.push_back(static_cast<TokenId>((i * 101 + 3) % 256));
+  // Alone: prefill, then 10 greedy steps; the logits of every step.
+  auto alone = [&](const std::vector<TokenId>& p) {
+    Session s(*model, o);
+    std::vector<float> out;
+    auto l = s.prefill(p);
+    for (int step = 0; step < 10; ++step) {
+      out.insert(out.end(), l.begin(), l.end());
+      const auto next = static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
+      l = s.decode(next);
+    }
+    return out;
+  };
+  const auto ref_a = alone(a), ref_b = alone(b);
+  SessionOptions o2 = o;
+  o2.kv_placement.max_seqs = 2;
+  Session s(*model, o2);
+  std::vector<float> got_a, got_b;
+  auto la = s.prefill(1, b);  // sequence 1 first, then 0: their blocks interleave in the pools
+  std::vector<float> last_b(la.begin(), la.end());
+  auto lb = s.prefill(0, a);
+  std::vector<float> last_a(lb.begin(), lb.end());
+  for (int step = 0; step < 10; ++step) {
+    got_a.insert(got_a.end(), last_a.begin(), last_a.end());
+    got_b.insert(got_b.end(), last_b.begin(), last_b.end());
+    const auto na = static_cast<TokenId>(std::max_element(last_a.begin(), last_a.end()) - last_a.begin());
+    const auto nb = static_cast<TokenId>(std::max_element(last_b.begin(), last_b.end()) - last_b.begin());
+    auto l0 = s.decode(0, na);
+    last_a.assign(l0.begin(), l0.end());
+    auto l1 = s.decode(1, nb);
+    last_b.assign(l1.begin(), l1.end());
+  }
+  ASSERT_EQ(got_a.size(), 10 * V);
+  EXPECT_EQ(got_a, ref_a);
+  EXPECT_EQ(got_b, ref_b);
+  EXPECT_EQ(s.n_past(0), 110);
+  EXPECT_EQ(s.n_past(1), 80);
+  s.truncate(1, 0);
+  EXPECT_EQ(s.n_past(1), 0);
+  EXPECT_EQ(s.n_past(0), 110);
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ struct BenchArgs {
 };
 
 struct PolicyRun {
-  policy::Placement placement;
+  policy::KvPolicy policy;
   std::unique_ptr<runtime::Session> session;
   std::vector<double> pre, dec, stall;
   uint64_t loaded = 0, stored = 0;
@@ -62,7 +62,7 @@ std::vector<runtime::TokenId> bench_prompt(const runtime::LoadedModel& m, int64_
 }
 
 int run_bench(BenchArgs a) {
-  const auto placements = policy::parse_placement_list(a.policies);
+  const auto policies = kv_policy_list(a.engine, a.policies);
   if (a.engine.backend == Backend::kCuda)
     return run_bench_cuda(a.engine, {a.prompt_tokens, a.gen, a.repeat, a.policies, a.json});
   const auto model = runtime::load_model(a.engine.model);
@@ -70,14 +70,8 @@ int run_bench(BenchArgs a) {
   nlohmann::json rows = nlohmann::json::array();
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
   std::vector<PolicyRun> runs;
-  for (policy::Placement p : placements) {
-    EngineArgs e = a.engine;
-    e.kv_policy = std::string(policy::placement_name(p));
-    if (p == policy::Placement::kResident) {  // the offloaded policies' options do not apply
-      e.kv_disk.clear();
-      e.group = 0;
-      e.static_heads = 0;
-    }
+  for (const policy::KvPolicy& p : policies) {
+    const EngineArgs e = engine_for(a.engine, p);
     runs.push_back(
         {p, std::make_unique<runtime::Session>(*model, session_options(e, model->config, max_p + a.gen))});
   }
@@ -119,7 +113,7 @@ int run_bench(BenchArgs a) {
     }
     const double base_pre = median(runs.front().pre), base_dec = median(runs.front().dec);
     for (const auto& pr : runs) {
-      const std::string name(policy::placement_name(pr.placement));
+      const std::string name = pr.policy.spec();
       nlohmann::json row = {{"policy", name},
                             {"prompt_tokens", p},
                             {"gen", a.gen},
@@ -164,9 +158,9 @@ void add_bench(CLI::App& app, Runner& run) {
   auto a = std::make_shared<BenchArgs>();
   CLI::App* cmd = app.add_subcommand("bench", "Prefill and decode speed (medians of several runs)");
   add_engine_flags(cmd, a->engine, /*with_policy=*/false);
-  cmd->add_option(
-         "--kv-policy", a->policies,
-         "KV placements to compare, comma-separated (resident, layer, headinfer); ratios are to the first")
+  cmd->add_option("--kv-policy", a->policies,
+                  "KV policies to compare, comma-separated (presets or specs, e.g. resident,layer+sliding); "
+                  "ratios are to the first")
       ->capture_default_str();
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt lengths, comma-separated")->delimiter(',');
   cmd->add_option("--gen", a->gen, "tokens to decode after each prompt")->check(CLI::PositiveNumber);

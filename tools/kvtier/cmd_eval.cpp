@@ -101,9 +101,9 @@ std::vector<double> parse_depths(const std::string& s) {
 // The engine behind the harness: one model, one session per policy, greedy decoding.
 class ModelEngine final : public eval::Engine {
  public:
-  ModelEngine(const runtime::LoadedModel& m, runtime::SessionOptions opts,
+  ModelEngine(const runtime::LoadedModel& m, runtime::SessionOptions opts, EngineArgs engine,
               std::optional<tokenizer::ChatTemplate> t)
-      : model_(m), opts_(opts), tmpl_(t) {}
+      : model_(m), opts_(opts), engine_(std::move(engine)), tmpl_(t) {}
 
   std::vector<int32_t> prompt_tokens(const eval::Prompt& p) const {
     const auto& tok = *model_.tokenizer;
@@ -123,8 +123,11 @@ class ModelEngine final : public eval::Engine {
   }
   void use_policy(const std::string& name) override {
     runtime::SessionOptions o = opts_;
-    o.kv_placement.placement.placement = policy::parse_placement(name);
-    if (o.kv_placement.placement.placement == policy::Placement::kResident) {
+    const policy::KvPolicy kp = kv_policy_of(engine_, name);
+    o.kv_placement.placement.placement = kp.placement;
+    o.kv_placement.retention = kp.retention;
+    o.kv_dtype = kp.representation == policy::Representation::kF32 ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
+    if (kp.placement == policy::Placement::kResident) {
       o.kv_placement.disk_dir.clear();  // placement options of the offloaded policies do not apply
       o.kv_placement.placement.group = 0;
       o.kv_placement.placement.static_heads = 0;
@@ -154,6 +157,7 @@ class ModelEngine final : public eval::Engine {
  private:
   const runtime::LoadedModel& model_;
   runtime::SessionOptions opts_;
+  EngineArgs engine_;
   std::optional<tokenizer::ChatTemplate> tmpl_;
   std::unique_ptr<runtime::Session> session_;
 };
@@ -202,7 +206,7 @@ std::string command_line(const EvalArgs& a) {
   c += fmt::format(" --samples {} --seed {}", a.samples, a.seed);
   if (a.engine.ctx > 0) c += fmt::format(" --ctx {}", a.engine.ctx);
   if (a.engine.chunk > 0) c += fmt::format(" --chunk {}", a.engine.chunk);
-  if (a.engine.kv_type != "f16") c += " --kv-type " + a.engine.kv_type;
+  if (!a.engine.kv_type.empty()) c += " --kv-type " + a.engine.kv_type;
   if (!a.engine.isa.empty()) c += " --isa " + a.engine.isa;
   if (!a.text.empty()) c += " --text " + a.text;
   if (!a.chat_template.empty()) c += " --chat-template " + a.chat_template;
@@ -214,7 +218,7 @@ int run_eval_cmd(const EvalArgs& a) {
   eval::EvalPlan plan;
   plan.tasks = eval::parse_task_list(a.tasks);
   for (const std::string& p : split(a.policies)) plan.policies.push_back(p);
-  (void)policy::parse_placement_list(a.policies);  // unknown or repeated names are errors before loading
+  (void)kv_policy_list(a.engine, a.policies);  // unknown or repeated policies are errors before loading
   plan.grid.lengths = parse_lengths(a.lengths);
   plan.grid.depths = parse_depths(a.depths);
   plan.grid.samples = a.samples;
@@ -237,7 +241,7 @@ int run_eval_cmd(const EvalArgs& a) {
         model->tokenizer->vocab(),
         a.chat_template.empty() ? std::nullopt : std::optional<std::string_view>(a.chat_template));
   }
-  ModelEngine engine(*model, opts, tmpl);
+  ModelEngine engine(*model, opts, a.engine, tmpl);
 
   eval::RunInfo info;
   info.model = a.engine.model;
@@ -333,9 +337,10 @@ void add_eval(CLI::App& app, Runner& run) {
          "task or comma-separated tasks: " + eval::task_names() + "; 'niah-all' = the niah variants; 'all'")
       ->required();
   add_engine_flags(cmd, a->engine, /*with_policy=*/false);
-  cmd->add_option("--kv-policy", a->policies,
-                  "KV policies to compare, comma-separated (the first is the reference); known: " +
-                      policy::placement_names())
+  cmd->add_option(
+         "--kv-policy", a->policies,
+         "KV policies to compare, comma-separated (the first is the reference): presets or specs such as "
+         "layer+sliding (`kvtier policies` lists them)")
       ->default_val(a->policies);
   cmd->add_option("--lengths", a->lengths, "context lengths in tokens (prompt + answer), e.g. 1k,2k,4k")
       ->default_val(a->lengths);

@@ -40,26 +40,12 @@ struct PlanArgs {
   // Engine rows (-m only): the flags `kvtier run` takes.
   std::string kv_policies = "resident,layer,headinfer";
   int threads = 0;
-  std::string kv_type = "f16";
+  std::string kv_type;  // empty: the policy's representation
   std::string kv_mem;
   std::string kv_disk;
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
 };
-
-std::vector<std::string> engine_policies(const std::string& list) {
-  std::vector<std::string> out;
-  for (size_t pos = 0; pos <= list.size();) {
-    const size_t end = std::min(list.find(',', pos), list.size());
-    const std::string p = list.substr(pos, end - pos);
-    if (!policy::placement_from_name(p)) {
-      fail(ErrorKind::kInvalidArgument, "unknown --kv-policy '{}' (resident, layer, headinfer)", p);
-    }
-    out.push_back(p);
-    pos = end + 1;
-  }
-  return out;
-}
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
   policy::ModelShape m;
@@ -191,7 +177,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.group = a.group;
     e.engine.prefetch_depth = a.prefetch_depth;
     e.engine.static_heads = a.static_heads;
-    e.policies = engine_policies(a.kv_policies);
+    for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     engine = plan_engine(e, a.json);
   } else if (!a.json) {
     std::cout << "(engine rows need -m MODEL: they count the buffers this engine allocates for that file)\n";

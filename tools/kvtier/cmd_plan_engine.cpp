@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "cli_util.h"
@@ -16,19 +17,15 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   runtime::SessionOptions first;
   for (size_t i = 0; i < a.policies.size(); ++i) {
-    EngineArgs e = a.engine;
-    e.kv_policy = a.policies[i];
-    if (e.kv_policy == "resident") {  // flags of the offloaded placements do not apply
-      e.group = 0;
-      e.static_heads = 0;
-      e.kv_disk.clear();
-    }
+    const EngineArgs e = engine_for(a.engine, a.policies[i]);
     const runtime::SessionOptions o =
         runtime::resolve_session_options(model->config, session_options(e, model->config, e.ctx));
     if (i == 0) first = o;
     nlohmann::ordered_json r;
     r["policy"] = e.kv_policy;
-    r["group"] = e.kv_policy == "headinfer" ? e.group : 0;  // 0: all heads (layer), adaptive (headinfer)
+    r["group"] = a.policies[i].placement == policy::Placement::kHeadInfer
+                     ? e.group
+                     : 0;  // 0: all heads (layer), adaptive (headinfer)
     try {
       const kv::MemoryLedger p = runtime::predict_memory(*model, o);
       r["fits"] = true;
@@ -54,25 +51,29 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
       "MiB):\n",
       first.n_ctx, first.chunk, first.threads,
       first.kv_placement.kv_mem ? human_bytes(first.kv_placement.kv_mem) : "as needed");
-  std::cout << fmt::format("{:<10} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n", "policy",
-                           "g", "weights", "KV(dev)", "activ.", "staging", "scratch", "logits", "total(dev)",
-                           "KV(host)", "KV(disk)");
-  for (const auto& r : rows) {
-    const std::string g = r["policy"] == "resident" ? "-"
-                          : r["policy"] == "layer"  ? "all"
-                          : r["group"] == 0         ? "auto"
-                                                    : r["group"].dump();
+  size_t w = 10;  // the policy column fits the longest spec
+  for (const auto& p : a.policies) w = std::max(w, p.spec().size());
+  std::cout << fmt::format("{:<{}} {:>4} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>10} {:>9} {:>9}\n", "policy",
+                           w, "g", "weights", "KV(dev)", "activ.", "staging", "scratch", "logits",
+                           "total(dev)", "KV(host)", "KV(disk)");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    const policy::Placement pl = a.policies[i].placement;
+    const std::string g = pl == policy::Placement::kResident ? "-"
+                          : pl == policy::Placement::kLayer  ? "all"
+                          : r["group"] == 0                  ? "auto"
+                                                             : r["group"].dump();
     if (!r["fits"].get<bool>()) {
-      std::cout << fmt::format("{:<10} {:>4} does not fit: {}\n", r["policy"].get<std::string>(), g,
+      std::cout << fmt::format("{:<{}} {:>4} does not fit: {}\n", r["policy"].get<std::string>(), w, g,
                                r["error"].get<std::string>());
       continue;
     }
     const auto& d = r["memory"]["device"];
     auto m = [&](const nlohmann::json& v) { return v.get<uint64_t>() / mib; };
     std::cout << fmt::format(
-        "{:<10} {:>4} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>10.2f} {:>9.2f} {:>9.2f}\n",
-        r["policy"].get<std::string>(), g, m(d["weights"]), m(d["kv"]), m(d["activations"]), m(d["staging"]),
-        m(d["scratch"]), m(d["logits"]), m(d["total"]), m(r["memory"]["host"]["kv"]),
+        "{:<{}} {:>4} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>9.2f} {:>10.2f} {:>9.2f} {:>9.2f}\n",
+        r["policy"].get<std::string>(), w, g, m(d["weights"]), m(d["kv"]), m(d["activations"]),
+        m(d["staging"]), m(d["scratch"]), m(d["logits"]), m(d["total"]), m(r["memory"]["host"]["kv"]),
         m(r["memory"]["disk"]["kv"]));
   }
   return j;

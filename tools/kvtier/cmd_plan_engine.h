@@ -12,8 +12,8 @@
 namespace kvtier::cli {
 
 struct EnginePlanArgs {
-  EngineArgs engine;                  // model, ctx, chunk (0: the engine's default), threads, KV flags
-  std::vector<std::string> policies;  // resident, layer, headinfer
+  EngineArgs engine;  // model, ctx, chunk (0: the engine's default), threads, KV flags
+  std::vector<policy::KvPolicy> policies;
 };
 
 // {"ctx": N, "chunk": N, "threads": N, "kv_mem": B, "policies": [{"policy", "group", "fits",

@@ -22,5 +22,7 @@ void add_bench(CLI::App& app, Runner& run);
 // Registers `kvtier eval` (long-context accuracy of KV policies).
 void add_eval(CLI::App& app, Runner& run);
 void add_plan(CLI::App& app, Runner& run);
+// Registers `kvtier policies` (KV policy presets, axes and values).
+void add_policies(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

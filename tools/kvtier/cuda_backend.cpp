@@ -27,7 +27,8 @@ using Clock = std::chrono::steady_clock;
 
 runtime_cuda::CudaSessionOptions cuda_options(const EngineArgs& e, policy::Placement placement,
                                               int64_t ctx_needed) {
-  if (e.kv_type != "f16") fail(ErrorKind::kUnsupported, "--backend cuda: --kv-type {} (f16 only)", e.kv_type);
+  if (!e.kv_type.empty() && e.kv_type != "f16")
+    fail(ErrorKind::kUnsupported, "--backend cuda: --kv-type {} (f16 only)", e.kv_type);
   if (!e.kv_disk.empty()) fail(ErrorKind::kUnsupported, "--backend cuda: --kv-disk is not implemented yet");
   if (!runtime_cuda::cuda_device_available()) {
     fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
@@ -69,12 +70,25 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The placement of a KV policy the CUDA backend runs: placements only (its KV twin has no retention
+// or other representations yet).
+policy::Placement cuda_placement(const EngineArgs& e, std::string_view spec) {
+  const policy::KvPolicy p = kv_policy_of(e, spec);
+  if (p.retention != policy::Retention::kNone || p.representation != policy::Representation::kF16) {
+    fail(ErrorKind::kUnsupported,
+         "--backend cuda runs the placements (resident, layer, headinfer) with f16 KV; "
+         "'{}' needs the CPU backend",
+         spec);
+  }
+  return p.placement;
+}
+
 }  // namespace
 
 int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
                       std::span<const runtime::TokenId> prompt, const runtime::SamplerParams& sp,
                       const CudaRunArgs& a) {
-  const auto placement = *policy::placement_from_name(e.kv_policy);
+  const auto placement = cuda_placement(e, e.kv_policy);
   runtime_cuda::CudaSession s(model,
                               cuda_options(e, placement, static_cast<int64_t>(prompt.size()) + a.n_predict));
   runtime::Sampler sampler(sp, model.config.n_vocab);
@@ -137,7 +151,9 @@ int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
 }
 
 int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
-  const auto placements = policy::parse_placement_list(a.policies);
+  std::vector<policy::Placement> placements;
+  for (const policy::KvPolicy& p : kv_policy_list(e, a.policies))
+    placements.push_back(cuda_placement(e, p.spec()));
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
   // A GGUF file, or an in-memory synthetic model generated on the device.

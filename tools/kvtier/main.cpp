@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   cli::add_bench(app, run);
   cli::add_eval(app, run);
   cli::add_plan(app, run);
+  cli::add_policies(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

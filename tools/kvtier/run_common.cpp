@@ -26,15 +26,14 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("-t,--threads", a.threads, "worker threads (default: all cores)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--kv-type", a.kv_type, "KV cache element type")->check(CLI::IsMember({"f16", "f32"}));
+  cmd->add_option("--kv-type", a.kv_type, "KV cache element type (the representation axis; default f16)")
+      ->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   if (with_policy) {
-    cmd->add_option(
-           "--kv-policy", a.kv_policy,
-           "KV placement: resident (all KV in compute memory), layer (whole layers offloaded, next "
-           "layer prefetched), headinfer (groups of KV heads offloaded, ping-pong prefetch); all exact")
-        ->check(CLI::IsMember({"resident", "layer", "headinfer"}))
+    cmd->add_option("--kv-policy", a.kv_policy,
+                    "KV policy: a preset (resident, layer, headinfer) or axis values joined by '+', e.g. "
+                    "layer+sliding; `kvtier policies` lists them all and which are exact")
         ->capture_default_str();
   }
   cmd->add_option(
@@ -90,7 +89,6 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   if (!a.device_mem.empty()) fail(ErrorKind::kInvalidArgument, "--device-mem applies to --backend cuda only");
   runtime::SessionOptions o;
   o.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  o.kv_dtype = a.kv_type == "f32" ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
   if (!a.isa.empty()) {
     o.isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
   }
@@ -103,8 +101,11 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
       o.n_ctx = std::min<int64_t>(o.n_ctx, cfg.n_ctx_train);
   }
   o.chunk = a.chunk > 0 ? a.chunk : runtime::default_chunk(cfg);
+  const policy::KvPolicy kp = kv_policy_of(a, a.kv_policy);
+  o.kv_dtype = kp.representation == policy::Representation::kF32 ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
   auto& p = o.kv_placement;
-  p.placement.placement = *policy::placement_from_name(a.kv_policy);
+  p.placement.placement = kp.placement;
+  p.retention = kp.retention;
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;
   p.placement.static_heads = a.static_heads;
@@ -119,9 +120,47 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   return o;
 }
 
+policy::KvPolicy kv_policy_of(const EngineArgs& a, std::string_view spec) {
+  policy::KvPolicy d;
+  if (a.kv_type == "f32") d.representation = policy::Representation::kF32;
+  const policy::KvPolicy p = policy::parse_kv_policy(spec, d);
+  if (!a.kv_type.empty() && p.representation != d.representation) {
+    fail(ErrorKind::kInvalidArgument, "--kv-type {} and --kv-policy {} name different representations",
+         a.kv_type, spec);
+  }
+  return p;
+}
+
+std::vector<policy::KvPolicy> kv_policy_list(const EngineArgs& a, std::string_view list) {
+  policy::KvPolicy d;
+  if (a.kv_type == "f32") d.representation = policy::Representation::kF32;
+  std::vector<policy::KvPolicy> out = policy::parse_kv_policy_list(list, d);  // unknown or repeated items
+  for (std::string_view rest = list;;) {  // and each item against an explicit --kv-type
+    const size_t comma = rest.find(',');
+    (void)kv_policy_of(a, rest.substr(0, comma));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+EngineArgs engine_for(const EngineArgs& a, const policy::KvPolicy& p) {
+  EngineArgs e = a;
+  e.kv_policy = p.spec();
+  if (p.placement == policy::Placement::kResident) {
+    e.kv_disk.clear();
+    e.group = 0;
+    e.static_heads = 0;
+  }
+  return e;
+}
+
 nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   nlohmann::json j;
-  j["policy"] = a.kv_policy;
+  j["policy"] = kv_policy_of(a, a.kv_policy).spec();
+  j["kv_bytes_peak"] = session.ledger().peak(kv::Tier::kDevice, kv::Category::kKv) +
+                       session.ledger().peak(kv::Tier::kHost, kv::Category::kKv) +
+                       session.ledger().peak(kv::Tier::kDisk, kv::Category::kKv);
   const auto st = session.kv_stats();
   if (!st) {
     j["bytes_loaded"] = 0;

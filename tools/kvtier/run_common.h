@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kv/ledger.h"
+#include "policy/kv_policy.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -18,15 +19,15 @@ enum class Backend { kCpu, kCuda };
 
 struct EngineArgs {
   std::string model;
-  int64_t ctx = 0;    // 0: chosen by the command
-  int64_t chunk = 0;  // 0: runtime::default_chunk
-  int threads = 0;    // 0: all cores
-  std::string kv_type = "f16";
-  std::string isa;  // empty: best
+  int64_t ctx = 0;      // 0: chosen by the command
+  int64_t chunk = 0;    // 0: runtime::default_chunk
+  int threads = 0;      // 0: all cores
+  std::string kv_type;  // f16 | f32; empty: the policy's representation (f16 unless it names one)
+  std::string isa;      // empty: best
   // KV placement.
-  std::string kv_policy = "resident";
-  std::string kv_mem;   // compute-local KV budget ("512MiB"); empty = as needed
-  std::string kv_disk;  // directory of the disk home tier
+  std::string kv_policy = "resident";  // a preset or a '+'-joined spec (policy/kv_policy.h)
+  std::string kv_mem;                  // compute-local KV budget ("512MiB"); empty = as needed
+  std::string kv_disk;                 // directory of the disk home tier
   std::string host_mem;
   uint32_t group = 0;
   uint32_t prefetch_depth = 1;
@@ -51,6 +52,13 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams
 // block, capped by the model's training context when that is larger).
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed);
+// The KV policy `spec` names, --kv-type giving the representation it leaves out (a spec that names
+// another representation than an explicit --kv-type is an error).
+policy::KvPolicy kv_policy_of(const EngineArgs& a, std::string_view spec);
+std::vector<policy::KvPolicy> kv_policy_list(const EngineArgs& a, std::string_view list);
+// The engine flags for one policy of a list: --kv-policy set to it; the offloaded placements' flags
+// (--group, --static-heads, --kv-disk) dropped for resident, where they do not apply.
+EngineArgs engine_for(const EngineArgs& a, const policy::KvPolicy& p);
 // Sampler parameters with the seed resolved (a random one if none was given).
 runtime::SamplerParams sampler_params(const SampleArgs& a);
 

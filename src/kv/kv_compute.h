@@ -1,0 +1,24 @@
+// The model-side compute hook a KV policy may call: project K and V of a layer from stored layer
+// inputs. Declared here, implemented by the model (model::Forward), so that `kv` never depends on
+// `model`. The model's own forward pass computes new tokens' K and V through the very same code, so
+// recomputed rows are the same bits as the rows a pass wrote (recompute policies rely on it).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+namespace kvtier::kv {
+
+class KvCompute {
+ public:
+  virtual ~KvCompute() = default;
+  // K and V of `layer` for the tokens whose K/V-projection inputs are x, at the given positions
+  // (their RoPE angles), n = positions.size() tokens, at most max_rows():
+  //   x: [n, n_embd] f32 (the rows LayerRows::x carried)
+  //   k: [n, n_head_kv(layer), head_dim_k] f32 after RoPE    v: [n, n_head_kv(layer), head_dim_v] f32
+  virtual void project_kv(uint32_t layer, const float* x, std::span<const int64_t> positions, float* k,
+                          float* v) = 0;
+  virtual int64_t max_rows() const = 0;
+};
+
+}  // namespace kvtier::kv

@@ -1,0 +1,204 @@
+#include "policy/kv_policy.h"
+
+#include <optional>
+
+#include "core/error.h"
+
+namespace kvtier::policy {
+namespace {
+
+constexpr AxisValue kValues[] = {
+    {Axis::kPlacement, "resident", true, "all KV in compute-local memory (--kv-mem bounds it)"},
+    {Axis::kPlacement, "layer", true,
+     "whole layers' KV offloaded to host memory or --kv-disk, the next layer prefetched (--prefetch-depth)"},
+    {Axis::kPlacement, "headinfer", true,
+     "groups of KV heads offloaded, ping-pong prefetch (--group, --static-heads, --prefetch-depth)"},
+    {Axis::kRepresentation, "f16", true, "rows stored as IEEE half floats (the default; --kv-type f16)"},
+    {Axis::kRepresentation, "f32", true, "rows stored as 32-bit floats (--kv-type f32)"},
+    {Axis::kSelection, "all", true, "attention sees every stored token (the default)"},
+    {Axis::kRetention, "none", true, "every position is kept until the sequence is truncated (the default)"},
+    {Axis::kRetention, "sliding", true,
+     "sliding-window layers free the blocks no later query can see (Gemma-3's local layers); "
+     "the memory is sized for window + chunk, not the context"},
+};
+
+constexpr Preset kPresets[] = {
+    {"resident", "resident", "the standard baseline: all KV in compute-local memory"},
+    {"layer", "layer", "layer-wise offload (FlexGen / HF OffloadedCache)"},
+    {"headinfer", "headinfer", "HeadInfer: head-wise offload with adaptive group size"},
+};
+
+std::optional<AxisValue> find_value(std::string_view name) {
+  for (const AxisValue& v : kValues) {
+    if (v.name == name) return v;
+  }
+  return std::nullopt;
+}
+
+std::string known_names() {
+  std::string s = "presets:";
+  for (const Preset& p : kPresets) s.append(" ").append(p.name);
+  for (Axis a : {Axis::kPlacement, Axis::kRepresentation, Axis::kSelection, Axis::kRetention}) {
+    s.append("; ").append(axis_name(a)).append(":");
+    for (const AxisValue& v : kValues) {
+      if (v.axis == a) s.append(" ").append(v.name);
+    }
+  }
+  return s;
+}
+
+template <typename E>
+E value_of(std::string_view name, std::initializer_list<E> all, std::string_view (*name_of)(E)) {
+  for (E e : all) {
+    if (name_of(e) == name) return e;
+  }
+  fail(ErrorKind::kInternal, "axis value '{}' has no enum", name);
+}
+
+// The parts of a spec: a preset expands to its own spec first.
+std::vector<std::string_view> parts_of(std::string_view spec) {
+  std::vector<std::string_view> out;
+  if (spec.empty()) fail(ErrorKind::kInvalidArgument, "empty KV policy (known {})", known_names());
+  while (true) {
+    const size_t plus = spec.find('+');
+    const std::string_view part = spec.substr(0, plus);
+    if (part.empty()) fail(ErrorKind::kInvalidArgument, "KV policy '{}' has an empty part", spec);
+    out.push_back(part);
+    if (plus == std::string_view::npos) break;
+    spec.remove_prefix(plus + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view axis_name(Axis a) {
+  switch (a) {
+    case Axis::kPlacement:
+      return "placement";
+    case Axis::kRepresentation:
+      return "representation";
+    case Axis::kSelection:
+      return "selection";
+    case Axis::kRetention:
+      return "retention";
+  }
+  return "?";
+}
+
+std::string_view representation_name(Representation r) {
+  return r == Representation::kF16 ? "f16" : "f32";
+}
+
+std::string_view selection_name(Selection) {
+  return "all";
+}
+
+std::string_view retention_name(Retention r) {
+  return r == Retention::kNone ? "none" : "sliding";
+}
+
+bool KvPolicy::exact() const {
+  // Every value that exists today is lossless; the approximate ones (quantised rows, token selection,
+  // eviction) will say so in their AxisValue.
+  for (const AxisValue& v : kValues) {
+    const bool mine = (v.axis == Axis::kPlacement && v.name == placement_name(placement)) ||
+                      (v.axis == Axis::kRepresentation && v.name == representation_name(representation)) ||
+                      (v.axis == Axis::kSelection && v.name == selection_name(selection)) ||
+                      (v.axis == Axis::kRetention && v.name == retention_name(retention));
+    if (mine && !v.exact) return false;
+  }
+  return true;
+}
+
+std::string KvPolicy::spec() const {
+  const KvPolicy d;
+  std::string s(placement_name(placement));
+  if (representation != d.representation) s.append("+").append(representation_name(representation));
+  if (selection != d.selection) s.append("+").append(selection_name(selection));
+  if (retention != d.retention) s.append("+").append(retention_name(retention));
+  return s;
+}
+
+std::span<const AxisValue> axis_values() {
+  return kValues;
+}
+
+std::span<const Preset> presets() {
+  return kPresets;
+}
+
+KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
+  KvPolicy p = defaults;
+  std::optional<std::string_view> seen[4];
+  std::vector<std::string_view> parts;
+  for (std::string_view part : parts_of(spec)) {
+    bool preset = false;
+    for (const Preset& pr : kPresets) {
+      if (pr.name == part) {
+        for (std::string_view q : parts_of(pr.spec)) parts.push_back(q);
+        preset = true;
+      }
+    }
+    if (!preset) parts.push_back(part);
+  }
+  for (std::string_view part : parts) {
+    const auto v = find_value(part);
+    if (!v)
+      fail(ErrorKind::kInvalidArgument, "unknown KV policy value '{}' in '{}' (known {})", part, spec,
+           known_names());
+    auto& slot = seen[static_cast<int>(v->axis)];
+    if (slot) {
+      fail(ErrorKind::kInvalidArgument,
+           "KV policy '{}' names two {} values, '{}' and '{}': a policy takes one value per axis "
+           "(placement x representation x selection x retention)",
+           spec, axis_name(v->axis), *slot, part);
+    }
+    slot = part;
+    switch (v->axis) {
+      case Axis::kPlacement:
+        p.placement = *placement_from_name(part);
+        break;
+      case Axis::kRepresentation:
+        p.representation = value_of(part, {Representation::kF16, Representation::kF32}, representation_name);
+        break;
+      case Axis::kSelection:
+        p.selection = value_of(part, {Selection::kAll}, selection_name);
+        break;
+      case Axis::kRetention:
+        p.retention = value_of(part, {Retention::kNone, Retention::kSliding}, retention_name);
+        break;
+    }
+  }
+  return p;
+}
+
+bool spec_names_axis(std::string_view spec, Axis axis) {
+  for (std::string_view part : parts_of(spec)) {
+    if (const auto v = find_value(part); v && v->axis == axis) return true;
+    for (const Preset& pr : kPresets) {  // a preset stands for its spec (expanded once, not recursively)
+      if (pr.name != part) continue;
+      for (std::string_view q : parts_of(pr.spec)) {
+        if (const auto v = find_value(q); v && v->axis == axis) return true;
+      }
+    }
+  }
+  return false;
+}
+
+std::vector<KvPolicy> parse_kv_policy_list(std::string_view list, const KvPolicy& defaults) {
+  std::vector<KvPolicy> out;
+  while (true) {
+    const size_t comma = list.find(',');
+    const KvPolicy p = parse_kv_policy(list.substr(0, comma), defaults);
+    for (const KvPolicy& q : out) {
+      if (q == p) fail(ErrorKind::kInvalidArgument, "KV policy '{}' is listed twice", p.spec());
+    }
+    out.push_back(p);
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return out;
+}
+
+}  // namespace kvtier::policy

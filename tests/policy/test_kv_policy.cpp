@@ -1,0 +1,87 @@
+// KV policies as combinations of axes: presets, '+' specs, defaults, and the errors for values that
+// do not exist or compete for one axis.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "policy/kv_policy.h"
+
+namespace kvtier::policy {
+namespace {
+
+std::string error_of(std::string_view spec) {
+  try {
+    (void)parse_kv_policy(spec);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(KvPolicy, PresetsAndSpecsParseToCombinations) {
+  EXPECT_EQ(parse_kv_policy("resident"), KvPolicy{});
+  const KvPolicy hs = parse_kv_policy("headinfer+sliding");
+  EXPECT_EQ(hs.placement, Placement::kHeadInfer);
+  EXPECT_EQ(hs.retention, Retention::kSliding);
+  EXPECT_EQ(hs.representation, Representation::kF16);
+  // Order does not matter; axes left out take the caller's defaults.
+  KvPolicy d;
+  d.representation = Representation::kF32;
+  const KvPolicy ls = parse_kv_policy("sliding+layer", d);
+  EXPECT_EQ(ls.placement, Placement::kLayer);
+  EXPECT_EQ(ls.representation, Representation::kF32);
+  EXPECT_EQ(parse_kv_policy("layer+f16", d).representation, Representation::kF16);
+  // A spec of values alone (no placement) keeps the default placement.
+  EXPECT_EQ(parse_kv_policy("sliding").placement, Placement::kResident);
+  // spec() is canonical and parses back to the same policy.
+  for (std::string_view s : {"resident", "layer+sliding", "headinfer+f32", "resident+f32+sliding"}) {
+    const KvPolicy p = parse_kv_policy(s);
+    EXPECT_EQ(parse_kv_policy(p.spec()), p) << s;
+  }
+  EXPECT_EQ(parse_kv_policy("sliding+f32+headinfer").spec(), "headinfer+f32+sliding");
+  EXPECT_TRUE(parse_kv_policy("resident+f32+sliding").exact());
+  EXPECT_TRUE(spec_names_axis("layer+sliding", Axis::kRetention));
+  EXPECT_FALSE(spec_names_axis("layer+sliding", Axis::kRepresentation));
+  EXPECT_TRUE(spec_names_axis("headinfer", Axis::kPlacement));
+}
+
+TEST(KvPolicy, WhatDoesNotComposeIsAClearError) {
+  std::string m = error_of("layer+headinfer");
+  EXPECT_NE(m.find("two placement values, 'layer' and 'headinfer'"), std::string::npos) << m;
+  EXPECT_NE(m.find("one value per axis"), std::string::npos) << m;
+  m = error_of("resident+f16+f32");
+  EXPECT_NE(m.find("two representation values"), std::string::npos) << m;
+  m = error_of("layer+sliding+none");
+  EXPECT_NE(m.find("two retention values"), std::string::npos) << m;
+  m = error_of("layer+lru");
+  EXPECT_NE(m.find("unknown KV policy value 'lru'"), std::string::npos) << m;
+  EXPECT_NE(m.find("retention: none sliding"), std::string::npos) << m;  // names the known values
+  EXPECT_NE(error_of("layer++sliding").find("empty part"), std::string::npos);
+  EXPECT_NE(error_of("").find("empty KV policy"), std::string::npos);
+}
+
+TEST(KvPolicy, ListsRejectRepeats) {
+  const auto l = parse_kv_policy_list("resident,layer+sliding,headinfer");
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[1].retention, Retention::kSliding);
+  EXPECT_THROW(parse_kv_policy_list("layer+sliding,sliding+layer"), Error);
+  EXPECT_THROW(parse_kv_policy_list("layer,"), Error);
+}
+
+TEST(KvPolicy, EveryValueAndPresetIsListed) {
+  int per_axis[4] = {};
+  for (const AxisValue& v : axis_values()) {
+    ++per_axis[static_cast<int>(v.axis)];
+    EXPECT_FALSE(v.help.empty()) << v.name;
+    KvPolicy p = parse_kv_policy(v.name);  // every value parses alone
+    EXPECT_EQ(p.exact(), v.exact) << v.name;
+  }
+  EXPECT_EQ(per_axis[0], 3);
+  EXPECT_EQ(per_axis[1], 2);
+  EXPECT_EQ(per_axis[2], 1);
+  EXPECT_EQ(per_axis[3], 2);
+  for (const Preset& p : presets()) EXPECT_NO_THROW((void)parse_kv_policy(p.spec)) << p.name;
+}
+
+}  // namespace
+}  // namespace kvtier::policy
