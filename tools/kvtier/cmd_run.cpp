@@ -21,6 +21,7 @@
 #include "npy_writer.h"
 #include "run_common.h"
 #include "runtime/generate.h"
+#include "token_ids.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/utf8.h"
 
@@ -60,29 +61,6 @@ std::vector<runtime::TokenId> prompt_tokens(const tokenizer::Tokenizer& tok, con
   return tok.encode(formatted, {.add_special = !tokenizer::template_writes_bos(tmpl), .parse_special = true});
 }
 
-// "1,2,3" -> ids, each checked against the model's vocabulary.
-std::vector<runtime::TokenId> parse_ids(const tokenizer::Tokenizer& tok, std::string_view text) {
-  std::vector<runtime::TokenId> ids;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    const size_t comma = std::min(text.find(',', begin), text.size());
-    const std::string item(text.substr(begin, comma - begin));
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || id < 0 || id > INT32_MAX)
-      fail(ErrorKind::kInvalidArgument, "--ids: '{}' is not a token id (expected e.g. --ids 1,2,3)", item);
-    tok.check_id(static_cast<runtime::TokenId>(id));
-    ids.push_back(static_cast<runtime::TokenId>(id));
-    begin = comma + 1;
-  }
-  return ids;
-}
-
 int run_run(const RunArgs& a) {
   const int n_sources = static_cast<int>(!a.prompt.empty()) + static_cast<int>(!a.file.empty()) +
                         static_cast<int>(!a.ids.empty());
@@ -92,7 +70,7 @@ int run_run(const RunArgs& a) {
     fail(ErrorKind::kInvalidArgument, "--ids is the whole prompt: no --chat with it");
   const auto model = runtime::load_model(a.engine.model);
   const auto prompt =
-      !a.ids.empty() ? parse_ids(*model->tokenizer, a.ids)
+      !a.ids.empty() ? parse_token_ids(*model->tokenizer, a.ids)
                      : prompt_tokens(*model->tokenizer, a.file.empty() ? a.prompt : read_text_file(a.file),
                                      a.chat, a.system, a.chat_template);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");

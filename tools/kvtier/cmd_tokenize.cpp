@@ -12,6 +12,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "gguf/reader.h"
+#include "token_ids.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/decoder.h"
 #include "tokenizer/tokenizer.h"
@@ -149,24 +150,7 @@ struct DetokenizeArgs {
 int run_detokenize(const DetokenizeArgs& a) {
   const gguf::File file(a.model);
   const tokenizer::Tokenizer tok(file);
-  std::vector<TokenId> ids;
-  std::string_view rest = a.ids;
-  while (!rest.empty()) {
-    const size_t comma = rest.find(',');
-    const std::string item(rest.substr(0, comma));
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    size_t used = 0;
-    long long id = -1;
-    try {
-      id = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || id < 0 || id > INT32_MAX)
-      fail(ErrorKind::kInvalidArgument, "--ids: '{}' is not a token id", item);
-    tok.check_id(static_cast<TokenId>(id));
-    ids.push_back(static_cast<TokenId>(id));
-  }
+  const std::vector<TokenId> ids = parse_token_ids(tok, a.ids);
   // Streamed token by token, as generation prints it.
   tokenizer::StreamDecoder dec(tok, {.render_special = !a.no_special});
   for (TokenId id : ids) std::cout << dec.push(id);
