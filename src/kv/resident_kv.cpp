@@ -163,7 +163,7 @@ void ResidentKv::end_pass() {
   if (opt_.retention != policy::Retention::kSliding) return;
   // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    const int64_t keep = policy::sliding_first_visible(end, geo_.window_of(l)) / geo_.block_tokens;
+    const int64_t keep = policy::sliding_first_block(end, geo_.window_of(l), geo_.block_tokens);
     const int64_t first = table_.first_block(seq, l);
     if (keep > first) {
       free_blocks(seq, l, first, keep);

@@ -97,7 +97,7 @@ int64_t TieredKv::positions(SeqId seq) const {
 int64_t TieredKv::first_row(uint32_t layer, int64_t pos0) const {
   if (opt_.retention != policy::Retention::kSliding) return 0;
   const int64_t bt = geo_.block_tokens;
-  return policy::sliding_first_visible(pos0, geo_.window_of(layer)) / bt * bt;
+  return policy::sliding_first_block(pos0, geo_.window_of(layer), bt) * bt;
 }
 
 uint64_t TieredKv::page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const {

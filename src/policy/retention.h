@@ -14,6 +14,11 @@ inline int64_t sliding_first_visible(int64_t next_pos, int64_t window) {
   return first > 0 ? first : 0;
 }
 
+// First token block a query at `next_pos` or later can see (blocks below it may be freed).
+inline int64_t sliding_first_block(int64_t next_pos, int64_t window, int64_t block_tokens) {
+  return sliding_first_visible(next_pos, window) / block_tokens;
+}
+
 // Token blocks of one (sequence, layer, head group) that sliding retention holds at most, for passes
 // of up to `max_new` tokens: the positions [first visible to the pass's first query, pass end) span
 // window - 1 + max_new positions, which touch at most ceil((span - 1) / block) + 1 blocks. Never more
