@@ -18,6 +18,7 @@ namespace kvtier::kv {
 struct KvOptions {
   policy::PlacementConfig placement;
   policy::Retention retention = policy::Retention::kNone;
+  policy::PolicyKnobs knobs;   // tuning of the approximate values (budget, sinks, window, ...)
   uint32_t max_seqs = 1;       // sequences sharing the cache's pools
   uint64_t kv_mem = 0;         // compute-local bytes for KV, staging and scratch; 0 = as needed
   std::string disk_dir;        // home tier on disk in this directory; empty = host DRAM

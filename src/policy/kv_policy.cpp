@@ -8,18 +8,21 @@ namespace kvtier::policy {
 namespace {
 
 constexpr AxisValue kValues[] = {
-    {Axis::kPlacement, "resident", true, "all KV in compute-local memory (--kv-mem bounds it)"},
+    {Axis::kPlacement, "resident", true, "all KV in compute-local memory", "--kv-mem"},
     {Axis::kPlacement, "layer", true,
-     "whole layers' KV offloaded to host memory or --kv-disk, the next layer prefetched (--prefetch-depth)"},
-    {Axis::kPlacement, "headinfer", true,
-     "groups of KV heads offloaded, ping-pong prefetch (--group, --static-heads, --prefetch-depth)"},
-    {Axis::kRepresentation, "f16", true, "rows stored as IEEE half floats (the default; --kv-type f16)"},
-    {Axis::kRepresentation, "f32", true, "rows stored as 32-bit floats (--kv-type f32)"},
-    {Axis::kSelection, "all", true, "attention sees every stored token (the default)"},
-    {Axis::kRetention, "none", true, "every position is kept until the sequence is truncated (the default)"},
+     "whole layers' KV offloaded to host memory or --kv-disk, the next layer prefetched",
+     "--kv-disk --host-mem --prefetch-depth"},
+    {Axis::kPlacement, "headinfer", true, "groups of KV heads offloaded, ping-pong prefetch",
+     "--group --static-heads --kv-disk --host-mem --prefetch-depth"},
+    {Axis::kRepresentation, "f16", true, "rows stored as IEEE half floats (the default)", "--kv-type"},
+    {Axis::kRepresentation, "f32", true, "rows stored as 32-bit floats", "--kv-type"},
+    {Axis::kSelection, "all", true, "attention sees every stored token (the default)", ""},
+    {Axis::kRetention, "none", true, "every position is kept until the sequence is truncated (the default)",
+     ""},
     {Axis::kRetention, "sliding", true,
      "sliding-window layers free the blocks no later query can see (Gemma-3's local layers); "
-     "the memory is sized for window + chunk, not the context"},
+     "the memory is sized for window + chunk, not the context",
+     ""},
 };
 
 constexpr Preset kPresets[] = {
@@ -87,15 +90,69 @@ std::string_view axis_name(Axis a) {
 }
 
 std::string_view representation_name(Representation r) {
-  return r == Representation::kF16 ? "f16" : "f32";
+  switch (r) {
+    case Representation::kF16:
+      return "f16";
+    case Representation::kF32:
+      return "f32";
+    case Representation::kKivi4:
+      return "kivi4";
+    case Representation::kKivi2:
+      return "kivi2";
+  }
+  return "?";
 }
 
-std::string_view selection_name(Selection) {
-  return "all";
+std::string_view selection_name(Selection s) {
+  return s == Selection::kAll ? "all" : "quest";
 }
 
 std::string_view retention_name(Retention r) {
-  return r == Retention::kNone ? "none" : "sliding";
+  switch (r) {
+    case Retention::kNone:
+      return "none";
+    case Retention::kSliding:
+      return "sliding";
+    case Retention::kStreaming:
+      return "streaming";
+    case Retention::kH2o:
+      return "h2o";
+  }
+  return "?";
+}
+
+int64_t streaming_window(const PolicyKnobs& k) {
+  return k.window > 0 ? k.window : k.budget - k.sinks;
+}
+
+void check_knobs(const KvPolicy& p) {
+  const PolicyKnobs& k = p.knobs;
+  const std::string spec = p.spec();
+  if (p.retention == Retention::kStreaming) {
+    if (k.sinks < 0) fail(ErrorKind::kInvalidArgument, "--sinks {}: must be >= 0", k.sinks);
+    if (k.window < 0) fail(ErrorKind::kInvalidArgument, "--window {}: must be >= 0", k.window);
+    if (streaming_window(k) < 1) {
+      fail(ErrorKind::kInvalidArgument,
+           "{} keeps --sinks {} tokens and a recent window: give --window N, or --kv-budget N larger than "
+           "--sinks (window = budget - sinks)",
+           spec, k.sinks);
+    }
+  }
+  if (p.retention == Retention::kH2o || p.selection == Selection::kQuest) {
+    if (k.budget <= 0) {
+      fail(ErrorKind::kInvalidArgument, "{} needs --kv-budget N (tokens per sequence and layer{})", spec,
+           p.retention == Retention::kH2o ? " kept" : " attended");
+    }
+  }
+  if (p.retention == Retention::kH2o && !(k.h2o_recent > 0.0 && k.h2o_recent < 1.0))
+    fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);
+  if (p.selection == Selection::kQuest && k.quest_page < 1)
+    fail(ErrorKind::kInvalidArgument, "--quest-page {}: must be >= 1", k.quest_page);
+  if (p.representation == Representation::kKivi4 || p.representation == Representation::kKivi2) {
+    if (k.kivi_group < 1) fail(ErrorKind::kInvalidArgument, "--kivi-group {}: must be >= 1", k.kivi_group);
+    if (k.kivi_residual < 0)
+      fail(ErrorKind::kInvalidArgument, "--kivi-residual {}: must be >= 0", k.kivi_residual);
+  }
 }
 
 bool KvPolicy::exact() const {
@@ -160,13 +217,18 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
         p.placement = *placement_from_name(part);
         break;
       case Axis::kRepresentation:
-        p.representation = value_of(part, {Representation::kF16, Representation::kF32}, representation_name);
+        p.representation = value_of(
+            part,
+            {Representation::kF16, Representation::kF32, Representation::kKivi4, Representation::kKivi2},
+            representation_name);
         break;
       case Axis::kSelection:
-        p.selection = value_of(part, {Selection::kAll}, selection_name);
+        p.selection = value_of(part, {Selection::kAll, Selection::kQuest}, selection_name);
         break;
       case Axis::kRetention:
-        p.retention = value_of(part, {Retention::kNone, Retention::kSliding}, retention_name);
+        p.retention =
+            value_of(part, {Retention::kNone, Retention::kSliding, Retention::kStreaming, Retention::kH2o},
+                     retention_name);
         break;
     }
   }

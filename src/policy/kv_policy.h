@@ -20,15 +20,37 @@ namespace kvtier::policy {
 
 enum class Axis { kPlacement, kRepresentation, kSelection, kRetention };
 
-enum class Representation { kF16, kF32 };
+enum class Representation {
+  kF16,    // IEEE half rows
+  kF32,    // 32-bit float rows
+  kKivi4,  // KIVI-style 4-bit: keys per channel in token groups, values per token, recent rows full
+  kKivi2,  // the same at 2 bits
+};
 
 enum class Selection {
-  kAll,  // every stored token (sliding windows are applied by the attention mask)
+  kAll,    // every stored token (sliding windows are applied by the attention mask)
+  kQuest,  // Quest: per-page key bounds, each head attends its top pages within --kv-budget
 };
 
 enum class Retention {
-  kNone,     // keep every position until truncation
-  kSliding,  // free blocks that a sliding-window layer can no longer see (exact)
+  kNone,       // keep every position until truncation
+  kSliding,    // free blocks that a sliding-window layer can no longer see (exact)
+  kStreaming,  // StreamingLLM: attention sinks + a recent window, the rest freed
+  kH2o,        // H2O: recent tokens + heavy hitters by accumulated attention, within --kv-budget
+};
+
+// Tuning of the approximate values (each field names the flag that sets it). Exact values ignore
+// them; check_knobs() says which a policy needs and rejects values that cannot work.
+struct PolicyKnobs {
+  int64_t budget = 0;           // --kv-budget: tokens per (sequence, layer) kept (h2o) or attended
+                                // (quest); 0 = not given
+  int64_t sinks = 4;            // --sinks: streaming's attention-sink tokens (the first ones)
+  int64_t window = 0;           // --window: streaming's recent tokens (0: --kv-budget - --sinks)
+  double h2o_recent = 0.5;      // --h2o-recent: share of the h2o budget kept for the recent tokens
+  int64_t quest_page = 16;      // --quest-page: tokens per Quest page
+  int64_t kivi_group = 32;      // --kivi-group: tokens per key-quantisation group (per channel)
+  int64_t kivi_residual = 128;  // --kivi-residual: recent tokens kept in full precision
+  bool operator==(const PolicyKnobs&) const = default;
 };
 
 struct KvPolicy {
@@ -36,6 +58,7 @@ struct KvPolicy {
   Representation representation = Representation::kF16;
   Selection selection = Selection::kAll;
   Retention retention = Retention::kNone;
+  PolicyKnobs knobs;  // set from flags, not from the spec
 
   // Exact: same tokens and logits as `resident` (bit-identical on the CPU backend): a lossless
   // representation, every token selected, and nothing forgotten that a query could still see.
@@ -54,8 +77,9 @@ std::string_view retention_name(Retention r);
 struct AxisValue {
   Axis axis;
   std::string_view name;
-  bool exact;             // does this value keep a policy exact?
-  std::string_view help;  // what it does, and the flags that tune it
+  bool exact;              // does this value keep a policy exact?
+  std::string_view help;   // what it does
+  std::string_view flags;  // the flags that tune it, space-separated ("" if none)
 };
 std::span<const AxisValue> axis_values();
 
@@ -72,6 +96,13 @@ std::span<const Preset> presets();
 KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults = {});
 // "resident,layer+sliding" -> policies in order; an empty item or a repeated policy is an error.
 std::vector<KvPolicy> parse_kv_policy_list(std::string_view list, const KvPolicy& defaults = {});
+// Checks the knobs the policy's values use: a budget where one is needed (h2o, quest; streaming
+// needs --window or --kv-budget), sizes that cannot work. Throws Error(kInvalidArgument) naming the
+// flag. Knobs of values the policy does not use are ignored.
+void check_knobs(const KvPolicy& p);
+// Tokens of streaming's recent window under these knobs (--window, else --kv-budget - --sinks).
+int64_t streaming_window(const PolicyKnobs& k);
+
 // Does the spec name a value of this axis itself (rather than leaving it to the defaults)?
 bool spec_names_axis(std::string_view spec, Axis axis);
 

@@ -53,7 +53,8 @@ int run_policies(const PoliciesArgs& a) {
       j["axes"].push_back({{"axis", std::string(policy::axis_name(v.axis))},
                            {"value", std::string(v.name)},
                            {"exact", v.exact},
-                           {"help", std::string(v.help)}});
+                           {"help", std::string(v.help)},
+                           {"flags", std::string(v.flags)}});
     }
     std::cout << j.dump(1) << "\n";
     return 0;
@@ -72,7 +73,8 @@ int run_policies(const PoliciesArgs& a) {
       axis = policy::axis_name(v.axis);
       fmt::print("\n{}:\n", axis);
     }
-    fmt::print("  {:<12} {:<7} {}\n", v.name, v.exact ? "exact" : "approx", v.help);
+    fmt::print("  {:<12} {:<7} {}{}\n", v.name, v.exact ? "exact" : "approx", v.help,
+               v.flags.empty() ? "" : fmt::format(" ({})", v.flags));
   }
   return 0;
 }

@@ -52,6 +52,24 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
+  const policy::PolicyKnobs k;
+  cmd->add_option("--kv-budget", a.knobs.budget,
+                  "h2o, quest: KV tokens per sequence and layer kept (h2o) or attended (quest); streaming: "
+                  "sinks + window when --window is not given")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--sinks", a.knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
+      ->default_val(k.sinks);
+  cmd->add_option("--window", a.knobs.window,
+                  "streaming: recent tokens kept (default: --kv-budget - --sinks)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--h2o-recent", a.knobs.h2o_recent, "h2o: share of --kv-budget kept for the recent tokens")
+      ->default_val(k.h2o_recent);
+  cmd->add_option("--quest-page", a.knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
+  cmd->add_option("--kivi-group", a.knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
+      ->default_val(k.kivi_group);
+  cmd->add_option("--kivi-residual", a.knobs.kivi_residual,
+                  "kivi4, kivi2: recent tokens kept in full precision")
+      ->default_val(k.kivi_residual);
   cmd->add_option("--backend", a.backend,
                   "compute backend: cpu (default), or cuda (an NVIDIA GPU; a CUDA build)")
       ->transform(CLI::CheckedTransformer(
@@ -106,6 +124,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   auto& p = o.kv_placement;
   p.placement.placement = kp.placement;
   p.retention = kp.retention;
+  p.knobs = kp.knobs;
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;
   p.placement.static_heads = a.static_heads;
@@ -123,11 +142,13 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
 policy::KvPolicy kv_policy_of(const EngineArgs& a, std::string_view spec) {
   policy::KvPolicy d;
   if (a.kv_type == "f32") d.representation = policy::Representation::kF32;
-  const policy::KvPolicy p = policy::parse_kv_policy(spec, d);
+  policy::KvPolicy p = policy::parse_kv_policy(spec, d);
   if (!a.kv_type.empty() && p.representation != d.representation) {
     fail(ErrorKind::kInvalidArgument, "--kv-type {} and --kv-policy {} name different representations",
          a.kv_type, spec);
   }
+  p.knobs = a.knobs;
+  policy::check_knobs(p);
   return p;
 }
 
@@ -135,6 +156,10 @@ std::vector<policy::KvPolicy> kv_policy_list(const EngineArgs& a, std::string_vi
   policy::KvPolicy d;
   if (a.kv_type == "f32") d.representation = policy::Representation::kF32;
   std::vector<policy::KvPolicy> out = policy::parse_kv_policy_list(list, d);  // unknown or repeated items
+  for (policy::KvPolicy& p : out) {
+    p.knobs = a.knobs;
+    policy::check_knobs(p);
+  }
   for (std::string_view rest = list;;) {  // and each item against an explicit --kv-type
     const size_t comma = rest.find(',');
     (void)kv_policy_of(a, rest.substr(0, comma));

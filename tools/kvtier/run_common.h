@@ -32,6 +32,7 @@ struct EngineArgs {
   uint32_t group = 0;
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
+  policy::PolicyKnobs knobs;  // the approximate values' tuning (--kv-budget, --sinks, ...)
   // Test hooks (hidden flags): inject a disk-tier write failure, delay every copy job.
   uint64_t debug_disk_fail_after = 0;
   uint32_t debug_copy_delay_us = 0;
