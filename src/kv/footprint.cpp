@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
+#include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
 #include "policy/retention.h"
 
@@ -43,11 +44,31 @@ uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) 
 
 }  // namespace
 
+int64_t max_new_rows(int64_t capacity, const KvOptions& o) {
+  return o.max_new_rows > 0 ? o.max_new_rows : capacity;
+}
+
 int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
   const int64_t max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
-  if (o.retention != policy::Retention::kSliding) return max_blocks;
-  const int64_t max_new = o.max_new_rows > 0 ? o.max_new_rows : capacity;
-  return policy::sliding_blocks(geo.window_of(layer), max_new, geo.block_tokens, max_blocks);
+  const int64_t max_new = max_new_rows(capacity, o);
+  const int64_t window = geo.window_of(layer);
+  switch (o.retention) {
+    case policy::Retention::kSliding:
+      return policy::sliding_blocks(window, max_new, geo.block_tokens, max_blocks);
+    case policy::Retention::kStreaming:  // a layer with its own window keeps it (sliding); others stream
+      if (window > 0) return policy::sliding_blocks(window, max_new, geo.block_tokens, max_blocks);
+      return policy::streaming_blocks(o.knobs.sinks, policy::streaming_window(o.knobs), max_new,
+                                      geo.block_tokens, max_blocks);
+    default:
+      return max_blocks;
+  }
+}
+
+uint64_t retention_scratch(const KvGeometry& geo, int64_t capacity, uint32_t n_head, const KvOptions& o) {
+  if (o.retention != policy::Retention::kStreaming) return 0;
+  return StreamingBuffers::bytes(max_new_rows(capacity, o), n_head, geo.head_dim_k, geo.head_dim_v,
+                                 policy::streaming_sink_blocks(o.knobs.sinks, geo.block_tokens),
+                                 (capacity + geo.block_tokens - 1) / geo.block_tokens);
 }
 
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
@@ -80,7 +101,8 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
     r.kv_bytes += BlockPool::slab_bytes(r.pool_block_bytes[i], r.pool_blocks[i]);
   }
-  r.scratch_bytes = attention_scratch(geo, n_head, threads);
+  r.retention_bytes = retention_scratch(geo, capacity, n_head, o);
+  r.scratch_bytes = attention_scratch(geo, n_head, threads) + r.retention_bytes;
   return r;
 }
 
@@ -103,7 +125,8 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.head_offset.push_back(t.n_heads_total);
     t.n_heads_total += geo.n_head_kv[l];
   }
-  t.scratch_bytes = attention_scratch(geo, n_head, threads);
+  t.retention_bytes = retention_scratch(geo, capacity, n_head, o);
+  t.scratch_bytes = attention_scratch(geo, n_head, threads) + t.retention_bytes;
 
   policy::KvShape shape;
   shape.n_head_kv = geo.n_head_kv;
@@ -175,8 +198,9 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   return t;
 }
 
-uint32_t kv_needs(const KvOptions&) {
-  return kNeedNone;  // no policy of this build recomputes or scores from extra rows yet
+uint32_t kv_needs(const KvOptions& o) {
+  // streaming re-rotates the queries that attend the sinks (from q before RoPE).
+  return o.retention == policy::Retention::kStreaming ? kNeedPreRope : kNeedNone;
 }
 
 void check_placement_options(const TieredOptions& o) {
