@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
+#include "kv/h2o_kv.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
 #include "policy/retention.h"
@@ -204,6 +205,11 @@ uint32_t kv_needs(const KvOptions& o) {
 }
 
 void check_placement_options(const TieredOptions& o) {
+  if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {
+    fail(ErrorKind::kInvalidArgument,
+         "h2o keeps --kv-budget rows per layer in compute-local memory and runs on the resident placement "
+         "(--kv-policy h2o); offloading its bounded cache is not supported");
+  }
   if (o.placement.placement != policy::Placement::kResident) return;
   if (!o.disk_dir.empty()) {
     fail(ErrorKind::kInvalidArgument,
@@ -231,6 +237,18 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
                          int threads) {
   check_placement_options(o);
   KvFootprint f;
+  if (o.retention == policy::Retention::kH2o) {
+    const H2oLayout h = h2o_layout(geo, capacity, n_head, threads, o);
+    if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
+      fail(ErrorKind::kBudget,
+           "h2o with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} of "
+           "scratch) but --kv-mem is {} bytes; lower --kv-budget or --chunk, or raise --kv-mem",
+           o.knobs.budget, h.kv_bytes + h.scratch_bytes, h.kv_bytes, h.scratch_bytes, o.kv_mem);
+    }
+    f.device_kv = h.kv_bytes;
+    f.device_scratch = h.scratch_bytes;
+    return f;
+  }
   if (o.placement.placement == policy::Placement::kResident) {
     const ResidentLayout r = resident_layout(geo, capacity, n_head, threads, o);
     check_resident_budget(r, capacity, o.kv_mem);

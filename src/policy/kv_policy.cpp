@@ -28,6 +28,11 @@ constexpr AxisValue kValues[] = {
      "on every tier; the sinks are attended at positions within the cache. Layers with a window of their "
      "own keep it (as sliding)",
      "--sinks --window --kv-budget"},
+    {Axis::kRetention, "h2o", false,
+     "H2O: each layer keeps --kv-budget rows per KV head, the recent ones (--h2o-recent of the budget) and "
+     "the heavy hitters (most attention received so far), evicting after each pass; resident placement. "
+     "Layers with a window of their own keep it",
+     "--kv-budget --h2o-recent"},
 };
 
 constexpr Preset kPresets[] = {
