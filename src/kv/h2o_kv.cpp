@@ -262,28 +262,34 @@ void H2oKv::abort_pass() {
 
 void H2oKv::truncate(SeqId seq, int64_t n) {
   pass_.check_truncate(seq, n, length_[seq]);
+  // Rows of positions >= n go. What stays must be a state H2O could have reached: every KV head drops
+  // the same positions (true of the recent rows, not of the heavy hitters), and a sliding layer still
+  // holds the window of a query at n.
   for (uint32_t l = 0; l < geo_.n_layer() && n > 0; ++l) {
     const Store& s = store(seq, l);
-    // Rows of positions >= n go; what stays must be what a query at n attends: a sliding layer's
-    // window, and on the others the same positions in every head (only the recent rows are alike).
-    int64_t first_gone = s.n;
-    while (first_gone > 0 && s.pos[static_cast<size_t>(first_gone - 1)] >= n) --first_gone;
-    const bool evicted = evicts(l)
-                             ? s.n > 0 && s.pos[static_cast<size_t>(s.n - 1)] + 1 != s.n
-                             : s.n > 0 && s.pos[0] > policy::sliding_first_visible(n, geo_.window_of(l));
-    const bool within_recent = evicts(l) && s.n - first_gone <= recent_;
-    if (evicted && !within_recent) {
+    auto gone = [&](int64_t h) {
+      int64_t f = s.n;
+      while (f > 0 && s.pos[static_cast<size_t>(h * s.cap + f - 1)] >= n) --f;
+      return f;
+    };
+    const int64_t f0 = gone(0);
+    bool ok = evicts(l) || s.n == 0 || s.pos[0] <= policy::sliding_first_visible(n, geo_.window_of(l));
+    for (int64_t h = 1; ok && h < geo_.n_head_kv[l]; ++h) {
+      ok = gone(h) == f0 &&
+           std::equal(s.pos.begin() + h * s.cap + f0, s.pos.begin() + h * s.cap + s.n, s.pos.begin() + f0);
+    }
+    if (!ok) {
       fail(
           ErrorKind::kInvalidArgument,
-          "cannot truncate sequence {} to {} tokens: h2o already evicted rows of layer {} that a query at {} "
-          "would attend; prefill again",
+          "cannot truncate sequence {} to {} tokens: h2o already evicted rows of layer {} that decide what a "
+          "query at {} attends; prefill again",
           seq, n, l, n);
     }
   }
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     Store& s = store(seq, l);
     int64_t keep = s.n;
-    while (keep > 0 && s.pos[static_cast<size_t>(keep - 1)] >= n) --keep;  // head 0; the others alike
+    while (keep > 0 && s.pos[static_cast<size_t>(keep - 1)] >= n) --keep;  // the same in every head
     s.n = n == 0 ? 0 : keep;
   }
   length_[seq] = n;
