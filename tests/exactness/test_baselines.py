@@ -5,6 +5,8 @@ settings are rows of the exactness matrix, test_exactness.py):
   the cache keeps 128 of 1,024 positions; the same window without sinks degrades sharply (the paper's
   headline), so the sinks are attended, and attended at the right positions;
 * its memory is bounded on every tier (Gemma-3: the global layers keep sinks + window + chunk);
+* h2o (heavy hitters + recent rows per KV head): perplexity degrades gracefully as the budget shrinks
+  and its KV stays within the budget;
 * bad knobs are clear errors."""
 import json
 import sys
@@ -46,6 +48,29 @@ def test_streaming_bounds_the_kv_on_every_tier(tmp_path):
     assert stream["device"]["kv"] < full["device"]["kv"] / 2, (full["device"], stream["device"])
     full, stream = kv("layer", "--kv-disk", tmp_path), kv("layer+streaming", "--window", 252, "--kv-disk", tmp_path)
     assert stream["disk"]["kv"] < full["disk"]["kv"] / 2, (full["disk"], stream["disk"])
+
+
+def test_h2o_degrades_gracefully_with_the_budget():
+    full = ppl("resident")
+    b256, b128 = ppl("h2o", "--kv-budget", 256), ppl("h2o", "--kv-budget", 128)
+    assert b256 < full * 1.05, (full, b256)
+    assert full < b256 < b128 < full * 1.3, (full, b256, b128)
+
+
+def test_h2o_holds_its_budget_and_refuses_offloading():
+    prompt = "The river bends twice before the old mill, and the miller counts the sacks. " * 60
+
+    def kv(*policy):
+        p = run("run", "-m", model("smollm2"), "-p", prompt, "-n", 2, "--ctx", 2048, "-t", 2, "--json",
+                "--kv-policy", *policy)
+        return json.loads(p.stdout)["peak_memory_bytes"]["device"]["kv"]
+
+    assert kv("h2o", "--kv-budget", 128) < kv("resident") / 3
+    p = run("run", "-m", model("smollm2"), "-p", "x", "-n", 1, "--kv-policy", "layer+h2o", "--kv-budget", 64,
+            check=False)
+    assert p.returncode != 0 and "resident placement" in p.stderr, p.stderr
+    p = run("run", "-m", model("smollm2"), "-p", "x", "-n", 1, "--kv-policy", "h2o", check=False)
+    assert p.returncode != 0 and "needs --kv-budget" in p.stderr, p.stderr
 
 
 def test_streaming_knob_errors():

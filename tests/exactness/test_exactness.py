@@ -60,8 +60,10 @@ def exact_values(axis):
 # Approximate axis values with knobs under which they drop nothing, so that they must be bit-identical
 # to the same placement without them (the degenerate cases). Every approximate value the engine lists
 # needs an entry (test_every_approximate_value_has_a_degenerate_row).
+# value -> (knobs, the placements it runs on; None: every exact placement)
 DEGENERATE = {
-    "streaming": ["--sinks", "4", "--window", "1024"],  # the window covers --ctx
+    "streaming": (["--sinks", "4", "--window", "1024"], None),  # the window covers --ctx
+    "h2o": (["--kv-budget", "1024"], ["resident"]),  # the budget covers --ctx
 }
 
 
@@ -75,8 +77,9 @@ def degenerate_configs(n_kv_heads):
     """Each approximate value in its degenerate setting on every exact placement."""
     out = []
     for value in approximate_values():
-        for placement in exact_values("placement"):
-            flags = ["--kv-policy", f"{placement}+{value}", *DEGENERATE[value]]
+        knobs, placements = DEGENERATE[value]
+        for placement in placements or exact_values("placement"):
+            flags = ["--kv-policy", f"{placement}+{value}", *knobs]
             if placement == "headinfer":
                 flags += ["--group", "1"]
             out.append((flags, placement != "resident"))
