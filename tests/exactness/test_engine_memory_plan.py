@@ -89,6 +89,9 @@ def budgets_for(mdl, ctx, chunk, flags):
     ["--kv-policy", "headinfer", "--group", "1"],
     ["--kv-policy", "headinfer"],  # adaptive g
     ["--kv-policy", "headinfer", "--group", "1", "--static-heads", "4", "--prefetch-depth", "2"],
+    ["--kv-policy", "resident+streaming", "--window", "200"],
+    ["--kv-policy", "headinfer+streaming", "--group", "1", "--sinks", "40", "--window", "300"],
+    ["--kv-policy", "h2o", "--kv-budget", "200"],
 ], ids=lambda f: "-".join(f[1:]).replace("--", ""))
 def test_smollm2(flags):
     mdl = model("smollm2")
@@ -98,6 +101,8 @@ def test_smollm2(flags):
 @pytest.mark.parametrize("flags", [
     ["--kv-policy", "resident"],
     ["--kv-policy", "headinfer", "--group", "1", "--prefetch-depth", "2"],
+    ["--kv-policy", "layer+streaming", "--window", "200"],
+    ["--kv-policy", "h2o", "--kv-budget", "300"],
 ], ids=lambda f: "-".join(f[1:]).replace("--", ""))
 def test_gemma3(flags):
     """Two RoPE tables, sliding-window layers, Q4_K weights, a 262K vocabulary (logits)."""

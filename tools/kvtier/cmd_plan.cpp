@@ -39,6 +39,7 @@ struct PlanArgs {
   bool json = false;
   // Engine rows (-m only): the flags `kvtier run` takes.
   std::string kv_policies = "resident,layer,headinfer";
+  policy::PolicyKnobs knobs;  // with -m: the approximate policies' knobs
   int threads = 0;
   std::string kv_type;  // empty: the policy's representation
   std::string kv_mem;
@@ -177,6 +178,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.group = a.group;
     e.engine.prefetch_depth = a.prefetch_depth;
     e.engine.static_heads = a.static_heads;
+    e.engine.knobs = a.knobs;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     engine = plan_engine(e, a.json);
   } else if (!a.json) {
@@ -236,6 +238,7 @@ void add_plan(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a->static_heads, "With -m: headinfer: KV heads kept resident")
       ->capture_default_str();
+  add_knob_flags(cmd, a->knobs);
   cmd->callback([a, &run] { run = [a] { return run_plan(*a); }; });
 }
 

@@ -18,6 +18,26 @@
 
 namespace kvtier::cli {
 
+void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
+  const policy::PolicyKnobs k;
+  cmd->add_option("--kv-budget", knobs.budget,
+                  "h2o, quest: KV tokens per sequence and layer kept (h2o) or attended (quest); streaming: "
+                  "sinks + window when --window is not given")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--sinks", knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
+      ->default_val(k.sinks);
+  cmd->add_option("--window", knobs.window, "streaming: recent tokens kept (default: --kv-budget - --sinks)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--h2o-recent", knobs.h2o_recent, "h2o: share of --kv-budget kept for the recent tokens")
+      ->default_val(k.h2o_recent);
+  cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
+  cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
+      ->default_val(k.kivi_group);
+  cmd->add_option("--kivi-residual", knobs.kivi_residual,
+                  "kivi4, kivi2: recent tokens kept in full precision")
+      ->default_val(k.kivi_residual);
+}
+
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("-m,--model", a.model, "GGUF model file")->required();
   cmd->add_option("--ctx", a.ctx, "context size in tokens (KV cache capacity)")
@@ -52,24 +72,7 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
-  const policy::PolicyKnobs k;
-  cmd->add_option("--kv-budget", a.knobs.budget,
-                  "h2o, quest: KV tokens per sequence and layer kept (h2o) or attended (quest); streaming: "
-                  "sinks + window when --window is not given")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--sinks", a.knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
-      ->default_val(k.sinks);
-  cmd->add_option("--window", a.knobs.window,
-                  "streaming: recent tokens kept (default: --kv-budget - --sinks)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--h2o-recent", a.knobs.h2o_recent, "h2o: share of --kv-budget kept for the recent tokens")
-      ->default_val(k.h2o_recent);
-  cmd->add_option("--quest-page", a.knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
-  cmd->add_option("--kivi-group", a.knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
-      ->default_val(k.kivi_group);
-  cmd->add_option("--kivi-residual", a.knobs.kivi_residual,
-                  "kivi4, kivi2: recent tokens kept in full precision")
-      ->default_val(k.kivi_residual);
+  add_knob_flags(cmd, a.knobs);
   cmd->add_option("--backend", a.backend,
                   "compute backend: cpu (default), or cuda (an NVIDIA GPU; a CUDA build)")
       ->transform(CLI::CheckedTransformer(

@@ -45,6 +45,8 @@ struct SampleArgs {
   std::optional<uint64_t> seed;
 };
 
+// The approximate policies' knobs (--kv-budget, --sinks, --window, --h2o-recent, --quest-page, ...).
+void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs);
 // with_policy = false leaves out --kv-policy (for commands that take a list of policies).
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy = true);
 void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& defaults);
