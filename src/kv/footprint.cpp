@@ -7,6 +7,7 @@
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
 #include "kv/h2o_kv.h"
+#include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
 #include "policy/retention.h"
@@ -33,6 +34,10 @@ uint32_t max_q_per_kv(const KvGeometry& geo, uint32_t n_head) {
     m = std::max(m, n_head / geo.n_head_kv[l]);
   }
   return m;
+}
+
+std::vector<uint32_t> groups_heads(const KvGeometry& geo) {
+  return std::vector<uint32_t>(geo.n_head_kv.begin(), geo.n_head_kv.end());
 }
 
 uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) {
@@ -96,7 +101,18 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     groups.push_back(geo.n_groups(l));
   }
   r.table_bytes = BlockTable::bytes(o.max_seqs, groups, r.max_blocks);
-  r.kv_bytes = r.table_bytes + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan);
+  if (o.selection == policy::Selection::kQuest) {
+    if (o.knobs.quest_page < 1 || geo.block_tokens % o.knobs.quest_page != 0) {
+      fail(ErrorKind::kInvalidArgument, "--quest-page {} must divide the KV block of {} tokens",
+           o.knobs.quest_page, geo.block_tokens);
+    }
+    const auto pages = static_cast<uint64_t>((capacity + o.knobs.quest_page - 1) / o.knobs.quest_page);
+    r.selection_bytes =
+        QuestIndex::bytes(o.max_seqs, groups_heads(geo), capacity, o.knobs.quest_page, geo.head_dim_k) +
+        pages * (sizeof(PosRange) + sizeof(int64_t) + sizeof(float)) +
+        (pages + static_cast<uint64_t>(r.max_blocks)) * sizeof(cpu::KvSpan);
+  }
+  r.kv_bytes = r.table_bytes + static_cast<uint64_t>(r.max_blocks) * sizeof(cpu::KvSpan) + r.selection_bytes;
   for (size_t i = 0; i < counts.size(); ++i) {
     if (counts[i] > 0xfffffff0u) fail(ErrorKind::kBudget, "{} KV blocks are too many", counts[i]);
     r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
@@ -205,6 +221,16 @@ uint32_t kv_needs(const KvOptions& o) {
 }
 
 void check_placement_options(const TieredOptions& o) {
+  if (o.selection == policy::Selection::kQuest && o.placement.placement != policy::Placement::kResident) {
+    fail(ErrorKind::kInvalidArgument,
+         "quest runs on the resident placement so far (loading only the selected pages of an offloaded cache "
+         "is not built yet); use --kv-policy quest");
+  }
+  if (o.selection == policy::Selection::kQuest && o.retention != policy::Retention::kNone &&
+      o.retention != policy::Retention::kSliding) {
+    fail(ErrorKind::kInvalidArgument,
+         "quest selects among every stored token: combine it with retention none or sliding");
+  }
   if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {
     fail(ErrorKind::kInvalidArgument,
          "h2o keeps --kv-budget rows per layer in compute-local memory and runs on the resident placement "

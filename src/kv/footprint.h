@@ -18,6 +18,7 @@ namespace kvtier::kv {
 struct KvOptions {
   policy::PlacementConfig placement;
   policy::Retention retention = policy::Retention::kNone;
+  policy::Selection selection = policy::Selection::kAll;
   policy::PolicyKnobs knobs;   // tuning of the approximate values (budget, sinks, window, ...)
   uint32_t max_seqs = 1;       // sequences sharing the cache's pools
   uint64_t kv_mem = 0;         // compute-local bytes for KV, staging and scratch; 0 = as needed
@@ -43,6 +44,7 @@ struct ResidentLayout {
   uint64_t kv_bytes = 0;                   // all pools' slabs, the block table and the span list
   uint64_t scratch_bytes = 0;              // attention scratch and retention_bytes
   uint64_t retention_bytes = 0;            // the retention policy's buffers (retention_scratch)
+  uint64_t selection_bytes = 0;            // quest: page bounds and selection scratch (in kv_bytes)
 };
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                                const KvOptions& options = {});

@@ -34,18 +34,72 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
     pools_.push_back(
         std::make_unique<BlockPool>(ledger, Tier::kDevice, r.pool_block_bytes[i], r.pool_blocks[i]));
   }
-  meta_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv,
-                                  r.table_bytes + static_cast<size_t>(r.max_blocks) * sizeof(cpu::KvSpan));
+  meta_reservation_ = Reservation(
+      ledger, Tier::kDevice, Category::kKv,
+      r.table_bytes + static_cast<size_t>(r.max_blocks) * sizeof(cpu::KvSpan) + r.selection_bytes);
   positions_.assign(table_.n_seqs(), 0);
   written_.assign(geo_.n_layer(), 0);
   span_buf_.resize(static_cast<size_t>(r.max_blocks));
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);
   scratch_.resize(r.scratch_bytes - r.retention_bytes);
+  if (opt_.selection == policy::Selection::kQuest) {
+    std::vector<uint32_t> heads(geo_.n_head_kv.begin(), geo_.n_head_kv.end());
+    quest_ = QuestIndex(table_.n_seqs(), heads, capacity_, opt_.knobs.quest_page, geo_.head_dim_k);
+    const auto pages = static_cast<size_t>(quest_.pages(capacity_));
+    quest_ranges_.resize(pages);
+    quest_order_.resize(pages);
+    quest_bound_.resize(pages);
+    quest_spans_.resize(pages + static_cast<size_t>(table_.max_blocks()));
+  }
   if (opt_.retention == policy::Retention::kStreaming) {
     streaming_ = StreamingBuffers(max_new_rows(capacity_, opt_), n_head, geo_.head_dim_k, geo_.head_dim_v,
                                   policy::streaming_sink_blocks(opt_.knobs.sinks, geo_.block_tokens),
                                   table_.max_blocks());
   }
+}
+
+bool ResidentKv::attend_quest(uint32_t layer, const float* q, int64_t n_head, const cpu::AttnParams& ap,
+                              float* o) {
+  const SeqId seq = pass_.seq();
+  const int64_t end = pass_.pos0() + pass_.n();
+  if (pass_.n() != 1 || geo_.window_of(layer) != 0 || quest_.pages(end) * quest_.page() <= opt_.knobs.budget)
+    return false;  // prefill is dense (as in the paper); a budget covering the context selects everything
+  const int64_t hk = geo_.n_head_kv[layer];
+  const int64_t g = geo_.heads_per_group(layer);
+  const int64_t G = ap.q_per_kv;
+  const int64_t bt = geo_.block_tokens;
+  const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
+  const size_t esz = cpu::kv_dtype_bytes(geo_.dtype);
+  const BlockPool& pool = pool_of(layer);
+  for (int64_t h = 0; h < hk; ++h) {
+    const auto ranges = quest_.select(seq, layer, static_cast<uint32_t>(h), q + h * G * dk, G, end,
+                                      opt_.knobs.budget, quest_ranges_, quest_order_, quest_bound_);
+    const auto grp = static_cast<uint32_t>(h / g);
+    const int64_t i = h % g;  // the head's place in its group's blocks
+    size_t n = 0;
+    for (const PosRange& r : ranges) {
+      for (int64_t a = r.pos0; a < r.pos0 + r.n;) {
+        const int64_t b = a / bt;
+        const int64_t stop = std::min(r.pos0 + r.n, (b + 1) * bt);
+        const BlockEntry& e = table_.at(seq, layer, grp, b);
+        KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} is not stored", seq, layer, b);
+        const uint8_t* base = pool.data(e.slot);
+        const int64_t row = a - b * bt;
+        cpu::KvSpan& sp = quest_spans_[n++];
+        sp.pos0 = a;
+        sp.n_tokens = stop - a;
+        sp.k = base + static_cast<size_t>((i * bt + row) * dk) * esz;
+        sp.v = base + static_cast<size_t>(g * bt * dk + (i * bt + row) * dv) * esz;
+        sp.k_head_stride = bt * dk;
+        sp.v_head_stride = bt * dv;
+        a = stop;
+      }
+    }
+    const cpu::AttnQueries aq{q + h * G * dk, n_head * dk, 1, G, pass_.pos0()};
+    const cpu::AttnOutput out{o + h * G * dv, n_head * dv, nullptr, 0};
+    cpu::attend(threads_, isa_, ap, aq, std::span(quest_spans_.data(), n), out, scratch_);
+  }
+  return true;
 }
 
 uint32_t ResidentKv::needs() const {
@@ -72,6 +126,7 @@ void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
   const SeqId seq = pass_.seq();
   const int64_t pos0 = pass_.pos0();
   const int64_t n = pass_.n();
+  if (opt_.selection == policy::Selection::kQuest) quest_.update(seq, layer, pos0, n, rows.k);
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t g = geo_.heads_per_group(layer);
   const int64_t bt = geo_.block_tokens;
@@ -152,6 +207,7 @@ void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const La
   ap.softcap = la.softcap;
   ap.window = la.window;
   ap.kv_dtype = geo_.dtype;
+  if (opt_.selection == policy::Selection::kQuest && attend_quest(layer, q, n_head, ap, o)) return;
   const int64_t qh = g * ap.q_per_kv;  // query heads per group
   const bool stream = streams(layer);
   const int64_t sinks = opt_.knobs.sinks;
@@ -229,6 +285,7 @@ void ResidentKv::abort_pass() {
   const int64_t keep = blocks_for(positions_[seq]);
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+    if (opt_.selection == policy::Selection::kQuest) quest_.truncate(seq, l, positions_[seq]);
   }
 }
 
@@ -262,6 +319,7 @@ void ResidentKv::truncate(SeqId seq, int64_t n) {
   const int64_t keep = blocks_for(n);
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+    if (opt_.selection == policy::Selection::kQuest) quest_.truncate(seq, l, n);
     if (n == 0) table_.set_first_block(seq, l, 0);
     if (keep > 0) {
       for (uint32_t grp = 0; grp < geo_.n_groups(l); ++grp) {

@@ -19,6 +19,7 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_compute.h"
 #include "kv/pass_state.h"
+#include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 
 namespace kvtier::kv {
@@ -60,6 +61,8 @@ class ResidentKv final : public KvCache {
   // Does streaming retention (sinks + recent window) apply to the layer? (not to a layer with a
   // window of its own, which keeps it)
   bool streams(uint32_t layer) const;
+  // Quest's decode step on a layer without a window of its own: each KV head attends its selected pages.
+  bool attend_quest(uint32_t layer, const float* q, int64_t n_head, const cpu::AttnParams& ap, float* o);
 
   KvGeometry geo_;
   int64_t capacity_;
@@ -79,6 +82,12 @@ class ResidentKv final : public KvCache {
   StreamingBuffers streaming_;       // retention streaming: the sink attention's buffers
   KvCompute* compute_ = nullptr;     // the model's hook (streaming re-rotates queries)
   const float* q_pre_ = nullptr;     // kNeedPreRope: the open layer's queries before RoPE
+  // selection quest: page bounds and the scratch of one selection
+  QuestIndex quest_;
+  std::vector<PosRange> quest_ranges_;    // [pages] selected runs
+  std::vector<int64_t> quest_order_;      // [pages]
+  std::vector<float> quest_bound_;        // [pages]
+  std::vector<cpu::KvSpan> quest_spans_;  // [pages + blocks] the runs cut at block boundaries
 };
 
 }  // namespace kvtier::kv

@@ -17,6 +17,11 @@ constexpr AxisValue kValues[] = {
     {Axis::kRepresentation, "f16", true, "rows stored as IEEE half floats (the default)", "--kv-type"},
     {Axis::kRepresentation, "f32", true, "rows stored as 32-bit floats", "--kv-type"},
     {Axis::kSelection, "all", true, "attention sees every stored token (the default)", ""},
+    {Axis::kSelection, "quest", false,
+     "Quest: per page of --quest-page keys a per-channel min/max bound; each decode step attends, per KV "
+     "head, the pages with the largest bound on q.k, --kv-budget positions in all (prefill stays dense); "
+     "resident placement",
+     "--kv-budget --quest-page"},
     {Axis::kRetention, "none", true, "every position is kept until the sequence is truncated (the default)",
      ""},
     {Axis::kRetention, "sliding", true,

@@ -82,3 +82,22 @@ def test_streaming_knob_errors():
     p = run("run", "-m", model("smollm2"), "-p", "x", "-n", 1, "--kv-policy", "streaming+sliding", "--window", 8,
             check=False)
     assert p.returncode != 0 and "two retention values" in p.stderr, p.stderr
+
+
+def test_quest_decode_and_knob_errors():
+    prompt = "The river bends twice before the old mill, and the miller counts the sacks each morning. " * 8
+
+    def tokens(*policy):
+        p = run("run", "-m", model("smollm2"), "-p", prompt, "-n", 8, "--ctx", 1024, "-t", 2, "--ignore-eos", "--json",
+                "--kv-policy", *policy)
+        return json.loads(p.stdout)["tokens"]
+
+    full = tokens("resident")
+    assert tokens("quest", "--kv-budget", 1024) == full  # every page: the resident tokens
+    assert tokens("quest", "--kv-budget", 16, "--quest-page", 16) != full  # one page per step: it shows
+    for flags, words in ((["--kv-policy", "quest"], "needs --kv-budget"),
+                         (["--kv-policy", "layer+quest", "--kv-budget", 64], "resident placement"),
+                         (["--kv-policy", "quest", "--kv-budget", 64, "--quest-page", 24], "must divide")):
+        p = run("run", "-m", model("smollm2"), "-p", "x", "-n", 1, *flags, check=False)
+        assert p.returncode != 0 and words in p.stderr, (flags, p.stderr)
+

@@ -64,6 +64,7 @@ def exact_values(axis):
 DEGENERATE = {
     "streaming": (["--sinks", "4", "--window", "1024"], None),  # the window covers --ctx
     "h2o": (["--kv-budget", "1024"], ["resident"]),  # the budget covers --ctx
+    "quest": (["--kv-budget", "1024"], ["resident"]),  # every page selected
 }
 
 
