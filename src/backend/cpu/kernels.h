@@ -76,6 +76,7 @@ void fill_avx2_tiles(KernelTable& t);           // matmul_avx2.cpp (calls fill_a
 void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
+void fill_avx2_quantize_act(KernelTable& t);    // quantize_act_avx2.cpp
 void fill_avx512_quantize_act(KernelTable& t);  // quantize_act_avx512.cpp
 
 }  // namespace kvtier::cpu
