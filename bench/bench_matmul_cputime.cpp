@@ -6,9 +6,10 @@
 //   q4_K 1024 -> 640 (attn_output, ffn_down)  q6_K 2048 -> 640 (ffn_down)
 //   q4_1 576 -> 1536 (SmolLM2's FFN)          f16 640 -> 2048
 // Prints "type tokens x k -> n  GFLOP per CPU second" (2 x tokens x k x n flops), the best of 5
-// timings of `iters` calls each. Then decode: one token against [16384, 2048] weights of each type
-// (23-34 MB, past the L2 but partly in a 32 MB L3), "GB of weights per CPU second".
-//   build/cpu/bench/bench_matmul_cputime [iters=10] [scalar|avx2|avx512 (default: the best)]
+// timings of `iters` calls each. Then decode: one token against [rows, 2048] weights of each type
+// (rows 16384: 23-34 MB, past the L2 but partly in a 32 MB L3; rows 256: in L2, the kernel's own
+// speed), "GB of weights per CPU second".
+//   build/cpu/bench/bench_matmul_cputime [iters=10] [scalar|avx2|avx512 (default: the best)] [rows=16384]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -75,7 +76,7 @@ double best_seconds(int iters, const std::function<void()>& call) {
   return best;
 }
 
-int run(int iters, cpu::Isa isa) {
+int run(int iters, cpu::Isa isa, int64_t matvec_rows) {
   const std::vector<Shape> shapes = {
       {GgmlType::kQ5_0, 640, 2048, {0}},    {GgmlType::kQ8_0, 640, 2048, {0}},
       {GgmlType::kQ4_K, 1024, 640, {0, 2}}, {GgmlType::kQ6_K, 2048, 640, {208}},
@@ -99,7 +100,7 @@ int run(int iters, cpu::Isa isa) {
                 flops / best / 1e9);
   }
   for (const Shape& s0 : shapes) {
-    const Shape s{s0.type, 2048, 16384, s0.f16_fields};
+    const Shape s{s0.type, 2048, matvec_rows, s0.f16_fields};
     const auto w = make_weights(s);
     std::vector<float> x(static_cast<size_t>(s.k));  // [1, k]
     for (size_t i = 0; i < x.size(); ++i)
@@ -136,5 +137,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  return kvtier::bench::run(argc > 1 ? std::max(1, std::atoi(argv[1])) : 10, isa);
+  return kvtier::bench::run(argc > 1 ? std::max(1, std::atoi(argv[1])) : 10, isa,
+                            argc > 3 ? std::max(16, std::atoi(argv[3])) : 16384);
 }

@@ -83,7 +83,8 @@ void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
 
 enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
 
-// As vec_dot_avx2's dot_legacy, per (row, token): 8-lane FMA chain over blocks plus a scalar min chain.
+// As vec_dot_avx2's dot_legacy, per (row, token): 8-lane FMA chain over blocks plus a min chain
+// (scalar here, lane 1 of a vector there: the same products added in the same order).
 template <Legacy kType, typename Block, int R, int T>
 void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
                  float* y, int64_t ldy) {
@@ -102,8 +103,13 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
     }
   }
   for (int64_t b = 0; b < k / kQK; ++b) {
+    if constexpr (T == 1) prefetch_ahead(w, b, R * static_cast<int64_t>(sizeof(Block)));
     __m256i av[T];
-    for (int t = 0; t < T; ++t) av[t] = load256(a[t][b].qs);
+    __m128 asum[T];  // q4_1 / q5_1: the activation block sums as floats
+    for (int t = 0; t < T; ++t) {
+      av[t] = load256(a[t][b].qs);
+      if constexpr (kMin) asum[t] = _mm_cvtepi32_ps(_mm_set1_epi32(a[t][b].sum));
+    }
     for (int r = 0; r < R; ++r) {
       const Block& blk = x[r][b];
       __m256i q;  // signed quants for q4_0/q5_0/q8_0, unsigned otherwise
@@ -117,14 +123,20 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
         if constexpr (kType == Legacy::kQ5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
       }
       const __m256i uq = kSigned ? _mm256_sign_epi8(q, q) : q;
-      const float dw = f16(blk.d);
-      for (int t = 0; t < T; ++t) {
-        const __m256i isum = dot_u8s8(uq, kSigned ? _mm256_sign_epi8(av[t], q) : av[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a[t][b].d), acc[r][t]);
-      }
       if constexpr (kMin) {
-        const float m = f16(blk.m);
-        for (int t = 0; t < T; ++t) acc_min[r][t] += (m * a[t][b].d) * static_cast<float>(a[t][b].sum);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(&blk.d))));  // [dw, mw]
+        for (int t = 0; t < T; ++t) {
+          const __m128 p = _mm_mul_ps(dm, _mm_broadcast_ss(&a[t][b].d));  // [dw * da, mw * da]
+          const __m256i isum = dot_u8s8(uq, av[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(p), acc[r][t]);
+          acc_min[r][t] += _mm_cvtss_f32(_mm_movehdup_ps(_mm_mul_ps(p, asum[t])));
+        }
+      } else {
+        const float dw = f16(blk.d);
+        for (int t = 0; t < T; ++t) {
+          const __m256i isum = dot_u8s8(uq, kSigned ? _mm256_sign_epi8(av[t], q) : av[t]);
+          acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a[t][b].d), acc[r][t]);
+        }
       }
     }
   }
@@ -135,15 +147,23 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
 }  // namespace
 
 void fill_avx2_tiles(KernelTable& t) {
-  auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
+  auto set = [&t](GgmlType type, TileKernel k, TileKernel narrow = {}) {
+    t.tile[static_cast<size_t>(type)] = k;
+    t.tile_narrow[static_cast<size_t>(type)] = narrow;
+  };
   set(GgmlType::kF32, TileKernel{tile_float<Float::kF32, 2, 4>, 2, 4});
   set(GgmlType::kF16, TileKernel{tile_float<Float::kF16, 2, 4>, 2, 4});
   set(GgmlType::kBF16, TileKernel{tile_float<Float::kBF16, 2, 4>, 2, 4});
-  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 2, 4>, 2, 4});
-  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 2, 4>, 2, 4});
-  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 2, 4>, 2, 4});
-  set(GgmlType::kQ5_1, TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 2, 4>, 2, 4});
-  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 2, 4>, 2, 4});
+  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 1>, 4, 1});
+  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 1>, 4, 1});
+  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 1>, 4, 1});
+  set(GgmlType::kQ5_1, TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 4, 1>, 4, 1});
+  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 1>, 4, 1});
   fill_avx2_ktiles(t);
 }
 

@@ -132,6 +132,7 @@ void fill_avx512_kernels(KernelTable& t) {
     t.vec_dot[static_cast<size_t>(type)] = fn;
     t.tile[static_cast<size_t>(type)] = TileKernel{};
     t.tile_wide[static_cast<size_t>(type)] = TileKernel{};
+    t.tile_narrow[static_cast<size_t>(type)] = TileKernel{};
   };
   set(GgmlType::kF32, dot_float<false>);
   set(GgmlType::kF16, dot_float<true>);
