@@ -97,6 +97,19 @@ static inline void prefetch_ahead(const uint8_t* span, int64_t b, int64_t step) 
   for (int64_t o = 0; o < step; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
 }
 
+// Q6_K: the block's 16 signed scales as 16 x i16.
+static inline __m256i q6k_scales16(const int8_t* scales) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+}
+
+// Q6_K's +32 offset folded into the integer lanes: acc - 32 * (sc_j * bsum_j summed in pairs), so
+// that hsum gives sum(acc) - 32 * sum_j sc_j * bsum_j, the same integer as the scalar loop (no lane
+// overflows: |acc| < 2^28, |32 * sc * bsum| < 2^23).
+static inline __m256i q6k_offset_out(__m256i acc, __m256i sc16, const int16_t* bsums) {
+  const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)));
+  return _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));
+}
+
 static inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }

@@ -213,9 +213,8 @@ float dot_q6_k(const uint8_t* w8, const uint8_t* a8, int64_t k) {
         acc = _mm256_add_epi32(acc, scale_halves(p, sc[j], sc[j + 1]));
       }
     }
-    int corr = 0;  // the +32 offset
-    for (int j = 0; j < 16; ++j) corr += sc[j] * a[b].bsums[j];
-    s += (f16(x[b].d) * a[b].d) * static_cast<float>(hsum_i32(acc) - 32 * corr);
+    const __m256i total = q6k_offset_out(acc, q6k_scales16(sc), a[b].bsums);  // the +32 offset out
+    s += (f16(x[b].d) * a[b].d) * static_cast<float>(hsum_i32(total));
   }
   return s;
 }
