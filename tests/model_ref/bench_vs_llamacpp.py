@@ -3,7 +3,7 @@ lengths: prefill and decode tokens/s, medians over interleaved rounds, and the r
 
     .venv/bin/python tests/model_ref/bench_vs_llamacpp.py [--prompt-tokens 512,4096] [--gen 64]
         [--threads 2] [--rounds 3] [--models smollm2,gemma3] [--kvtier build/cpu/bin/kvtier]
-        [--isa avx2|avx512] [--llama-python /path/to/venv/bin/python] [--json]
+        [--isa avx2|avx512] [--llama-python /path/to/venv/bin/python] [--copy-bench PATH] [--json]
 
 Each round runs, per model, one `kvtier bench --repeat 1` over all prompt lengths and one llama.cpp
 pass over the same lengths (in a fresh process of --llama-python, default this interpreter, so a
@@ -11,7 +11,12 @@ llama-cpp-python built for another ISA can be compared: e.g. one built with -DGG
 against `--isa avx2`); which of the two goes first alternates between rounds, so a machine that
 gets busier or quieter during the run does not favour one side. Reported: the median of the rounds
 for each side, the ratio of the medians, and the smallest and largest per-round ratio (how noisy the
-machine was). The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
+machine was). With --copy-bench (default: build/cpu/bench/bench_cpu_kernels when it exists) every
+round also measures the copy bandwidth at the same thread count (`copy/threads:T`, bytes read +
+written), and each decode row gets kvtier's bytes read per token (all weights, the tied output
+matrix included, plus the f16 KV of prompt + gen / 2 positions: exact for full-attention layers, an
+upper bound for sliding-window ones) times its decode rate, as a fraction of the median copy
+bandwidth: how close decode runs to the memory-bandwidth bound. The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
 version and system info line, and the load average before and after.
 
 Both sides warm up before timing: kvtier bench runs one unrecorded round, the llama.cpp pass first
@@ -88,6 +93,15 @@ def run_kvtier(a, path):
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
+def copy_bandwidth(a):
+    """GB/s of bench_cpu_kernels' STREAM-like copy at the benchmark's thread count (None without it)."""
+    if not a.copy_bench or not pathlib.Path(a.copy_bench).exists():
+        return None
+    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^copy/threads:{a.threads}/", "--benchmark_format=json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["benchmarks"][0]["bytes_per_second"] / 1e9
+
+
 def run_llama(a, path):
     cmd = [a.llama_python, str(pathlib.Path(__file__).resolve()), "--llama-worker", str(path), "--prompt-tokens",
            a.prompt_tokens, "--gen", str(a.gen), "--threads", str(a.threads)]
@@ -105,6 +119,8 @@ def main():
     ap.add_argument("--isa", default="", help="kvtier's kernel path (default: the best the CPU has)")
     ap.add_argument("--llama-python", default=sys.executable,
                     help="python interpreter whose llama_cpp is compared (default: this one)")
+    ap.add_argument("--copy-bench", default=str(kt.SOURCE_DIR / "build" / "cpu" / "bench" / "bench_cpu_kernels"),
+                    help="bench_cpu_kernels binary for the copy bandwidth ('' to skip)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--llama-worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -116,9 +132,14 @@ def main():
     header = {"cpu": cpu_description(), "load_before": os.getloadavg(), "threads": a.threads, "gen": a.gen,
               "rounds": a.rounds, "llama_python": a.llama_python}
     samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
+    copies = []  # GB/s, one per round and model
+    bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
     for name in a.models.split(","):
         path = kt.model(name)
         for rnd in range(a.rounds):
+            bw = copy_bandwidth(a)
+            if bw is not None:
+                copies.append(bw)
             sides = [("kvtier", run_kvtier), ("llama.cpp", run_llama)]
             if rnd % 2 == 1:
                 sides.reverse()
@@ -126,6 +147,11 @@ def main():
                 out = fn(a, path)
                 if side == "kvtier":
                     header["kvtier_isa"] = out["isa"]
+                    for r in out["results"]:
+                        mem = r["peak_memory_bytes"]["device"]
+                        kv_per_position = mem["kv"] / out["ctx"]
+                        bytes_per_token[(name, r["prompt_tokens"])] = (
+                            mem["weights"] + kv_per_position * (r["prompt_tokens"] + a.gen / 2))
                 else:
                     header["llama_cpp_version"] = out["version"]
                     header["llama_cpp_system_info"] = out["system_info"]
@@ -134,6 +160,8 @@ def main():
                         samples.setdefault((name, r["prompt_tokens"], side, phase), []).append(
                             r[f"{phase}_tokens_per_s"])
     header["load_after"] = os.getloadavg()
+    header["copy_GBps_runs"] = copies
+    copy_median = statistics.median(copies) if copies else None
 
     table = []
     for name in a.models.split(","):
@@ -146,6 +174,9 @@ def main():
                             f"{phase}_ratio": statistics.median(ours) / statistics.median(ref),
                             f"{phase}_ratio_min": min(per_round), f"{phase}_ratio_max": max(per_round),
                             f"kvtier_{phase}_runs": ours, f"llamacpp_{phase}_runs": ref})
+            if copy_median:
+                row["decode_bytes_per_token"] = bytes_per_token[(name, p)]
+                row["decode_pct_of_copy"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / copy_median
             table.append(row)
     if a.json:
         print(json.dumps({**header, "results": table}))
@@ -157,15 +188,20 @@ def main():
           f"system info: {header.get('llama_cpp_system_info', '').strip()}")
     print(f"threads {a.threads}, {a.gen} decode steps, {a.rounds} interleaved rounds; load average before "
           f"{header['load_before'][0]:.1f}, after {header['load_after'][0]:.1f}")
+    if copy_median:
+        print(f"copy bandwidth ({a.threads} threads, bytes read + written): median {copy_median:.1f} GB/s of "
+              f"{', '.join(f'{c:.1f}' for c in copies)}")
     print()
     print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
-          "| decode ratio (range) |")
-    print("|---|---:|---|---|---|---|")
+          "| decode ratio (range) | kvtier decode MB/token, % of copy |")
+    print("|---|---:|---|---|---|---|---|")
     for t in table:
+        bw = (f"{t['decode_bytes_per_token'] / 1e6:.0f}, {t['decode_pct_of_copy']:.0f} %"
+              if "decode_pct_of_copy" in t else "-")
         print(f"| {t['model']} | {t['prompt_tokens']} | {t['kvtier_prefill']:.1f} / {t['llamacpp_prefill']:.1f} | "
               f"**{t['prefill_ratio']:.2f}** ({t['prefill_ratio_min']:.2f}-{t['prefill_ratio_max']:.2f}) | "
               f"{t['kvtier_decode']:.1f} / {t['llamacpp_decode']:.1f} | "
-              f"**{t['decode_ratio']:.2f}** ({t['decode_ratio_min']:.2f}-{t['decode_ratio_max']:.2f}) |")
+              f"**{t['decode_ratio']:.2f}** ({t['decode_ratio_min']:.2f}-{t['decode_ratio_max']:.2f}) | {bw} |")
 
 
 if __name__ == "__main__":
