@@ -155,6 +155,9 @@ def main():
                 else:
                     header["llama_cpp_version"] = out["version"]
                     header["llama_cpp_system_info"] = out["system_info"]
+                print(f"# round {rnd + 1} {name} {side}: " + ", ".join(
+                    f"{r['prompt_tokens']}: {r['prefill_tokens_per_s']:.1f} / {r['decode_tokens_per_s']:.1f} tok/s"
+                    for r in out["results"]) + f" (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
                 for r in out["results"]:
                     for phase in ("prefill", "decode"):
                         samples.setdefault((name, r["prompt_tokens"], side, phase), []).append(
