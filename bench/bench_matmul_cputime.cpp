@@ -6,13 +6,17 @@
 //   q4_K 1024 -> 640 (attn_output, ffn_down)  q6_K 2048 -> 640 (ffn_down)
 //   q4_1 576 -> 1536 (SmolLM2's FFN)          f16 640 -> 2048
 // Prints "type tokens x k -> n  GFLOP per CPU second" (2 x tokens x k x n flops), the best of 5
-// timings of `iters` calls each.
-//   build/cpu/bench/bench_matmul_cputime [iters=10]
+// timings of `iters` calls each. Then decode: one token against [rows, 2048] weights of each type
+// (rows 16384: 23-34 MB, past the L2 but partly in a 32 MB L3; rows 256: in L2, the kernel's own
+// speed), "GB of weights per CPU second".
+//   build/cpu/bench/bench_matmul_cputime [iters=10] [scalar|avx2|avx512 (default: the best)] [rows=16384]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
+#include <string_view>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
@@ -61,13 +65,23 @@ std::vector<uint8_t> make_weights(const Shape& s) {
   return w;
 }
 
-int run(int iters) {
+double best_seconds(int iters, const std::function<void()>& call) {
+  call();  // warm-up
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = cpu_seconds();
+    for (int i = 0; i < iters; ++i) call();
+    best = std::min(best, (cpu_seconds() - t0) / iters);
+  }
+  return best;
+}
+
+int run(int iters, cpu::Isa isa, int64_t matvec_rows) {
   const std::vector<Shape> shapes = {
       {GgmlType::kQ5_0, 640, 2048, {0}},    {GgmlType::kQ8_0, 640, 2048, {0}},
       {GgmlType::kQ4_K, 1024, 640, {0, 2}}, {GgmlType::kQ6_K, 2048, 640, {208}},
       {GgmlType::kQ4_1, 576, 1536, {0, 2}}, {GgmlType::kF16, 640, 2048, {}}};
   const int64_t tokens = 512;
-  const cpu::Isa isa = cpu::best_isa();
   ThreadPool pool(1);
   std::printf("isa %s, 1 thread, best of 5 x %d calls\n", std::string(cpu::isa_name(isa)).c_str(), iters);
   for (const Shape& s : shapes) {
@@ -78,17 +92,27 @@ int run(int iters) {
     std::vector<float> y(static_cast<size_t>(tokens * s.n));  // [tokens, n]
     std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(s.type, s.k, tokens));
     const cpu::WeightMatrix m{s.type, w.data(), s.n, s.k};
-    cpu::matmul(pool, isa, m, x.data(), tokens, y.data(), scratch);  // warm-up
-    double best = 1e30;
-    for (int rep = 0; rep < 5; ++rep) {
-      const double t0 = cpu_seconds();
-      for (int i = 0; i < iters; ++i) cpu::matmul(pool, isa, m, x.data(), tokens, y.data(), scratch);
-      best = std::min(best, (cpu_seconds() - t0) / iters);
-    }
+    const double best =
+        best_seconds(iters, [&] { cpu::matmul(pool, isa, m, x.data(), tokens, y.data(), scratch); });
     const double flops = 2.0 * static_cast<double>(tokens * s.k * s.n);
     std::printf("%-5s %lld x %lld -> %lld  %.1f GFLOP per CPU second\n", ggml_type_name(s.type).data(),
                 static_cast<long long>(tokens), static_cast<long long>(s.k), static_cast<long long>(s.n),
                 flops / best / 1e9);
+  }
+  for (const Shape& s0 : shapes) {
+    const Shape s{s0.type, 2048, matvec_rows, s0.f16_fields};
+    const auto w = make_weights(s);
+    std::vector<float> x(static_cast<size_t>(s.k));  // [1, k]
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 1000) - 500) / 250.0f;
+    std::vector<float> y(static_cast<size_t>(s.n));  // [1, n]
+    std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(s.type, s.k, 1));
+    const cpu::WeightMatrix m{s.type, w.data(), s.n, s.k};
+    const double best =
+        best_seconds(iters * 4, [&] { cpu::matmul(pool, isa, m, x.data(), 1, y.data(), scratch); });
+    std::printf("%-5s 1 x %lld -> %lld  %.1f GB of weights per CPU second\n", ggml_type_name(s.type).data(),
+                static_cast<long long>(s.k), static_cast<long long>(s.n),
+                static_cast<double>(w.size()) / best / 1e9);
   }
   return 0;
 }
@@ -97,5 +121,22 @@ int run(int iters) {
 }  // namespace kvtier::bench
 
 int main(int argc, char** argv) {
-  return kvtier::bench::run(argc > 1 ? std::max(1, std::atoi(argv[1])) : 10);
+  using kvtier::cpu::Isa;
+  Isa isa = kvtier::cpu::best_isa();
+  if (argc > 2) {
+    const std::string_view name = argv[2];
+    bool known = false;
+    for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+      if (kvtier::cpu::isa_name(i) == name) {
+        isa = i;
+        known = true;
+      }
+    }
+    if (!known || !kvtier::cpu::isa_supported(isa)) {
+      std::fprintf(stderr, "unknown or unsupported ISA '%s'\n", argv[2]);
+      return 2;
+    }
+  }
+  return kvtier::bench::run(argc > 1 ? std::max(1, std::atoi(argv[1])) : 10, isa,
+                            argc > 3 ? std::max(16, std::atoi(argv[3])) : 16384);
 }

@@ -96,8 +96,8 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
 }
 
 // The SIMD tables have tiles for the default models' types (else matmul silently falls back to one
-// vec_dot per output), and a tile (narrow or wide) called directly with a wider output stride writes
-// only its block, bit-identical to vec_dot.
+// vec_dot per output), and a tile (regular, wide or one-token narrow) called directly with a wider
+// output stride writes only its block, bit-identical to vec_dot.
 TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -106,10 +106,11 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
     const KernelTable& table = kernel_table(isa);
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                           GgmlType::kQ4_K, GgmlType::kQ6_K}) {
-      const TileKernel narrow = table.tile[static_cast<size_t>(type)];
-      ASSERT_NE(narrow.fn, nullptr) << ggml_type_name(type) << " " << isa_name(isa);
+      const TileKernel regular = table.tile[static_cast<size_t>(type)];
+      ASSERT_NE(regular.fn, nullptr) << ggml_type_name(type) << " " << isa_name(isa);
       const TileKernel wide = table.tile_wide[static_cast<size_t>(type)];
-      for (const TileKernel& tile : {narrow, wide}) {
+      const TileKernel narrow = table.tile_narrow[static_cast<size_t>(type)];
+      for (const TileKernel& tile : {regular, wide, narrow}) {
         if (tile.fn == nullptr) continue;
         const int64_t bs = ggml_traits(type).block_size;
         const int64_t k = bs == 1 ? 96 : 5 * bs;

@@ -1,90 +1,210 @@
 """kvtier bench against llama.cpp (llama-cpp-python) on the same GGUF files, thread count and
-lengths, in one run: prefill and decode tokens/s (medians) and the ratios kvtier / llama.cpp.
+lengths: prefill and decode tokens/s, medians over interleaved rounds, and the ratios kvtier / llama.cpp.
 
-    .venv/bin/python tests/model_ref/bench_vs_llamacpp.py [--prompt-tokens 512,4096] [--gen 128]
-        [--threads 2] [--repeat 3] [--models smollm2,gemma3] [--kvtier build/cpu/bin/kvtier] [--json]
+    .venv/bin/python tests/model_ref/bench_vs_llamacpp.py [--prompt-tokens 512,4096] [--gen 64]
+        [--threads 2] [--rounds 3] [--models smollm2,gemma3] [--kvtier build/cpu/bin/kvtier]
+        [--isa avx2|avx512] [--llama-python /path/to/venv/bin/python] [--copy-bench PATH] [--json]
+
+Each round runs, per model, one `kvtier bench --repeat 1` over all prompt lengths and one llama.cpp
+pass over the same lengths (in a fresh process of --llama-python, default this interpreter, so a
+llama-cpp-python built for another ISA can be compared: e.g. one built with -DGGML_AVX512=OFF
+against `--isa avx2`); which of the two goes first alternates between rounds, so a machine that
+gets busier or quieter during the run does not favour one side. Reported: the median of the rounds
+for each side, the ratio of the medians, and the smallest and largest per-round ratio (how noisy the
+machine was). With --copy-bench (default: build/cpu/bench/bench_cpu_kernels when it exists) every
+round also measures the copy bandwidth at the same thread count (`copy/threads:T`, bytes read +
+written), and each decode row gets kvtier's bytes read per token (all weights, the tied output
+matrix included, plus the f16 KV of prompt + gen / 2 positions: exact for full-attention layers, an
+upper bound for sliding-window ones) times its decode rate, as a fraction of the median copy
+bandwidth: how close decode runs to the memory-bandwidth bound. The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
+version and system info line, and the load average before and after.
+
+Both sides warm up before timing: kvtier bench runs one unrecorded round, the llama.cpp pass first
+runs its shortest prompt and the decode steps once unrecorded.
 
 llama.cpp settings: n_batch = n_ubatch = 512 (kvtier's default chunk is at most 512), f16 KV cache,
-no flash attention (llama-cpp-python's default), the same threads for prefill and decode. Decode
-feeds one token per llama_decode through Llama.eval (Python overhead per token is a few us).
+no flash attention (llama-cpp-python's default), the same threads for prefill and decode; timed
+around its `eval` calls (prefill: the prompt; decode: one token per eval, a few us of Python each).
 """
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import subprocess
 import sys
 import time
 
-import numpy as np
-
 sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "python"))
 import kvtier_testlib as kt  # noqa: E402
 
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+              "avx512_bf16", "amx_int8")
 
-def bench_llama_cpp(path, prompt_tokens, gen, threads, repeat):
+
+def llama_worker(a):
+    """Runs inside --llama-python: times one pass over the prompt lengths, prints JSON."""
+    import numpy as np
     import llama_cpp
 
-    n_ctx = max(prompt_tokens) + gen
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                          n_threads_batch=threads, logits_all=False, verbose=False)
+    lengths = [int(x) for x in a.prompt_tokens.split(",")]
+    llm = llama_cpp.Llama(model_path=a.llama_worker, n_ctx=max(lengths) + a.gen, n_batch=512, n_ubatch=512,
+                          n_threads=a.threads, n_threads_batch=a.threads, logits_all=False, verbose=False)
     rng = np.random.default_rng(1)
     n_vocab = llm.n_vocab()
     rows = []
-    for p in prompt_tokens:
+    for i, p in enumerate([min(lengths)] + lengths):  # the first pass warms up (page tables, buffers)
         prompt = rng.integers(1000, min(n_vocab, 30000), size=p).tolist()
-        pre, dec = [], []
-        for _ in range(repeat):
-            llm.reset()
-            llm._ctx.kv_cache_clear() if hasattr(llm._ctx, "kv_cache_clear") else None
-            t0 = time.perf_counter()
-            llm.eval(prompt)
-            t1 = time.perf_counter()
-            tok = prompt[-1]
-            for _ in range(gen):
-                llm.eval([tok])
-            t2 = time.perf_counter()
-            pre.append(p / (t1 - t0))
-            dec.append(gen / (t2 - t1))
-        rows.append({"prompt_tokens": p, "prefill_tokens_per_s": statistics.median(pre),
-                     "decode_tokens_per_s": statistics.median(dec), "prefill_runs": pre, "decode_runs": dec})
-    return rows
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(prompt)
+        t1 = time.perf_counter()
+        tok = prompt[-1]
+        for _ in range(a.gen):
+            llm.eval([tok])
+        t2 = time.perf_counter()
+        if i > 0:
+            rows.append({"prompt_tokens": p, "prefill_tokens_per_s": p / (t1 - t0),
+                         "decode_tokens_per_s": a.gen / (t2 - t1)})
+    info = llama_cpp.llama_print_system_info()
+    print(json.dumps({"version": llama_cpp.__version__, "system_info": info.decode() if isinstance(info, bytes) else info,
+                      "results": rows}))
+
+
+def cpu_description():
+    model, flags = "unknown", set()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    return {"model": model, "cpus": os.cpu_count(), "simd_flags": [f for f in SIMD_FLAGS if f in flags]}
+
+
+def run_kvtier(a, path):
+    cmd = [a.kvtier, "bench", "-m", str(path), "--prompt-tokens", a.prompt_tokens, "--gen", str(a.gen), "--threads",
+           str(a.threads), "--repeat", "1", "--json"]
+    if a.isa:
+        cmd += ["--isa", a.isa]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def copy_bandwidth(a):
+    """GB/s of bench_cpu_kernels' STREAM-like copy at the benchmark's thread count (None without it)."""
+    if not a.copy_bench or not pathlib.Path(a.copy_bench).exists():
+        return None
+    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^copy/threads:{a.threads}/", "--benchmark_format=json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)["benchmarks"][0]["bytes_per_second"] / 1e9
+
+
+def run_llama(a, path):
+    cmd = [a.llama_python, str(pathlib.Path(__file__).resolve()), "--llama-worker", str(path), "--prompt-tokens",
+           a.prompt_tokens, "--gen", str(a.gen), "--threads", str(a.threads)]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompt-tokens", default="512,4096")
-    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--gen", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--rounds", "--repeat", type=int, default=3, dest="rounds")
     ap.add_argument("--models", default="smollm2,gemma3")
     ap.add_argument("--kvtier", default=str(kt.SOURCE_DIR / "build" / "cpu" / "bin" / "kvtier"))
+    ap.add_argument("--isa", default="", help="kvtier's kernel path (default: the best the CPU has)")
+    ap.add_argument("--llama-python", default=sys.executable,
+                    help="python interpreter whose llama_cpp is compared (default: this one)")
+    ap.add_argument("--copy-bench", default=str(kt.SOURCE_DIR / "build" / "cpu" / "bench" / "bench_cpu_kernels"),
+                    help="bench_cpu_kernels binary for the copy bandwidth ('' to skip)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--llama-worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.llama_worker:
+        llama_worker(a)
+        return
+
     lengths = [int(x) for x in a.prompt_tokens.split(",")]
-    table = []
+    header = {"cpu": cpu_description(), "load_before": os.getloadavg(), "threads": a.threads, "gen": a.gen,
+              "rounds": a.rounds, "llama_python": a.llama_python}
+    samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
+    copies = []  # GB/s, one per round and model
+    bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
     for name in a.models.split(","):
         path = kt.model(name)
-        ours = json.loads(subprocess.run(
-            [a.kvtier, "bench", "-m", str(path), "--prompt-tokens", a.prompt_tokens, "--gen", str(a.gen), "--threads",
-             str(a.threads), "--repeat", str(a.repeat), "--json"], check=True, capture_output=True, text=True).stdout)
-        ref = bench_llama_cpp(path, lengths, a.gen, a.threads, a.repeat)
-        for o, r in zip(ours["results"], ref):
-            table.append({"model": name, "prompt_tokens": o["prompt_tokens"], "gen": a.gen, "threads": a.threads,
-                          "kvtier_prefill": o["prefill_tokens_per_s"], "llamacpp_prefill": r["prefill_tokens_per_s"],
-                          "prefill_ratio": o["prefill_tokens_per_s"] / r["prefill_tokens_per_s"],
-                          "kvtier_decode": o["decode_tokens_per_s"], "llamacpp_decode": r["decode_tokens_per_s"],
-                          "decode_ratio": o["decode_tokens_per_s"] / r["decode_tokens_per_s"]})
+        for rnd in range(a.rounds):
+            bw = copy_bandwidth(a)
+            if bw is not None:
+                copies.append(bw)
+            sides = [("kvtier", run_kvtier), ("llama.cpp", run_llama)]
+            if rnd % 2 == 1:
+                sides.reverse()
+            for side, fn in sides:
+                out = fn(a, path)
+                if side == "kvtier":
+                    header["kvtier_isa"] = out["isa"]
+                    for r in out["results"]:
+                        mem = r["peak_memory_bytes"]["device"]
+                        kv_per_position = mem["kv"] / out["ctx"]
+                        bytes_per_token[(name, r["prompt_tokens"])] = (
+                            mem["weights"] + kv_per_position * (r["prompt_tokens"] + a.gen / 2))
+                else:
+                    header["llama_cpp_version"] = out["version"]
+                    header["llama_cpp_system_info"] = out["system_info"]
+                print(f"# round {rnd + 1} {name} {side}: " + ", ".join(
+                    f"{r['prompt_tokens']}: {r['prefill_tokens_per_s']:.1f} / {r['decode_tokens_per_s']:.1f} tok/s"
+                    for r in out["results"]) + f" (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                for r in out["results"]:
+                    for phase in ("prefill", "decode"):
+                        samples.setdefault((name, r["prompt_tokens"], side, phase), []).append(
+                            r[f"{phase}_tokens_per_s"])
+    header["load_after"] = os.getloadavg()
+    header["copy_GBps_runs"] = copies
+    copy_median = statistics.median(copies) if copies else None
+
+    table = []
+    for name in a.models.split(","):
+        for p in lengths:
+            row = {"model": name, "prompt_tokens": p}
+            for phase in ("prefill", "decode"):
+                ours, ref = samples[(name, p, "kvtier", phase)], samples[(name, p, "llama.cpp", phase)]
+                per_round = [o / r for o, r in zip(ours, ref)]
+                row.update({f"kvtier_{phase}": statistics.median(ours), f"llamacpp_{phase}": statistics.median(ref),
+                            f"{phase}_ratio": statistics.median(ours) / statistics.median(ref),
+                            f"{phase}_ratio_min": min(per_round), f"{phase}_ratio_max": max(per_round),
+                            f"kvtier_{phase}_runs": ours, f"llamacpp_{phase}_runs": ref})
+            if copy_median:
+                row["decode_bytes_per_token"] = bytes_per_token[(name, p)]
+                row["decode_pct_of_copy"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / copy_median
+            table.append(row)
     if a.json:
-        print(json.dumps(table))
+        print(json.dumps({**header, "results": table}))
         return
-    print("| model | prompt | kvtier prefill tok/s | llama.cpp prefill tok/s | ratio | kvtier decode tok/s "
-          "| llama.cpp decode tok/s | ratio |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    cpu = header["cpu"]
+    print(f"CPU: {cpu['model']} ({cpu['cpus']} CPUs); SIMD flags: {' '.join(cpu['simd_flags'])}")
+    print(f"kvtier: {a.kvtier}, kernel path {header.get('kvtier_isa')}")
+    print(f"llama.cpp: llama-cpp-python {header.get('llama_cpp_version')} ({a.llama_python}); "
+          f"system info: {header.get('llama_cpp_system_info', '').strip()}")
+    print(f"threads {a.threads}, {a.gen} decode steps, {a.rounds} interleaved rounds; load average before "
+          f"{header['load_before'][0]:.1f}, after {header['load_after'][0]:.1f}")
+    if copy_median:
+        print(f"copy bandwidth ({a.threads} threads, bytes read + written): median {copy_median:.1f} GB/s of "
+              f"{', '.join(f'{c:.1f}' for c in copies)}")
+    print()
+    print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
+          "| decode ratio (range) | kvtier decode MB/token, % of copy |")
+    print("|---|---:|---|---|---|---|---|")
     for t in table:
-        print(f"| {t['model']} | {t['prompt_tokens']} | {t['kvtier_prefill']:.1f} | {t['llamacpp_prefill']:.1f} | "
-              f"{t['prefill_ratio']:.2f} | {t['kvtier_decode']:.1f} | {t['llamacpp_decode']:.1f} | "
-              f"{t['decode_ratio']:.2f} |")
+        bw = (f"{t['decode_bytes_per_token'] / 1e6:.0f}, {t['decode_pct_of_copy']:.0f} %"
+              if "decode_pct_of_copy" in t else "-")
+        print(f"| {t['model']} | {t['prompt_tokens']} | {t['kvtier_prefill']:.1f} / {t['llamacpp_prefill']:.1f} | "
+              f"**{t['prefill_ratio']:.2f}** ({t['prefill_ratio_min']:.2f}-{t['prefill_ratio_max']:.2f}) | "
+              f"{t['kvtier_decode']:.1f} / {t['llamacpp_decode']:.1f} | "
+              f"**{t['decode_ratio']:.2f}** ({t['decode_ratio_min']:.2f}-{t['decode_ratio_max']:.2f}) | {bw} |")
 
 
 if __name__ == "__main__":

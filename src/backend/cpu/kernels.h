@@ -59,6 +59,10 @@ struct KernelTable {
   std::array<TileKernel, kMaxGgmlTypeId> tile{};
   // Optional wider tiles (same rows as `tile`, more tokens; same bits): matmul uses them first.
   std::array<TileKernel, kMaxGgmlTypeId> tile_wide{};
+  // Optional one-token tiles (rows x 1; same bits as vec_dot): decode and the token edges of a
+  // matmul use them before single vec_dots, so several rows' independent chains overlap and share
+  // each activation block's loads.
+  std::array<TileKernel, kMaxGgmlTypeId> tile_narrow{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
   std::array<QuantizeActFn, 3> quantize_act{};
   FloatKernels fops{};
@@ -76,6 +80,7 @@ void fill_avx2_tiles(KernelTable& t);           // matmul_avx2.cpp (calls fill_a
 void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
+void fill_avx2_quantize_act(KernelTable& t);    // quantize_act_avx2.cpp
 void fill_avx512_quantize_act(KernelTable& t);  // quantize_act_avx512.cpp
 
 }  // namespace kvtier::cpu

@@ -71,12 +71,28 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
 
   // Output rows split over threads in kRowAlign units; within a unit, 32-token tiles; within those,
   // register tiles (wide.rows x wide.tokens where the type has them, then tile.rows x tile.tokens),
-  // and single vec_dots on the edges. Every path gives
+  // and on the edges (decode included) narrow tiles of one token, then single vec_dots. Every path gives
   // vec_dot's bits (kernels.h TileFn), so the split and the tiling never change a result.
   const TileKernel tile = table.tile[static_cast<size_t>(w.type)];
   const TileKernel wide = table.tile_wide[static_cast<size_t>(w.type)];
-  KVTIER_ASSERT(wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows), "wide tile of {} rows",
-                wide.rows);
+  const TileKernel narrow = table.tile_narrow[static_cast<size_t>(w.type)];
+  KVTIER_ASSERT(
+      wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows && wide.tokens % tile.tokens == 0),
+      "wide tile of {} rows", wide.rows);
+  KVTIER_ASSERT(narrow.fn == nullptr || narrow.tokens == 1, "narrow tile of {} tokens", narrow.tokens);
+  // Outputs of rows [rb, re) x tokens [tb, te) one token at a time: narrow tiles, then vec_dots.
+  auto edge = [&](int64_t rb, int64_t re, int64_t tb, int64_t te) {
+    for (int64_t t = tb; t < te; ++t) {
+      const uint8_t* at = act + t * act_bytes;
+      float* yt = y + t * w.n_rows;
+      int64_t r = rb;
+      if (narrow.fn != nullptr) {
+        for (; r + narrow.rows <= re; r += narrow.rows)
+          narrow.fn(w.data + r * row_bytes, row_bytes, at, act_bytes, w.k, yt + r, w.n_rows);
+      }
+      for (; r < re; ++r) yt[r] = dot(w.data + r * row_bytes, at, w.k);
+    }
+  };
   const int n_parts = static_cast<int>(std::min<int64_t>(threads, (w.n_rows + kRowAlign - 1) / kRowAlign));
   pool.run(n_parts, [&](int part) {
     const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
@@ -84,27 +100,26 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
       const int64_t r1 = std::min(rows.end, r0 + kRowAlign);
       for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
         const int64_t t1 = std::min(n_tokens, t0 + kTokenTile);
-        int64_t r = r0;
-        if (tile.fn != nullptr) {
-          for (; r + tile.rows <= r1; r += tile.rows) {
-            const uint8_t* wr = w.data + r * row_bytes;
-            int64_t t = t0;
-            if (wide.fn != nullptr) {
-              for (; t + wide.tokens <= t1; t += wide.tokens)
-                wide.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
-            }
-            for (; t + tile.tokens <= t1; t += tile.tokens)
-              tile.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
-            for (int64_t rr = r; rr < r + tile.rows; ++rr) {
-              for (int64_t tt = t; tt < t1; ++tt)
-                y[tt * w.n_rows + rr] = dot(w.data + rr * row_bytes, act + tt * act_bytes, w.k);
-            }
-          }
+        if (tile.fn == nullptr) {
+          edge(r0, r1, t0, t1);
+          continue;
         }
-        for (; r < r1; ++r) {
+        // Rows [r0, r_end) x tokens [t0, t_end) in register tiles (wide ones first), the rest
+        // one token at a time.
+        const int64_t r_end = r0 + (r1 - r0) / tile.rows * tile.rows;
+        const int64_t t_end = t0 + (t1 - t0) / tile.tokens * tile.tokens;
+        for (int64_t r = r0; r < r_end; r += tile.rows) {
           const uint8_t* wr = w.data + r * row_bytes;
-          for (int64_t t = t0; t < t1; ++t) y[t * w.n_rows + r] = dot(wr, act + t * act_bytes, w.k);
+          int64_t t = t0;
+          if (wide.fn != nullptr) {
+            for (; t + wide.tokens <= t_end; t += wide.tokens)
+              wide.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
+          }
+          for (; t < t_end; t += tile.tokens)
+            tile.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
         }
+        edge(r0, r1, t_end, t1);
+        edge(r_end, r1, t0, t_end);
       }
     }
   });

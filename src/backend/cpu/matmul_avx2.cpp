@@ -83,10 +83,13 @@ void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
 
 enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
 
-// As vec_dot_avx2's dot_legacy, per (row, token): 8-lane FMA chain over blocks plus a scalar min chain.
+// As vec_dot_avx2's dot_legacy, per (row, token): 8-lane FMA chain over blocks, isum * (dw * da),
+// plus for q4_1/q5_1 a min chain of (mw * da) * asum (lane 1 of a vector there; here lane t of one
+// vector per row, the T tokens side by side: the same products added in the same order).
 template <Legacy kType, typename Block, int R, int T>
 void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
                  float* y, int64_t ldy) {
+  static_assert(T <= 4, "the min chains hold one token per lane of a 4-lane vector");
   constexpr bool kMin = kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1;
   constexpr bool kSigned = !kMin;
   const Block* x[R];
@@ -94,16 +97,23 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
   __m256 acc[R][T];
-  float acc_min[R][T];
+  __m128 acc_min[R];  // [row] lane t: token t's min chain
   for (int r = 0; r < R; ++r) {
-    for (int t = 0; t < T; ++t) {
-      acc[r][t] = _mm256_setzero_ps();
-      acc_min[r][t] = 0.0f;
-    }
+    acc_min[r] = _mm_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[r][t] = _mm256_setzero_ps();
   }
   for (int64_t b = 0; b < k / kQK; ++b) {
-    __m256i av[T];
-    for (int t = 0; t < T; ++t) av[t] = load256(a[t][b].qs);
+    if constexpr (T == 1) prefetch_ahead(w, b, R * static_cast<int64_t>(sizeof(Block)));
+    __m128 da4 = _mm_setzero_ps(), asum4 = _mm_setzero_ps();  // q4_1 / q5_1: [token] da, asum
+    if constexpr (kMin) {
+      __m128i ds[4];  // [token] raw (da, asum) words
+      for (int t = 0; t < 4; ++t)
+        ds[t] = t < T ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&a[t][b])) : _mm_setzero_si128();
+      const __m128i lo = _mm_unpacklo_epi32(ds[0], ds[1]);  // da0 da1 asum0 asum1
+      const __m128i hi = _mm_unpacklo_epi32(ds[2], ds[3]);  // da2 da3 asum2 asum3
+      da4 = _mm_castsi128_ps(_mm_unpacklo_epi64(lo, hi));
+      asum4 = _mm_cvtepi32_ps(_mm_unpackhi_epi64(lo, hi));
+    }
     for (int r = 0; r < R; ++r) {
       const Block& blk = x[r][b];
       __m256i q;  // signed quants for q4_0/q5_0/q8_0, unsigned otherwise
@@ -117,33 +127,89 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
         if constexpr (kType == Legacy::kQ5_0) q = _mm256_sub_epi8(q, _mm256_set1_epi8(16));
       }
       const __m256i uq = kSigned ? _mm256_sign_epi8(q, q) : q;
-      const float dw = f16(blk.d);
-      for (int t = 0; t < T; ++t) {
-        const __m256i isum = dot_u8s8(uq, kSigned ? _mm256_sign_epi8(av[t], q) : av[t]);
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(dw * a[t][b].d), acc[r][t]);
-      }
+      __m256 dw;  // the weight scale in 8 lanes
       if constexpr (kMin) {
-        const float m = f16(blk.m);
-        for (int t = 0; t < T; ++t) acc_min[r][t] += (m * a[t][b].d) * static_cast<float>(a[t][b].sum);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(load_u32(&blk.d))));  // [dw, mw]
+        dw = _mm256_broadcastss_ps(dm);
+        const __m128 mw_da = _mm_mul_ps(_mm_permute_ps(dm, 0x55), da4);  // [token] mw * da
+        acc_min[r] = _mm_add_ps(acc_min[r], _mm_mul_ps(mw_da, asum4));
+      } else {
+        dw = _mm256_set1_ps(f16(blk.d));
+      }
+      for (int t = 0; t < T; ++t) {
+        const __m256i av = load256(a[t][b].qs);
+        const __m256i isum = dot_u8s8(uq, kSigned ? _mm256_sign_epi8(av, q) : av);
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(&a[t][b].d));  // dw * da
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int t = 0; t < T; ++t) y[t * ldy + r] = hsum_f32(acc[r][t]) + acc_min[r][t];
+  for (int r = 0; r < R; ++r) {
+    float mins[4];
+    _mm_storeu_ps(mins, acc_min[r]);
+    for (int t = 0; t < T; ++t) y[t * ldy + r] = kMin ? hsum_f32(acc[r][t]) + mins[t] : hsum_f32(acc[r][t]);
+  }
+}
+
+// The one-token tile of q4_1 / q5_1 (4 rows x 1 token): as tile_legacy per row, but the 4 rows' d/m
+// pairs are converted together and their min chains run side by side in one 4-lane vector (lane r:
+// row r), the same products added in the same order.
+template <Legacy kType, typename Block>
+void narrow_min_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t /*act_bytes*/,
+                       int64_t k, float* y, int64_t ldy) {
+  constexpr int R = 4;
+  const Block* x[R];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
+  const ActQ8_32* a = reinterpret_cast<const ActQ8_32*>(act);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  __m128 acc_min = _mm_setzero_ps();  // lane r: row r's min chain
+  const __m256i m_lanes = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    prefetch_ahead(w, b, R * static_cast<int64_t>(sizeof(Block)));
+    __m128i dm_h = _mm_cvtsi32_si128(static_cast<int>(load_u32(&x[0][b].d)));
+    dm_h = _mm_insert_epi32(dm_h, static_cast<int>(load_u32(&x[1][b].d)), 1);
+    dm_h = _mm_insert_epi32(dm_h, static_cast<int>(load_u32(&x[2][b].d)), 2);
+    dm_h = _mm_insert_epi32(dm_h, static_cast<int>(load_u32(&x[3][b].d)), 3);
+    const __m256 dm = _mm256_cvtph_ps(dm_h);  // [d0, m0, d1, m1, d2, m2, d3, m3]
+    const __m128 mw = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, m_lanes));  // [m0..m3]
+    const __m128 da = _mm_broadcast_ss(&a[b].d);
+    acc_min = _mm_add_ps(acc_min, _mm_mul_ps(_mm_mul_ps(mw, da), _mm_cvtepi32_ps(_mm_set1_epi32(a[b].sum))));
+    const __m256i av = load256(a[b].qs);
+    const __m256 da8 = _mm256_broadcast_ss(&a[b].d);
+    for (int r = 0; r < R; ++r) {
+      __m256i q = nibbles_32(x[r][b].qs);
+      if constexpr (kType == Legacy::kQ5_1) q = _mm256_or_si256(q, bits_to_0x10(x[r][b].qh));
+      const __m256 dw = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(2 * r));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q, av)), _mm256_mul_ps(dw, da8), acc[r]);
+    }
+  }
+  float mins[4];
+  _mm_storeu_ps(mins, acc_min);
+  for (int r = 0; r < R; ++r) y[r] = hsum_f32(acc[r]) + mins[r];
+  (void)ldy;
 }
 
 }  // namespace
 
 void fill_avx2_tiles(KernelTable& t) {
-  auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
+  auto set = [&t](GgmlType type, TileKernel k, TileKernel narrow = {}) {
+    t.tile[static_cast<size_t>(type)] = k;
+    t.tile_narrow[static_cast<size_t>(type)] = narrow;
+  };
   set(GgmlType::kF32, TileKernel{tile_float<Float::kF32, 2, 4>, 2, 4});
   set(GgmlType::kF16, TileKernel{tile_float<Float::kF16, 2, 4>, 2, 4});
   set(GgmlType::kBF16, TileKernel{tile_float<Float::kBF16, 2, 4>, 2, 4});
-  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 2, 4>, 2, 4});
-  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 2, 4>, 2, 4});
-  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 2, 4>, 2, 4});
-  set(GgmlType::kQ5_1, TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 2, 4>, 2, 4});
-  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 2, 4>, 2, 4});
+  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 1>, 4, 1});
+  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 2, 4>, 2, 4},
+      TileKernel{narrow_min_legacy<Legacy::kQ4_1, BlockQ4_1>, 4, 1});
+  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 1>, 4, 1});
+  set(GgmlType::kQ5_1, TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 2, 4>, 2, 4},
+      TileKernel{narrow_min_legacy<Legacy::kQ5_1, BlockQ5_1>, 4, 1});
+  set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 2, 4>, 2, 4},
+      TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 1>, 4, 1});
   fill_avx2_ktiles(t);
 }
 

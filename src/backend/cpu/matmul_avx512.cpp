@@ -51,7 +51,8 @@ struct PairRow {
 };
 
 // As vec_dot_avx512's dot_legacy per (row, token): two blocks per 16-lane FMA step, an odd last block
-// on 256 bits, a scalar min chain (q4_1). R rows x 4 NG tokens: the rows' block pairs are unpacked
+// on 256 bits, a min chain (q4_1; here the 4 tokens of a group side by side in one 4-lane vector per
+// row: the same products added in the same order). R rows x 4 NG tokens: the rows' block pairs are unpacked
 // once per chunk of kPairs pairs into `prep`, then each group of 4 tokens runs over the chunk with
 // its R x 4 accumulators in registers (carried across chunks in `acc`), so each output still adds
 // its block pairs in order.
@@ -67,14 +68,12 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
   const int64_t nb = k / kQK;
-  __m512 acc[NG][R][4];  // [group][row][token in group]
-  float acc_min[NG][R][4];
+  __m512 acc[NG][R][4];   // [group][row][token in group]
+  __m128 acc_min[NG][R];  // [group][row] lane t: q4_1's min chain of token t of the group
   for (int g = 0; g < NG; ++g) {
     for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < 4; ++t) {
-        acc[g][r][t] = _mm512_setzero_ps();
-        acc_min[g][r][t] = 0.0f;
-      }
+      acc_min[g][r] = _mm_setzero_ps();
+      for (int t = 0; t < 4; ++t) acc[g][r][t] = _mm512_setzero_ps();
     }
   }
   PairRow prep[kPairs][R];
@@ -113,6 +112,19 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
           if constexpr (kSigned) av[t] = _mm512_xor_si512(av[t], _mm512_set1_epi8(-128));
           da[t] = join_ps(ag[t][b].d, ag[t][b + 1].d);
         }
+        // q4_1: [token] da and asum of both blocks, for the min chains
+        __m128 da4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, asum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+        if constexpr (kMin) {
+          for (int h = 0; h < 2; ++h) {
+            __m128i ds[4];  // [token] raw (da, asum) words of block b + h
+            for (int t = 0; t < 4; ++t)
+              ds[t] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&ag[t][b + h]));
+            const __m128i lo = _mm_unpacklo_epi32(ds[0], ds[1]);  // da0 da1 asum0 asum1
+            const __m128i hi = _mm_unpacklo_epi32(ds[2], ds[3]);
+            da4[h] = _mm_castsi128_ps(_mm_unpacklo_epi64(lo, hi));
+            asum4[h] = _mm_cvtepi32_ps(_mm_unpackhi_epi64(lo, hi));
+          }
+        }
         for (int r = 0; r < R; ++r) {
           const PairRow& pr = prep[p][r];
           for (int t = 0; t < 4; ++t) {
@@ -120,11 +132,11 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
                                          : _mm512_dpbusd_epi32(pr.start, pr.q, av[t]);
             ac[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(pr.dw, da[t]), ac[r][t]);
           }
-          if constexpr (kMin) {
-            for (int t = 0; t < 4; ++t) {
-              acc_min[g][r][t] += (pr.m0 * ag[t][b].d) * static_cast<float>(ag[t][b].sum);
-              acc_min[g][r][t] += (pr.m1 * ag[t][b + 1].d) * static_cast<float>(ag[t][b + 1].sum);
-            }
+          if constexpr (kMin) {  // (m * da) * asum per token, block b then block b + 1
+            acc_min[g][r] =
+                _mm_add_ps(acc_min[g][r], _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(pr.m0), da4[0]), asum4[0]));
+            acc_min[g][r] =
+                _mm_add_ps(acc_min[g][r], _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(pr.m1), da4[1]), asum4[1]));
           }
         }
       }
@@ -135,10 +147,12 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
   const int64_t b = nb & ~int64_t{1};  // odd block count: the last block on 256 bits
   for (int g = 0; g < NG; ++g) {
     for (int r = 0; r < R; ++r) {
+      float mins[4];
+      _mm_storeu_ps(mins, acc_min[g][r]);
       for (int t = 0; t < 4; ++t) {
         const ActQ8_32* at = a[4 * g + t];
         float s = reduce_add(acc[g][r][t]);
-        float am = acc_min[g][r][t];
+        float am = mins[t];
         if (b < nb) {
           const __m256i q = block_quants<kType>(x[r][b]);
           const __m256i av = load256(at[b].qs);

@@ -23,15 +23,30 @@ static inline int hsum_i32(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+static inline uint32_t load_u32(const void* p) {
+  uint32_t u;
+  std::memcpy(&u, p, 4);
+  return u;
+}
+
 static inline float f16(uint16_t h) {
   return _cvtsh_ss(h);
 }
 
-// 16 packed bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31).
+// 16 packed bytes -> 32 bytes: low nibbles (elements 0..15) then high nibbles (16..31). The 16 bytes
+// are loaded into both halves and the upper half shifted by 4 (one variable shift, no insert).
 static inline __m256i nibbles_32(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+  const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  const __m256i shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+  return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+}
+
+// Q4_1 / Q5_1: the block's adjacent f16 scale and min (at `dm`) times the activation scale da:
+// lanes 0, 1 = [dw * da, mw * da] (the same IEEE products as the scalar expressions).
+static inline __m128 scale_min_products(const uint16_t* dm, __m128 da) {
+  uint32_t u;
+  std::memcpy(&u, dm, 4);
+  return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u))), da);
 }
 
 // 32 bits (little-endian) -> 32 bytes, byte i = 0x10 if bit i is set, else 0.
@@ -68,6 +83,31 @@ static inline int min_sum_k4(const uint8_t* mn, const int16_t* bsums) {
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
   s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm_cvtsi128_si32(s);
+}
+
+// One-token tiles read R rows side by side, R short streams that the hardware prefetchers pick up
+// late (measured: 2-5x slower than one row after another once the weights come from memory). They
+// prefetch instead: the R rows are one contiguous span of R * row_bytes, consumed at
+// `step` = R * block bytes per block, so prefetching `step` bytes at `kPrefetchAhead` past the
+// consumption point (which runs on into the next rows' span) keeps a steady distance ahead.
+constexpr int64_t kPrefetchAhead = 6144;
+
+static inline void prefetch_ahead(const uint8_t* span, int64_t b, int64_t step) {
+  const uint8_t* p = span + kPrefetchAhead + b * step;
+  for (int64_t o = 0; o < step; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + o), _MM_HINT_T0);
+}
+
+// Q6_K: the block's 16 signed scales as 16 x i16.
+static inline __m256i q6k_scales16(const int8_t* scales) {
+  return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(scales)));
+}
+
+// Q6_K's +32 offset folded into the integer lanes: acc - 32 * (sc_j * bsum_j summed in pairs), so
+// that hsum gives sum(acc) - 32 * sum_j sc_j * bsum_j, the same integer as the scalar loop (no lane
+// overflows: |acc| < 2^28, |32 * sc * bsum| < 2^23).
+static inline __m256i q6k_offset_out(__m256i acc, __m256i sc16, const int16_t* bsums) {
+  const __m256i corr = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bsums)));
+  return _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));
 }
 
 static inline __m256i load256(const void* p) {

@@ -62,13 +62,15 @@ float dot_half(const uint8_t* w8, const uint8_t* a8, int64_t k) {
 enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
 
 // Legacy block of any kind: the 32 quants as bytes (signed for q4_0/q5_0/q8_0, unsigned otherwise),
-// the scale and (for q4_1/q5_1) the min.
+// the scale and (for q4_1/q5_1) the min. Per block: acc (8 lanes) += isum * (dw * da); for the
+// types with a min, lane 1 of acc_min += (mw * da) * asum (lane 0 carries an unused term).
 template <Legacy kType, typename Block>
 float dot_legacy(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  constexpr bool kMin = kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1;
   const Block* x = as<Block>(w8);
   const ActQ8_32* a = as<ActQ8_32>(a8);
   __m256 acc = _mm256_setzero_ps();
-  float acc_min = 0.0f;
+  __m128 acc_min = _mm_setzero_ps();
   for (int64_t b = 0; b < k / kQK; ++b) {
     const __m256i av = load256(a[b].qs);
     __m256i isum;
@@ -86,13 +88,16 @@ float dot_legacy(const uint8_t* w8, const uint8_t* a8, int64_t k) {
         isum = dot_u8s8(q, av);
       }
     }
-    const float da = a[b].d;
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[b].d) * da), acc);
-    if constexpr (kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1) {
-      acc_min += (f16(x[b].m) * da) * static_cast<float>(a[b].sum);
+    if constexpr (kMin) {
+      const __m128 p = scale_min_products(&x[b].d, _mm_broadcast_ss(&a[b].d));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(p), acc);
+      acc_min = _mm_add_ps(acc_min, _mm_mul_ps(p, _mm_cvtepi32_ps(_mm_set1_epi32(a[b].sum))));
+    } else {
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[b].d) * a[b].d), acc);
     }
   }
-  return hsum_f32(acc) + acc_min;
+  if constexpr (kMin) return hsum_f32(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_min));
+  return hsum_f32(acc);
 }
 
 // Multiplies int16 pair sums by per-half scales: lanes 0..7 (elements 0..15) by s0, 8..15 by s1.
@@ -208,9 +213,8 @@ float dot_q6_k(const uint8_t* w8, const uint8_t* a8, int64_t k) {
         acc = _mm256_add_epi32(acc, scale_halves(p, sc[j], sc[j + 1]));
       }
     }
-    int corr = 0;  // the +32 offset
-    for (int j = 0; j < 16; ++j) corr += sc[j] * a[b].bsums[j];
-    s += (f16(x[b].d) * a[b].d) * static_cast<float>(hsum_i32(acc) - 32 * corr);
+    const __m256i total = q6k_offset_out(acc, q6k_scales16(sc), a[b].bsums);  // the +32 offset out
+    s += (f16(x[b].d) * a[b].d) * static_cast<float>(hsum_i32(total));
   }
   return s;
 }
