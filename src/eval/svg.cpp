@@ -106,8 +106,18 @@ std::string heatmap_svg(const Heatmap& h) {
   return s;
 }
 
+namespace {
+// Room right of the plot for the legend: its line and the longest name (12 px text, about 7.2 px a
+// character).
+double legend_width(const LinePlot& p) {
+  size_t longest = 0;
+  for (const Series& se : p.series) longest = std::max(longest, se.name.size());
+  return std::max(150.0, 7.2 * static_cast<double>(longest) + 60);
+}
+}  // namespace
+
 double line_plot_width(const LinePlot& p) {
-  return 70 + std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())) + 150;
+  return 70 + std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())) + legend_width(p);
 }
 double line_plot_height(const LinePlot& p) {
   // The legend (20 px a series) fits beside the 260 px plot up to 12 series.
@@ -115,7 +125,7 @@ double line_plot_height(const LinePlot& p) {
 }
 
 std::string line_plot_svg(const LinePlot& p) {
-  const double left = 70, right = 150, top = 44,
+  const double left = 70, right = legend_width(p), top = 44,
                pw = std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())),
                ph = line_plot_height(p) - 44 - 56, bottom = 56;
   const double w = left + pw + right, ht = top + ph + bottom;
@@ -184,7 +194,7 @@ std::string line_plot_svg(const LinePlot& p) {
 std::string xy_plot_svg(const XyPlot& p) {
   size_t longest = 0;
   for (const XySeries& se : p.series) longest = std::max(longest, se.name.size());
-  const double left = 70, right = std::max(150.0, 7.5 * static_cast<double>(longest) + 60), top = 44,
+  const double left = 70, right = std::max(150.0, 7.2 * static_cast<double>(longest) + 60), top = 44,
                pw = 420, ph = std::max(300.0, 20.0 * static_cast<double>(p.series.size()) + 20), bottom = 56;
   // Wide enough for the title (DejaVu Sans Bold at 15 px: about 10.5 px per character).
   const double w = std::max(left + pw + right, 10.5 * static_cast<double>(p.title.size()) + 20),

@@ -195,8 +195,8 @@ std::string accuracy_svg(const Sweep& s, TaskKind t) {
     XySeries se{pol, {}};
     for (const Config& c : s.configs) {
       if (c.policy != pol) continue;
-      se.points.push_back(
-          {kv_ratio(s, c.name, t), pooled_relative(s, c.name, t), c.budget ? c.budget->text() : ""});
+      se.points.push_back({kv_ratio(s, c.name, t), pooled_relative(s, c.name, t),
+                           c.budget ? fmt::format("@{}", c.budget->text()) : ""});
     }
     p.series.push_back(std::move(se));
   }

@@ -362,8 +362,8 @@ TEST(SweepReport, SummaryTablesAndPlotsFromFakeResults) {
   }
   const std::string& acc = files.at("accuracy-vs-compression-niah.svg");
   EXPECT_NE(acc.find(">resident+h2o<"), std::string::npos);
-  EXPECT_NE(acc.find(">1/4<"), std::string::npos);  // budgets label their points
-  EXPECT_NE(acc.find(">1<"), std::string::npos);    // x ticks are powers of two, 1 = resident
+  EXPECT_NE(acc.find(">@1/4<"), std::string::npos);  // budgets label their points
+  EXPECT_NE(acc.find(">1<"), std::string::npos);     // x ticks are powers of two, 1 = resident
   const std::string& speed = files.at("speed-vs-context.svg");
   EXPECT_NE(speed.find("budgets at 1/2"), std::string::npos);
   EXPECT_NE(speed.find("budgets at 1/4"), std::string::npos);
