@@ -6,6 +6,8 @@
 #include "core/error.h"
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
+#include "kv/h2o_kv.h"
+#include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
 #include "policy/retention.h"
 
@@ -43,11 +45,31 @@ uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) 
 
 }  // namespace
 
+int64_t max_new_rows(int64_t capacity, const KvOptions& o) {
+  return o.max_new_rows > 0 ? o.max_new_rows : capacity;
+}
+
 int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
   const int64_t max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
-  if (o.retention != policy::Retention::kSliding) return max_blocks;
-  const int64_t max_new = o.max_new_rows > 0 ? o.max_new_rows : capacity;
-  return policy::sliding_blocks(geo.window_of(layer), max_new, geo.block_tokens, max_blocks);
+  const int64_t max_new = max_new_rows(capacity, o);
+  const int64_t window = geo.window_of(layer);
+  switch (o.retention) {
+    case policy::Retention::kSliding:
+      return policy::sliding_blocks(window, max_new, geo.block_tokens, max_blocks);
+    case policy::Retention::kStreaming:  // a layer with its own window keeps it (sliding); others stream
+      if (window > 0) return policy::sliding_blocks(window, max_new, geo.block_tokens, max_blocks);
+      return policy::streaming_blocks(o.knobs.sinks, policy::streaming_window(o.knobs), max_new,
+                                      geo.block_tokens, max_blocks);
+    default:
+      return max_blocks;
+  }
+}
+
+uint64_t retention_scratch(const KvGeometry& geo, int64_t capacity, uint32_t n_head, const KvOptions& o) {
+  if (o.retention != policy::Retention::kStreaming) return 0;
+  return StreamingBuffers::bytes(max_new_rows(capacity, o), n_head, geo.head_dim_k, geo.head_dim_v,
+                                 policy::streaming_sink_blocks(o.knobs.sinks, geo.block_tokens),
+                                 (capacity + geo.block_tokens - 1) / geo.block_tokens);
 }
 
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
@@ -80,7 +102,8 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     r.pool_blocks.push_back(static_cast<uint32_t>(counts[i]));
     r.kv_bytes += BlockPool::slab_bytes(r.pool_block_bytes[i], r.pool_blocks[i]);
   }
-  r.scratch_bytes = attention_scratch(geo, n_head, threads);
+  r.retention_bytes = retention_scratch(geo, capacity, n_head, o);
+  r.scratch_bytes = attention_scratch(geo, n_head, threads) + r.retention_bytes;
   return r;
 }
 
@@ -103,7 +126,8 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.head_offset.push_back(t.n_heads_total);
     t.n_heads_total += geo.n_head_kv[l];
   }
-  t.scratch_bytes = attention_scratch(geo, n_head, threads);
+  t.retention_bytes = retention_scratch(geo, capacity, n_head, o);
+  t.scratch_bytes = attention_scratch(geo, n_head, threads) + t.retention_bytes;
 
   policy::KvShape shape;
   shape.n_head_kv = geo.n_head_kv;
@@ -175,11 +199,17 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   return t;
 }
 
-uint32_t kv_needs(const KvOptions&) {
-  return kNeedNone;  // no policy of this build recomputes or scores from extra rows yet
+uint32_t kv_needs(const KvOptions& o) {
+  // streaming re-rotates the queries that attend the sinks (from q before RoPE).
+  return o.retention == policy::Retention::kStreaming ? kNeedPreRope : kNeedNone;
 }
 
 void check_placement_options(const TieredOptions& o) {
+  if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {
+    fail(ErrorKind::kInvalidArgument,
+         "h2o keeps --kv-budget rows per layer in compute-local memory and runs on the resident placement "
+         "(--kv-policy h2o); offloading its bounded cache is not supported");
+  }
   if (o.placement.placement != policy::Placement::kResident) return;
   if (!o.disk_dir.empty()) {
     fail(ErrorKind::kInvalidArgument,
@@ -207,6 +237,18 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
                          int threads) {
   check_placement_options(o);
   KvFootprint f;
+  if (o.retention == policy::Retention::kH2o) {
+    const H2oLayout h = h2o_layout(geo, capacity, n_head, threads, o);
+    if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
+      fail(ErrorKind::kBudget,
+           "h2o with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} of "
+           "scratch) but --kv-mem is {} bytes; lower --kv-budget or --chunk, or raise --kv-mem",
+           o.knobs.budget, h.kv_bytes + h.scratch_bytes, h.kv_bytes, h.scratch_bytes, o.kv_mem);
+    }
+    f.device_kv = h.kv_bytes;
+    f.device_scratch = h.scratch_bytes;
+    return f;
+  }
   if (o.placement.placement == policy::Placement::kResident) {
     const ResidentLayout r = resident_layout(geo, capacity, n_head, threads, o);
     check_resident_budget(r, capacity, o.kv_mem);

@@ -41,7 +41,8 @@ struct ResidentLayout {
   int64_t max_blocks = 0;                  // logical token blocks per (sequence, layer, group)
   uint64_t table_bytes = 0;                // block table: (seq, layer, group, block) -> slot, positions
   uint64_t kv_bytes = 0;                   // all pools' slabs, the block table and the span list
-  uint64_t scratch_bytes = 0;              // attention scratch
+  uint64_t scratch_bytes = 0;              // attention scratch and retention_bytes
+  uint64_t retention_bytes = 0;            // the retention policy's buffers (retention_scratch)
 };
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                                const KvOptions& options = {});
@@ -60,7 +61,8 @@ struct TieredLayout {
   uint64_t static_bytes = 0;            // all sequences' static planes
   uint64_t static_seq_bytes = 0;        // one sequence's static planes
   uint64_t staging_bytes = 0;           // new rows of the largest pass, KV dtype
-  uint64_t scratch_bytes = 0;           // attention scratch
+  uint64_t scratch_bytes = 0;           // attention scratch and retention_bytes
+  uint64_t retention_bytes = 0;         // the retention policy's buffers (retention_scratch)
   uint32_t n_buffers = 0;               // staging buffers (prefetch depth + 1)
   uint64_t buffer_bytes = 0;            // bytes per staging buffer, page-aligned
   uint64_t page_bytes[2] = {0, 0};      // K, V page: block_tokens rows of one head (page-aligned)
@@ -78,6 +80,12 @@ struct TieredLayout {
 // Throws Error(kBudget) naming needed and available bytes when options.kv_mem cannot hold it.
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                            const TieredOptions& options);
+
+// Bytes of the retention policy's own compute-local buffers (streaming: the queries rotated to the
+// sink position, the sink attention's output; StreamingBuffers).
+uint64_t retention_scratch(const KvGeometry& geo, int64_t capacity, uint32_t n_head, const KvOptions& o);
+// Passes of up to this many tokens (options.max_new_rows, else the capacity).
+int64_t max_new_rows(int64_t capacity, const KvOptions& o);
 
 // The extra rows (KvNeed bits) a cache built with these options asks the model for.
 uint32_t kv_needs(const KvOptions& options);

@@ -21,6 +21,7 @@
 
 namespace kvtier::kv {
 
+class KvCompute;
 using SeqId = uint32_t;
 
 // Per-layer attention settings the model decides.
@@ -72,6 +73,10 @@ class KvCache {
   virtual int64_t positions(SeqId seq) const = 0;
   // The extra rows this policy wants with each write (KvNeed bits).
   virtual uint32_t needs() const { return kNeedNone; }
+
+  // The model-side compute hook (kv_compute.h), for policies that recompute or re-rotate rows; the
+  // model sets it before the first pass. Policies that need it say so through needs().
+  virtual void set_compute(KvCompute* compute) { (void)compute; }
 
   // Starts a pass of n new tokens of `seq`. Throws Error(kBudget) when the sequence's context is full.
   virtual PassPositions begin_pass(const PassInfo& info) = 0;

@@ -18,6 +18,11 @@ class KvCompute {
   //   k: [n, n_head_kv(layer), head_dim_k] f32 after RoPE    v: [n, n_head_kv(layer), head_dim_v] f32
   virtual void project_kv(uint32_t layer, const float* x, std::span<const int64_t> positions, float* k,
                           float* v) = 0;
+  // The queries of `layer` rotated to one position: out[t] = RoPE(q_pre[t], position) with the model's
+  // RoPE of that layer, n <= max_rows() tokens (StreamingLLM places the attention sinks at positions
+  // within the cache: the queries that attend them are re-rotated):
+  //   q_pre, out: [n, n_head, head_dim_k] f32 (q_pre: the rows LayerRows::q_pre carried)
+  virtual void rope_q(uint32_t layer, const float* q_pre, int64_t n, int64_t position, float* out) = 0;
   virtual int64_t max_rows() const = 0;
 };
 

@@ -40,7 +40,20 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
   written_.assign(geo_.n_layer(), 0);
   span_buf_.resize(static_cast<size_t>(r.max_blocks));
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);
-  scratch_.resize(r.scratch_bytes);
+  scratch_.resize(r.scratch_bytes - r.retention_bytes);
+  if (opt_.retention == policy::Retention::kStreaming) {
+    streaming_ = StreamingBuffers(max_new_rows(capacity_, opt_), n_head, geo_.head_dim_k, geo_.head_dim_v,
+                                  policy::streaming_sink_blocks(opt_.knobs.sinks, geo_.block_tokens),
+                                  table_.max_blocks());
+  }
+}
+
+uint32_t ResidentKv::needs() const {
+  return kv_needs(opt_);
+}
+
+bool ResidentKv::streams(uint32_t layer) const {
+  return opt_.retention == policy::Retention::kStreaming && geo_.window_of(layer) == 0;
 }
 
 int64_t ResidentKv::positions(SeqId seq) const {
@@ -55,6 +68,7 @@ PassPositions ResidentKv::begin_pass(const PassInfo& info) {
 
 void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
+  q_pre_ = rows.q_pre;
   const SeqId seq = pass_.seq();
   const int64_t pos0 = pass_.pos0();
   const int64_t n = pass_.n();
@@ -99,12 +113,14 @@ std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32
   KVTIER_ASSERT(static_cast<int64_t>(out.size()) >= nb - b0, "span buffer of {} for {} blocks", out.size(),
                 nb - b0);
   const BlockPool& pool = pool_of(layer);
+  size_t n_spans = 0;
   for (int64_t b = b0; b < nb; ++b) {
     const BlockEntry& e = table_.at(seq, layer, group, b);
+    if (e.slot == BlockTable::kNoSlot && streams(layer)) continue;  // dropped between sinks and window
     KVTIER_ASSERT(e.slot != BlockTable::kNoSlot && e.pos0 == b * bt,
                   "seq {} layer {} group {} block {} is not stored", seq, layer, group, b);
     const uint8_t* base = pool.data(e.slot);
-    cpu::KvSpan& sp = out[static_cast<size_t>(b - b0)];
+    cpu::KvSpan& sp = out[n_spans++];
     sp.pos0 = e.pos0;
     sp.n_tokens = std::min<int64_t>(bt, end - e.pos0);
     sp.k = base;
@@ -112,7 +128,7 @@ std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32
     sp.k_head_stride = bt * geo_.head_dim_k;
     sp.v_head_stride = bt * geo_.head_dim_v;
   }
-  return out.first(static_cast<size_t>(nb - b0));
+  return out.first(n_spans);
 }
 
 void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
@@ -137,11 +153,31 @@ void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const La
   ap.window = la.window;
   ap.kv_dtype = geo_.dtype;
   const int64_t qh = g * ap.q_per_kv;  // query heads per group
+  const bool stream = streams(layer);
+  const int64_t sinks = opt_.knobs.sinks;
+  const int64_t window = policy::streaming_window(opt_.knobs);
+  if (stream) {  // the queries that attend the sinks, rotated to the sink position
+    const int64_t n_plain = policy::streaming_plain_queries(pos0, n, sinks, window);
+    if (n_plain < n) {
+      KVTIER_ASSERT(compute_ != nullptr && q_pre_ != nullptr,
+                    "streaming retention needs the model's compute hook and q before RoPE");
+      const int64_t row = n_head * ap.head_dim_k;
+      compute_->rope_q(layer, q_pre_ + n_plain * row, n - n_plain,
+                       policy::streaming_sink_position(sinks, window),
+                       streaming_.q_sink.data() + n_plain * row);
+    }
+  }
   for (int64_t grp = 0; grp < hk / g; ++grp) {
     const auto sp = spans(seq, layer, static_cast<uint32_t>(grp), end, span_buf_);
     cpu::AttnQueries aq{q + grp * qh * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
     cpu::AttnOutput out{o + grp * qh * ap.head_dim_v, n_head * ap.head_dim_v, nullptr, 0};
-    cpu::attend(threads_, isa_, ap, aq, sp, out, scratch_);
+    if (stream) {
+      attend_streaming(threads_, isa_, ap, sinks, window, aq,
+                       streaming_.q_sink.data() + grp * qh * ap.head_dim_k, grp * qh, sp, out, streaming_,
+                       scratch_);
+    } else {
+      cpu::attend(threads_, isa_, ap, aq, sp, out, scratch_);
+    }
   }
 }
 
@@ -160,9 +196,21 @@ void ResidentKv::end_pass() {
   const SeqId seq = pass_.seq();
   const int64_t end = pass_.pos0() + pass_.n();
   positions_[seq] = end;
-  if (opt_.retention != policy::Retention::kSliding) return;
+  if (opt_.retention == policy::Retention::kStreaming) {
+    // StreamingLLM: a layer without a window of its own frees the blocks between the sinks and the
+    // next query's window (a hole in its table); one with a window keeps it as sliding does.
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      if (!streams(l)) continue;
+      const policy::BlockRange r = policy::streaming_free_blocks(
+          end, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
+      if (r.first < r.last) free_blocks(seq, l, r.first, r.last);
+    }
+  } else if (opt_.retention != policy::Retention::kSliding) {
+    return;
+  }
   // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    if (geo_.window_of(l) == 0) continue;
     const int64_t keep = policy::sliding_first_block(end, geo_.window_of(l), geo_.block_tokens);
     const int64_t first = table_.first_block(seq, l);
     if (keep > first) {
@@ -186,6 +234,21 @@ void ResidentKv::abort_pass() {
 
 void ResidentKv::truncate(SeqId seq, int64_t n) {
   pass_.check_truncate(seq, n, positions_[seq]);
+  if (opt_.retention == policy::Retention::kStreaming && n > 0) {
+    // A query at n attends the sinks and its window, or everything while its window reaches the sinks.
+    const policy::BlockRange r = policy::streaming_free_blocks(
+        n, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
+    const int64_t from = r.first < r.last ? r.last : 0;
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      for (int64_t b = from; streams(l) && b < blocks_for(n); ++b) {
+        if (table_.at(seq, l, 0, b).slot != BlockTable::kNoSlot) continue;
+        fail(ErrorKind::kInvalidArgument,
+             "cannot truncate sequence {} to {} tokens: streaming retention already dropped positions "
+             "{}..{} of layer {}, which position {} attends; prefill again",
+             seq, n, b * geo_.block_tokens, (b + 1) * geo_.block_tokens - 1, l, n);
+      }
+    }
+  }
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     const int64_t first = table_.first_block(seq, l);
     const int64_t need = n == 0 ? 0 : policy::sliding_first_visible(n, geo_.window_of(l));

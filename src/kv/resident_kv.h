@@ -17,7 +17,9 @@
 #include "kv/block_table.h"
 #include "kv/footprint.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_compute.h"
 #include "kv/pass_state.h"
+#include "kv/streaming_attend.h"
 
 namespace kvtier::kv {
 
@@ -31,6 +33,8 @@ class ResidentKv final : public KvCache {
   int64_t capacity() const override { return capacity_; }
   uint32_t max_sequences() const override { return table_.n_seqs(); }
   int64_t positions(SeqId seq) const override;
+  uint32_t needs() const override;
+  void set_compute(KvCompute* compute) override { compute_ = compute; }
   PassPositions begin_pass(const PassInfo& info) override;
   void write(uint32_t layer, const LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
@@ -53,6 +57,9 @@ class ResidentKv final : public KvCache {
   BlockPool& pool_of(uint32_t layer) { return *pools_[pool_index_[layer]]; }
   const BlockPool& pool_of(uint32_t layer) const { return *pools_[pool_index_[layer]]; }
   void free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to);
+  // Does streaming retention (sinks + recent window) apply to the layer? (not to a layer with a
+  // window of its own, which keeps it)
+  bool streams(uint32_t layer) const;
 
   KvGeometry geo_;
   int64_t capacity_;
@@ -67,8 +74,11 @@ class ResidentKv final : public KvCache {
   std::vector<int64_t> written_;       // [n_layer] rows of the open pass written (pos0 + n once written)
   std::vector<cpu::KvSpan> span_buf_;  // [max_blocks] spans of one attend call
   PassState pass_;
-  Reservation scratch_reservation_;
-  std::vector<uint8_t> scratch_;  // attention scratch, sized for the widest layer
+  Reservation scratch_reservation_;  // scratch_ and streaming_
+  std::vector<uint8_t> scratch_;     // attention scratch, sized for the widest layer
+  StreamingBuffers streaming_;       // retention streaming: the sink attention's buffers
+  KvCompute* compute_ = nullptr;     // the model's hook (streaming re-rotates queries)
+  const float* q_pre_ = nullptr;     // kNeedPreRope: the open layer's queries before RoPE
 };
 
 }  // namespace kvtier::kv

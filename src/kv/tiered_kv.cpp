@@ -57,7 +57,12 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   new_k_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max * geo_.head_dim_k * esz_);
   new_v_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max * geo_.head_dim_v * esz_);
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay_.scratch_bytes);
-  scratch_.resize(lay_.scratch_bytes);
+  scratch_.resize(lay_.scratch_bytes - lay_.retention_bytes);
+  if (opt_.retention == policy::Retention::kStreaming) {
+    streaming_ = StreamingBuffers(opt_.max_new_rows, n_head, geo_.head_dim_k, geo_.head_dim_v,
+                                  policy::streaming_sink_blocks(opt_.knobs.sinks, geo_.block_tokens),
+                                  pages_.max_blocks());
+  }
   staging_ =
       std::make_unique<BlockPool>(ledger, Tier::kDevice, lay_.buffer_bytes, lay_.n_buffers, kPageAlign);
   for (uint32_t i = 0; i < lay_.n_buffers; ++i) buffer_slots_.push_back(staging_->acquire());
@@ -94,8 +99,50 @@ int64_t TieredKv::positions(SeqId seq) const {
   return length_[seq];
 }
 
+uint32_t TieredKv::needs() const {
+  return kv_needs(opt_);
+}
+
+bool TieredKv::streams(uint32_t layer) const {
+  return opt_.retention == policy::Retention::kStreaming && geo_.window_of(layer) == 0;
+}
+
+std::span<const cpu::KvSpan> TieredKv::stored_spans(uint32_t layer, const uint8_t* base, int64_t head_stride,
+                                                    int64_t first, int64_t end) {
+  const int64_t bt = geo_.block_tokens;
+  size_t n = 0;
+  // Blocks no query of the pass sees were not loaded (submit_load); those freed earlier have no page.
+  const policy::BlockRange drop =
+      policy::streaming_free_blocks(pass_pos0_, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), bt);
+  for (int64_t r = first; r < end;) {
+    const int64_t b = r / bt;
+    if (pages_.at(pass_seq_, layer, 0, b).slot == BlockTable::kNoSlot || (b >= drop.first && b < drop.last)) {
+      r = (b + 1) * bt;
+      continue;
+    }
+    const int64_t r1 = std::min(end, (b + 1) * bt);
+    if (n > 0 && streaming_.spans[n - 1].pos0 + streaming_.spans[n - 1].n_tokens == r) {
+      streaming_.spans[n - 1].n_tokens += r1 - r;  // continues the previous run
+    } else {
+      KVTIER_ASSERT(n < streaming_.spans.size(), "more than {} stored runs", streaming_.spans.size());
+      cpu::KvSpan& sp = streaming_.spans[n++];
+      sp.pos0 = r;
+      sp.n_tokens = r1 - r;
+      sp.k = base + static_cast<uint64_t>(r) * geo_.head_dim_k * esz_;
+      sp.v = base + static_cast<uint64_t>(head_stride) * esz_ / 2 +
+             static_cast<uint64_t>(r) * geo_.head_dim_v * esz_;
+      sp.k_head_stride = head_stride;
+      sp.v_head_stride = head_stride;
+    }
+    r = r1;
+  }
+  return std::span<const cpu::KvSpan>(streaming_.spans.data(), n);
+}
+
 int64_t TieredKv::first_row(uint32_t layer, int64_t pos0) const {
-  if (opt_.retention != policy::Retention::kSliding) return 0;
+  const bool sliding = opt_.retention == policy::Retention::kSliding ||
+                       (opt_.retention == policy::Retention::kStreaming && geo_.window_of(layer) > 0);
+  if (!sliding) return 0;
   const int64_t bt = geo_.block_tokens;
   return policy::sliding_first_block(pos0, geo_.window_of(layer), bt) * bt;
 }
@@ -144,6 +191,7 @@ void TieredKv::add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_
   const uint64_t a = home_->alignment();
   for (int64_t b = r0 / bt; r1 > r0 && b <= (r1 - 1) / bt; ++b) {
     const BlockEntry& e = pages_.at(seq, layer, 0, b);
+    if (e.slot == BlockTable::kNoSlot && streams(layer)) continue;  // dropped by streaming retention
     KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
     // The rows of the block, page-rounded for direct I/O inside the page (a page is a whole number of
     // I/O pages): the bytes around the rows are loaded rows or never read as valid.
@@ -208,6 +256,7 @@ void TieredKv::plan(int64_t s_kv) {
 
 void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
+  q_pre_ = rows.q_pre;
   const int64_t n = pass_n_;
   ensure_pages(pass_seq_, layer, pass_pos0_, pass_pos0_ + n);
   const float* k = rows.k;
@@ -229,10 +278,22 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
   size_t n_blocks = 0;
+  // Streaming: the blocks between the sinks and the window of the pass's first query are not needed
+  // (they are freed when the pass ends).
+  policy::BlockRange drop;
+  if (streams(u.layer)) {
+    drop = policy::streaming_free_blocks(rows, opt_.knobs.sinks, policy::streaming_window(opt_.knobs),
+                                         geo_.block_tokens);
+  }
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
-      add_rows(pass_seq_, u.layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, first, rows,
-               n_blocks);
+      uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
+      if (drop.first < drop.last) {
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, first, drop.first * geo_.block_tokens, n_blocks);
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
+      } else {
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, first, rows, n_blocks);
+      }
     }
   }
   Visit vis;
@@ -299,6 +360,13 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   const int64_t first_q = u.head0 * ap.q_per_kv;
   cpu::AttnQueries aq{q + first_q * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
   cpu::AttnOutput out{o + first_q * ap.head_dim_v, n_head * ap.head_dim_v, nullptr, 0};
+  if (streams(u.layer)) {
+    const auto spans = stored_spans(u.layer, base, span.k_head_stride, first, pos0 + n);
+    attend_streaming(threads_, isa_, ap, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), aq,
+                     streaming_.q_sink.data() + first_q * ap.head_dim_k, first_q, spans, out, streaming_,
+                     scratch_);
+    return;
+  }
   cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
 }
 
@@ -309,6 +377,19 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
                 geo_.window_of(layer));
   const int64_t pos0 = pass_pos0_;
   const int64_t n = pass_n_;
+  if (streams(layer)) {  // the queries that attend the sinks, rotated to the sink position
+    const int64_t sinks = opt_.knobs.sinks;
+    const int64_t window = policy::streaming_window(opt_.knobs);
+    const int64_t n_plain = policy::streaming_plain_queries(pos0, n, sinks, window);
+    if (n_plain < n) {
+      KVTIER_ASSERT(compute_ != nullptr && q_pre_ != nullptr,
+                    "streaming retention needs the model's compute hook and q before RoPE");
+      const int64_t row = n_head * geo_.head_dim_k;
+      compute_->rope_q(layer, q_pre_ + n_plain * row, n - n_plain,
+                       policy::streaming_sink_position(sinks, window),
+                       streaming_.q_sink.data() + n_plain * row);
+    }
+  }
   for (size_t i = first_unit_[layer]; i < plan_.units.size() && plan_.units[i].layer == layer; ++i) {
     const policy::Unit& u = plan_.units[i];
     if (u.is_static) {
@@ -361,7 +442,18 @@ void TieredKv::end_pass() {
   pass_.end();
   const int64_t end = pass_pos0_ + pass_n_;
   length_[pass_seq_] = end;
-  if (opt_.retention != policy::Retention::kSliding) return;
+  if (opt_.retention == policy::Retention::kStreaming) {
+    // StreamingLLM: pages between the sinks and the next query's window go back to the free list
+    // (the next pass's loads skip them); layers with a window of their own keep it as sliding does.
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      if (!streams(l)) continue;
+      const policy::BlockRange r = policy::streaming_free_blocks(
+          end, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
+      if (r.first < r.last) release_pages(pass_seq_, l, r.first, r.last);
+    }
+  } else if (opt_.retention != policy::Retention::kSliding) {
+    return;
+  }
   // Retention: a sliding-window layer's pages wholly below what the next query can see go back to
   // the free list. No transfer uses them: this pass's loads completed, its stores hold new rows, and
   // the next pass's prefetches start at the same first row.
@@ -393,6 +485,20 @@ void TieredKv::abort_pass() {
 void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
   pass_.check_truncate(seq, n_tokens, length_[seq]);
   const int64_t bt = geo_.block_tokens;
+  if (opt_.retention == policy::Retention::kStreaming && n_tokens > 0) {
+    // A query at n attends the sinks and its window, or everything while its window reaches the sinks.
+    const policy::BlockRange r =
+        policy::streaming_free_blocks(n_tokens, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), bt);
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      for (int64_t b = r.first < r.last ? r.last : 0; streams(l) && b < (n_tokens + bt - 1) / bt; ++b) {
+        if (pages_.at(seq, l, 0, b).slot != BlockTable::kNoSlot) continue;
+        fail(ErrorKind::kInvalidArgument,
+             "cannot truncate sequence {} to {} tokens: streaming retention already dropped positions "
+             "{}..{} of layer {}, which position {} attends; prefill again",
+             seq, n_tokens, b * bt, (b + 1) * bt - 1, l, n_tokens);
+      }
+    }
+  }
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     const int64_t freed = pages_.first_block(seq, l) * bt;
     if (n_tokens > 0 && first_row(l, n_tokens) < freed) {

@@ -29,8 +29,10 @@
 #include "kv/footprint.h"
 #include "kv/home_store.h"
 #include "kv/kv_cache.h"
+#include "kv/kv_compute.h"
 #include "kv/ledger.h"
 #include "kv/pass_state.h"
+#include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
 #include "policy/placement.h"
 
@@ -58,6 +60,8 @@ class TieredKv final : public KvCache {
   PassPositions begin_pass(const PassInfo& info) override;
   void write(uint32_t layer, const LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
+  uint32_t needs() const override;
+  void set_compute(KvCompute* compute) override { compute_ = compute; }
   void end_pass() override;
   void abort_pass() override;
   void truncate(SeqId seq, int64_t n) override;
@@ -83,6 +87,12 @@ class TieredKv final : public KvCache {
   };
 
   void plan(int64_t s_kv);
+  // Does streaming retention (sinks + recent window) apply to the layer (not to one with its own window)?
+  bool streams(uint32_t layer) const;
+  // The stored runs of rows [first, end) of the pass's sequence in `layer` in a plane whose row r is at
+  // r * row bytes (blocks dropped by streaming retention left out).
+  std::span<const cpu::KvSpan> stored_spans(uint32_t layer, const uint8_t* base, int64_t head_stride,
+                                            int64_t first, int64_t end);
   Layout layout_for(uint32_t group) const;
   // First row a pass whose first new token is at `pos0` attends in `layer` (block-aligned; 0 unless
   // sliding retention applies to the layer).
@@ -143,6 +153,9 @@ class TieredKv final : public KvCache {
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;
   std::vector<BlockCopy> copies_;  // [max_copies] extents of one job
+  StreamingBuffers streaming_;     // retention streaming: the sink attention's buffers
+  KvCompute* compute_ = nullptr;   // the model's hook (streaming re-rotates queries)
+  const float* q_pre_ = nullptr;   // kNeedPreRope: the open layer's queries before RoPE
 
   // The current pass.
   policy::PassPlan plan_;

@@ -153,6 +153,22 @@ void Forward::project_kv(uint32_t l, const float* x, std::span<const int64_t> po
   });
 }
 
+void Forward::rope_q(uint32_t l, const float* q_pre, int64_t n, int64_t position, float* out) {
+  KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "rope_q on a Forward built without KV needs");
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "rope_q of layer {} for {} rows", l, n);
+  const LayerConfig& lc = cfg_.layers[l];
+  const int64_t H = cfg_.n_head;
+  const int64_t dk = cfg_.head_dim_k;
+  float* c = hook_cos_.data();
+  float* sn = hook_sin_.data();
+  rope_angles_ext(position, cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
+  for_tokens(n, [&](int64_t t) {
+    float* q = out + t * H * dk;
+    std::copy(q_pre + t * H * dk, q_pre + (t + 1) * H * dk, q);
+    cpu::rope(isa_, q, H, dk, cfg_.n_rot, c, sn, cfg_.rope_mode);
+  });
+}
+
 void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
   const LayerWeights& L = w_.layers[l];
   const LayerConfig& lc = cfg_.layers[l];

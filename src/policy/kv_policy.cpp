@@ -23,6 +23,16 @@ constexpr AxisValue kValues[] = {
      "sliding-window layers free the blocks no later query can see (Gemma-3's local layers); "
      "the memory is sized for window + chunk, not the context",
      ""},
+    {Axis::kRetention, "streaming", false,
+     "StreamingLLM: the first --sinks tokens and a recent --window are kept, the blocks between them freed "
+     "on every tier; the sinks are attended at positions within the cache. Layers with a window of their "
+     "own keep it (as sliding)",
+     "--sinks --window --kv-budget"},
+    {Axis::kRetention, "h2o", false,
+     "H2O: each layer keeps --kv-budget rows per KV head, the recent ones (--h2o-recent of the budget) and "
+     "the heavy hitters (most attention received so far), evicting after each pass; resident placement. "
+     "Layers with a window of their own keep it",
+     "--kv-budget --h2o-recent"},
 };
 
 constexpr Preset kPresets[] = {

@@ -78,6 +78,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
   forward_ =
       std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv_->needs());
+  kv_->set_compute(forward_.get());
   // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
   logit_rows_ = logit_rows(cfg, opt_.chunk);
   const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;

@@ -57,6 +57,32 @@ def exact_values(axis):
     return vals
 
 
+# Approximate axis values with knobs under which they drop nothing, so that they must be bit-identical
+# to the same placement without them (the degenerate cases). Every approximate value the engine lists
+# needs an entry (test_every_approximate_value_has_a_degenerate_row).
+DEGENERATE = {
+    "streaming": ["--sinks", "4", "--window", "1024"],  # the window covers --ctx
+}
+
+
+@functools.lru_cache(maxsize=None)
+def approximate_values():
+    j = json.loads(run("policies", "--json").stdout)
+    return tuple(v["value"] for v in j["axes"] if not v["exact"])
+
+
+def degenerate_configs(n_kv_heads):
+    """Each approximate value in its degenerate setting on every exact placement."""
+    out = []
+    for value in approximate_values():
+        for placement in exact_values("placement"):
+            flags = ["--kv-policy", f"{placement}+{value}", *DEGENERATE[value]]
+            if placement == "headinfer":
+                flags += ["--group", "1"]
+            out.append((flags, placement != "resident"))
+    return out
+
+
 def configs(n_kv_heads):
     """(flags, offloaded) of every exact combination of placement and retention (the representation is
     the reference's own: f16), with headinfer's group sizes, static heads and prefetch depth."""
@@ -79,7 +105,7 @@ def configs(n_kv_heads):
                             True))
             else:
                 out.append((["--kv-policy", spec], True))
-    return out
+    return out + degenerate_configs(n_kv_heads)
 
 
 @pytest.fixture(scope="module")
@@ -129,6 +155,11 @@ def test_matrix_covers_every_exact_axis_value():
         for r in exact_values("retention"):
             spec = p if r == "none" else f"{p}+{r}"
             assert spec in specs or spec == "resident", spec
+
+
+def test_every_approximate_value_has_a_degenerate_row():
+    missing = [v for v in approximate_values() if v not in DEGENERATE]
+    assert not missing, f"approximate values without a degenerate (bit-identical) setting: {missing}"
 
 
 def test_sliding_retention_holds_less_kv_on_gemma3(tmp_path):

@@ -15,8 +15,16 @@ def test_lists_every_axis_value_and_preset():
     for v in j["axes"]:
         axes.setdefault(v["axis"], []).append(v["value"])
         assert v["help"], v
-    assert axes == {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32"],
-                    "selection": ["all"], "retention": ["none", "sliding"]}
+    exact = {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32"],
+             "selection": ["all"], "retention": ["none", "sliding"]}
+    assert set(axes) == set(exact)
+    for axis, vals in exact.items():
+        assert axes[axis][:len(vals)] == vals, axes
+    # The approximate baselines come after the exact values, each with the flags that tune it.
+    for v in j["axes"]:
+        if v["value"] not in exact[v["axis"]]:
+            assert not v["exact"] and v["flags"].startswith("--"), v
+    assert "streaming" in axes["retention"]
     assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer"]
     text = run("policies").stdout
     for v in j["axes"]:
