@@ -20,6 +20,11 @@ struct Config {
   std::optional<Budget> budget;
 };
 
+// Configurations are named by their config string.
+bool operator==(const Config& a, const Config& b) {
+  return a.name == b.name;
+}
+
 // The merged cells of one model, indexed.
 struct Sweep {
   SweepHeader header;
@@ -73,10 +78,6 @@ Sweep merge(const std::vector<SweepRecord>& records) {
   }
   std::sort(s.lengths.begin(), s.lengths.end());
   return s;
-}
-
-bool operator==(const Config& a, const Config& b) {
-  return a.name == b.name;
 }
 
 double score_sum(const CellResult& c) {
