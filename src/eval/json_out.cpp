@@ -32,6 +32,27 @@ nlohmann::json cells_json(const std::vector<Cell>& cells) {
 
 }  // namespace
 
+nlohmann::json sample_json(const SampleResult& s) {
+  nlohmann::json j = {{"policy", s.policy},
+                      {"task", std::string(task_name(s.task))},
+                      {"length", s.length},
+                      {"depth", depth_json(s.depth)},
+                      {"index", s.index},
+                      {"seed", s.seed},
+                      {"prompt_tokens", s.prompt_tokens},
+                      {"seconds", s.seconds}};
+  if (s.task == TaskKind::kPpl) {
+    j["nll_sum"] = s.nll_sum;
+    j["n_scored"] = s.n_scored;
+    j["perplexity"] = number_json(s.score);
+  } else {
+    j["expected"] = s.expected;
+    j["answer"] = s.answer;
+    j["score"] = s.score;
+  }
+  return j;
+}
+
 nlohmann::json results_json(const RunInfo& info, const Results& r) {
   nlohmann::json meta = {
       {"model", info.model},       {"model_name", info.model_name}, {"commit", info.commit},
@@ -48,26 +69,7 @@ nlohmann::json results_json(const RunInfo& info, const Results& r) {
   }
   meta["tasks"] = tasks;
   nlohmann::json samples = nlohmann::json::array();
-  for (const SampleResult& s : r.samples()) {
-    nlohmann::json j = {{"policy", s.policy},
-                        {"task", std::string(task_name(s.task))},
-                        {"length", s.length},
-                        {"depth", depth_json(s.depth)},
-                        {"index", s.index},
-                        {"seed", s.seed},
-                        {"prompt_tokens", s.prompt_tokens},
-                        {"seconds", s.seconds}};
-    if (s.task == TaskKind::kPpl) {
-      j["nll_sum"] = s.nll_sum;
-      j["n_scored"] = s.n_scored;
-      j["perplexity"] = number_json(s.score);
-    } else {
-      j["expected"] = s.expected;
-      j["answer"] = s.answer;
-      j["score"] = s.score;
-    }
-    samples.push_back(std::move(j));
-  }
+  for (const SampleResult& s : r.samples()) samples.push_back(sample_json(s));
   return {{"meta", meta},
           {"samples", samples},
           {"cells", cells_json(r.depth_cells())},
@@ -81,6 +83,35 @@ void write_json_file(const std::string& path, const nlohmann::json& j) {
   // Answers are model text: invalid UTF-8 is replaced rather than throwing.
   out << j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   if (!out) fail(ErrorKind::kIo, "write to '{}' failed", path);
+}
+
+SampleResult sample_from_json(const nlohmann::json& js, const std::vector<double>& depths) {
+  SampleResult s;
+  s.policy = js.at("policy").get<std::string>();
+  s.task = parse_task(js.at("task").get<std::string>());
+  s.length = js.at("length").get<int64_t>();
+  if (!js.at("depth").is_null()) {
+    s.depth = js.at("depth").get<double>();
+    for (size_t d = 0; d < depths.size(); ++d) {
+      if (std::abs(depths[d] - s.depth) < 1e-9) s.depth_index = static_cast<int>(d);
+    }
+    if (s.depth_index < 0)
+      fail(ErrorKind::kInvalidFile, "sample at depth {} is not in the run's depths", s.depth);
+  }
+  s.index = js.at("index").get<int>();
+  s.seed = js.at("seed").get<uint64_t>();
+  s.prompt_tokens = js.at("prompt_tokens").get<int64_t>();
+  s.seconds = js.value("seconds", 0.0);
+  if (s.task == TaskKind::kPpl) {
+    s.nll_sum = js.at("nll_sum").get<double>();
+    s.n_scored = js.at("n_scored").get<int64_t>();
+    s.score = s.n_scored > 0 ? std::exp(s.nll_sum / static_cast<double>(s.n_scored)) : 0.0;
+  } else {
+    s.expected = js.at("expected").get<std::vector<std::string>>();
+    s.answer = js.at("answer").get<std::string>();
+    s.score = js.at("score").get<double>();
+  }
+  return s;
 }
 
 RunRecord run_from_json(const nlohmann::json& j) {
@@ -103,34 +134,7 @@ RunRecord run_from_json(const nlohmann::json& j) {
     i.depths = m.at("depths").get<std::vector<double>>();
     i.samples = m.at("samples").get<int>();
     i.haystack = m.value("haystack", "");
-    for (const auto& js : j.at("samples")) {
-      SampleResult s;
-      s.policy = js.at("policy").get<std::string>();
-      s.task = parse_task(js.at("task").get<std::string>());
-      s.length = js.at("length").get<int64_t>();
-      if (!js.at("depth").is_null()) {
-        s.depth = js.at("depth").get<double>();
-        for (size_t d = 0; d < i.depths.size(); ++d) {
-          if (std::abs(i.depths[d] - s.depth) < 1e-9) s.depth_index = static_cast<int>(d);
-        }
-        if (s.depth_index < 0)
-          fail(ErrorKind::kInvalidFile, "sample at depth {} is not in the run's depths", s.depth);
-      }
-      s.index = js.at("index").get<int>();
-      s.seed = js.at("seed").get<uint64_t>();
-      s.prompt_tokens = js.at("prompt_tokens").get<int64_t>();
-      s.seconds = js.value("seconds", 0.0);
-      if (s.task == TaskKind::kPpl) {
-        s.nll_sum = js.at("nll_sum").get<double>();
-        s.n_scored = js.at("n_scored").get<int64_t>();
-        s.score = s.n_scored > 0 ? std::exp(s.nll_sum / static_cast<double>(s.n_scored)) : 0.0;
-      } else {
-        s.expected = js.at("expected").get<std::vector<std::string>>();
-        s.answer = js.at("answer").get<std::string>();
-        s.score = js.at("score").get<double>();
-      }
-      run.results.add(std::move(s));
-    }
+    for (const auto& js : j.at("samples")) run.results.add(sample_from_json(js, i.depths));
     return run;
   } catch (const nlohmann::json::exception& e) {
     fail(ErrorKind::kInvalidFile, "not an eval results file: {}", e.what());

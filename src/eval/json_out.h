@@ -9,6 +9,11 @@
 
 namespace kvtier::eval {
 
+// One sample as results_json writes it, and back (`depths`: the run's depth grid, which gives the
+// sample's depth index; a depth not in it is an error). Throws nlohmann::json errors on a bad shape.
+nlohmann::json sample_json(const SampleResult& s);
+SampleResult sample_from_json(const nlohmann::json& j, const std::vector<double>& depths);
+
 nlohmann::json results_json(const RunInfo& info, const Results& r);
 void write_json_file(const std::string& path, const nlohmann::json& j);
 

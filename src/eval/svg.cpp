@@ -10,8 +10,8 @@ namespace {
 
 constexpr const char* kFont = "font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\"";
 // Distinct colours and dash patterns, so that identical series (exact policies) stay visible.
-constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
-                                   "#9467bd", "#8c564b", "#e377c2"};
+constexpr const char* kColors[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd",
+                                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 constexpr const char* kDashes[] = {"", "6,4", "2,3", "8,3,2,3", "1,2", "10,4", "4,4"};
 
 // Red (0) -> yellow (0.5) -> green (1), as in the NIAH heatmaps.
@@ -106,22 +106,41 @@ std::string heatmap_svg(const Heatmap& h) {
   return s;
 }
 
+namespace {
+// Room right of the plot for the legend: its line and the longest name (12 px text, about 7.2 px a
+// character).
+double legend_width(const LinePlot& p) {
+  size_t longest = 0;
+  for (const Series& se : p.series) longest = std::max(longest, se.name.size());
+  return std::max(150.0, 7.2 * static_cast<double>(longest) + 60);
+}
+}  // namespace
+
+double line_plot_width(const LinePlot& p) {
+  return 70 + std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())) + legend_width(p);
+}
+double line_plot_height(const LinePlot& p) {
+  // The legend (20 px a series) fits beside the 260 px plot up to 12 series.
+  return 44 + std::max(260.0, 20.0 * static_cast<double>(p.series.size()) + 20) + 56;
+}
+
 std::string line_plot_svg(const LinePlot& p) {
-  const double left = 70, right = 150, top = 44,
-               pw = std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())), ph = 260, bottom = 56;
+  const double left = 70, right = legend_width(p), top = 44,
+               pw = std::max(300.0, 90.0 * static_cast<double>(p.x_labels.size())),
+               ph = line_plot_height(p) - 44 - 56, bottom = 56;
   const double w = left + pw + right, ht = top + ph + bottom;
   double lo = 0, hi = 1;
   if (!p.unit_range) {
-    lo = INFINITY;
+    lo = p.y_from_zero ? 0.0 : INFINITY;
     hi = -INFINITY;
     for (const Series& se : p.series) {
       for (double v : se.y) {
         if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
       }
     }
-    if (!std::isfinite(lo)) lo = 0, hi = 1;
+    if (!std::isfinite(lo) || !std::isfinite(hi)) lo = 0, hi = 1;
     const double pad = std::max((hi - lo) * 0.1, std::abs(hi) * 0.01 + 1e-9);
-    lo -= pad;
+    if (!p.y_from_zero) lo -= pad;
     hi += pad;
   }
   const size_t n = p.x_labels.size();
@@ -167,6 +186,133 @@ std::string line_plot_svg(const LinePlot& p) {
         left + pw + 14, ly, left + pw + 40, ly, color,
         *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
     s += text(left + pw + 46, ly + 4, se.name, "start", 12);
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+std::string xy_plot_svg(const XyPlot& p) {
+  size_t longest = 0;
+  for (const XySeries& se : p.series) longest = std::max(longest, se.name.size());
+  const double left = 70, right = std::max(150.0, 7.2 * static_cast<double>(longest) + 60), top = 44,
+               pw = 420, ph = std::max(300.0, 20.0 * static_cast<double>(p.series.size()) + 20), bottom = 56;
+  // Wide enough for the title (DejaVu Sans Bold at 15 px: about 10.5 px per character).
+  const double w = std::max(left + pw + right, 10.5 * static_cast<double>(p.title.size()) + 20),
+               ht = top + ph + bottom;
+  // x: powers of two around the data (always including 1 = the reference).
+  double lx_lo = 0, lx_hi = 0, y_hi = p.y_max, y_lo = p.y_min;
+  for (const XySeries& se : p.series) {
+    for (const XyPoint& q : se.points) {
+      if (!(q.x > 0) || !std::isfinite(q.y)) continue;
+      lx_lo = std::min(lx_lo, std::floor(std::log2(q.x)));
+      lx_hi = std::max(lx_hi, std::ceil(std::log2(q.x)));
+      y_hi = std::max(y_hi, q.y);
+      y_lo = std::min(y_lo, q.y);
+    }
+  }
+  if (lx_hi - lx_lo < 1) lx_lo -= 1;
+  // y ticks at a round step (a quarter of a unit for percentages), room above the top one for markers.
+  const double raw_step = (y_hi - y_lo) / 4;
+  const double mag = std::pow(10.0, std::floor(std::log10(raw_step > 0 ? raw_step : 1.0)));
+  double step = mag;
+  for (double m : {1.0, 2.0, 2.5, 5.0, 10.0}) {
+    if (m * mag >= raw_step) {
+      step = m * mag;
+      break;
+    }
+  }
+  if (p.y_percent && step < 0.25 && y_hi - y_lo >= 0.5) step = 0.25;
+  y_lo = std::floor(y_lo / step + 1e-9) * step;
+  const double y_top_tick = std::ceil(y_hi / step - 1e-9) * step;
+  y_hi = y_top_tick + step * 0.15;
+  // A margin of 0.2 octave on each side, so that markers on the first and last tick are whole.
+  const auto px = [&](double x) { return left + pw * (std::log2(x) - lx_lo + 0.2) / (lx_hi - lx_lo + 0.4); };
+  const auto py = [&](double v) { return top + ph - (v - y_lo) / (y_hi - y_lo) * ph; };
+  std::string s = header(w, ht);
+  s += text(w / 2, 24, p.title, "middle", 15, "font-weight=\"bold\"");
+  for (double v = y_lo; v <= y_top_tick + step * 1e-6; v += step) {
+    s += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"#e0e0e0\"/>\n",
+                     left, py(v), left + pw, py(v));
+    s += text(left - 6, py(v) + 4, p.y_percent ? fmt::format("{:.0f}%", v * 100) : fmt::format("{:.3g}", v),
+              "end", 11);
+  }
+  for (double e = lx_lo; e <= lx_hi + 1e-9; e += 1) {
+    const double x = std::exp2(e);
+    s += fmt::format("<line x1=\"{0:.1f}\" y1=\"{1:.1f}\" x2=\"{0:.1f}\" y2=\"{2:.1f}\" stroke=\"{3}\"/>\n",
+                     px(x), top, top + ph, e == 0 ? "#999999" : "#e0e0e0");
+    s += text(px(x), top + ph + 16, e >= 0 ? fmt::format("{:g}", x) : fmt::format("1/{:g}", 1 / x), "middle",
+              11);
+  }
+  s += fmt::format(
+      "<rect x=\"{:.1f}\" y=\"{:.1f}\" width=\"{:.1f}\" height=\"{:.1f}\" fill=\"none\" stroke=\"#888\"/>\n",
+      left, top, pw, ph);
+  s += text(left + pw / 2, top + ph + 40, p.x_label, "middle", 12);
+  s += text(16, top + ph / 2, p.y_label, "middle", 12,
+            fmt::format("transform=\"rotate(-90 16 {:.1f})\"", top + ph / 2).c_str());
+  for (size_t k = 0; k < p.series.size(); ++k) {
+    const XySeries& se = p.series[k];
+    const char* color = kColors[k % std::size(kColors)];
+    const char* dash = kDashes[k % std::size(kDashes)];
+    std::vector<XyPoint> pts;
+    for (const XyPoint& q : se.points) {
+      if (q.x > 0 && std::isfinite(q.y)) pts.push_back(q);
+    }
+    std::sort(pts.begin(), pts.end(), [](const XyPoint& a, const XyPoint& b) { return a.x < b.x; });
+    std::string line;
+    const double r = 6.0 - 1.5 * static_cast<double>(k % 3);  // shrinking markers: overlaps stay visible
+    for (const XyPoint& q : pts) {
+      line += fmt::format("{:.1f},{:.1f} ", px(q.x), py(q.y));
+      s +=
+          fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{:.1f}\" fill=\"{}\" fill-opacity=\"0.8\"/>\n",
+                      px(q.x), py(q.y), r, color);
+      if (!q.label.empty())
+        s += text(px(q.x) + 6, py(q.y) - 7, q.label, "start", 10, fmt::format("fill=\"{}\"", color).c_str());
+    }
+    if (pts.size() > 1) {
+      s += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{}/>\n", line,
+                       color, *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
+    }
+    const double ly = top + 10 + 20 * static_cast<double>(k);
+    s += fmt::format(
+        "<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" "
+        "stroke-width=\"2\"{}/>\n",
+        left + pw + 14, ly, left + pw + 40, ly, color,
+        *dash ? fmt::format(" stroke-dasharray=\"{}\"", dash) : "");
+    s += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"{:.1f}\" fill=\"{}\"/>\n", left + pw + 27, ly,
+                     r, color);
+    s += text(left + pw + 46, ly + 4, se.name, "start", 12);
+  }
+  s += "</svg>\n";
+  return s;
+}
+
+std::string panels_svg(const std::string& title, const std::vector<Panel>& panels, int columns) {
+  columns = std::max(1, columns);
+  std::vector<double> col_w(static_cast<size_t>(columns), 0.0);
+  std::vector<double> row_h((panels.size() + static_cast<size_t>(columns) - 1) / static_cast<size_t>(columns),
+                            0.0);
+  for (size_t i = 0; i < panels.size(); ++i) {
+    col_w[i % static_cast<size_t>(columns)] =
+        std::max(col_w[i % static_cast<size_t>(columns)], panels[i].width);
+    row_h[i / static_cast<size_t>(columns)] =
+        std::max(row_h[i / static_cast<size_t>(columns)], panels[i].height);
+  }
+  const double top = 40;
+  double w = 0, h = top;
+  for (double c : col_w) w += c;
+  for (double r : row_h) h += r;
+  std::string s = header(w, h);
+  s += text(w / 2, 26, title, "middle", 17, "font-weight=\"bold\"");
+  double y = top;
+  for (size_t row = 0; row < row_h.size(); ++row) {
+    double x = 0;
+    for (size_t c = 0; c < col_w.size(); ++c) {
+      const size_t i = row * static_cast<size_t>(columns) + c;
+      if (i < panels.size())
+        s += fmt::format("<g transform=\"translate({:.1f} {:.1f})\">\n{}</g>\n", x, y, panels[i].svg);
+      x += col_w[c];
+    }
+    y += row_h[row];
   }
   s += "</svg>\n";
   return s;

@@ -29,7 +29,7 @@ def model(name: str) -> pathlib.Path:
     return p
 
 
-COMPUTING_COMMANDS = {"run", "chat", "perplexity", "bench", "eval"}
+COMPUTING_COMMANDS = {"run", "chat", "perplexity", "bench", "eval", "compare"}
 
 
 def test_isa():

@@ -20,6 +20,7 @@
 #include "eval/report.h"
 #include "eval/runner.h"
 #include "eval/text.h"
+#include "eval_common.h"
 #include "policy/placement.h"
 #include "run_common.h"
 #include "runtime/generate.h"
@@ -45,59 +46,6 @@ struct EvalArgs {
   std::string command;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    const size_t comma = s.find(',', start);
-    out.push_back(s.substr(start, comma - start));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
-  }
-  return out;
-}
-
-// "512,1k,32k" -> tokens (k = 1024).
-std::vector<int64_t> parse_lengths(const std::string& s) {
-  std::vector<int64_t> out;
-  for (const std::string& item : split(s)) {
-    std::string digits = item;
-    int64_t mult = 1;
-    if (!digits.empty() && (digits.back() == 'k' || digits.back() == 'K')) {
-      mult = 1024;
-      digits.pop_back();
-    }
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(digits, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != digits.size() || v <= 0)
-      fail(ErrorKind::kInvalidArgument, "--lengths: '{}' is not a length (e.g. 512, 4k)", item);
-    out.push_back(v * mult);
-  }
-  return out;
-}
-
-std::vector<double> parse_depths(const std::string& s) {
-  std::vector<double> out;
-  for (const std::string& item : split(s)) {
-    size_t used = 0;
-    double v = -1;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || !(v >= 0.0 && v <= 1.0))
-      fail(ErrorKind::kInvalidArgument, "--depths: '{}' is not a depth in [0, 1]", item);
-    out.push_back(v);
-  }
-  return out;
-}
-
 // The engine behind the harness: one model, one session per policy, greedy decoding.
 class ModelEngine final : public eval::Engine {
  public:
@@ -106,14 +54,7 @@ class ModelEngine final : public eval::Engine {
       : model_(m), opts_(opts), engine_(std::move(engine)), tmpl_(t) {}
 
   std::vector<int32_t> prompt_tokens(const eval::Prompt& p) const {
-    const auto& tok = *model_.tokenizer;
-    if (!tmpl_) return tok.encode(p.user + "\n\n" + p.answer_prefix);
-    const auto& v = tok.vocab();
-    const std::string bos = v.special.bos != tokenizer::kNoToken ? v.text[v.special.bos] : "";
-    const std::string eos = v.special.eos != tokenizer::kNoToken ? v.text[v.special.eos] : "";
-    const std::vector<tokenizer::ChatMessage> msgs = {{"user", p.user}};
-    const std::string text = tokenizer::format_chat(*tmpl_, msgs, true, bos, eos) + p.answer_prefix;
-    return tok.encode(text, {.add_special = !tokenizer::template_writes_bos(*tmpl_), .parse_special = true});
+    return eval_prompt_tokens(model_, tmpl_, p);
   }
   int64_t count_tokens(const eval::Prompt& p) override {
     return static_cast<int64_t>(prompt_tokens(p).size());
@@ -162,42 +103,6 @@ class ModelEngine final : public eval::Engine {
   std::unique_ptr<runtime::Session> session_;
 };
 
-std::string run_capture(const std::string& cmd) {
-  std::string out;
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) return out;
-  char buf[256];
-  while (fgets(buf, sizeof buf, f)) out += buf;
-  pclose(f);
-  while (!out.empty() && (out.back() == '\n' || out.back() == ' ')) out.pop_back();
-  return out;
-}
-
-std::string machine_description() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, cpu = "unknown CPU";
-  while (std::getline(in, line)) {
-    if (line.starts_with("model name")) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  }
-  return fmt::format("{}, {} hardware threads", cpu, std::thread::hardware_concurrency());
-}
-
-std::string now_iso() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
-std::string duration(double s) {
-  if (s < 0) return "?";
-  const auto total = static_cast<int64_t>(s + 0.5);
-  return total >= 60 ? fmt::format("{}m{:02d}s", total / 60, total % 60) : fmt::format("{}s", total);
-}
-
 // The command that reproduces the run (every option that changes results, spelled out).
 std::string command_line(const EvalArgs& a) {
   std::string c = fmt::format("kvtier eval {} -m {} --kv-policy {} --lengths {}", a.tasks, a.engine.model,
@@ -217,7 +122,7 @@ std::string command_line(const EvalArgs& a) {
 int run_eval_cmd(const EvalArgs& a) {
   eval::EvalPlan plan;
   plan.tasks = eval::parse_task_list(a.tasks);
-  for (const std::string& p : split(a.policies)) plan.policies.push_back(p);
+  for (const std::string& p : split_commas(a.policies)) plan.policies.push_back(p);
   (void)kv_policy_list(a.engine, a.policies);  // unknown or repeated policies are errors before loading
   plan.grid.lengths = parse_lengths(a.lengths);
   plan.grid.depths = parse_depths(a.depths);
@@ -246,9 +151,7 @@ int run_eval_cmd(const EvalArgs& a) {
   eval::RunInfo info;
   info.model = a.engine.model;
   info.model_name = std::filesystem::path(a.engine.model).stem().string();
-  info.commit =
-      run_capture(fmt::format("git -C '{}' describe --always --dirty 2>/dev/null", KVTIER_SOURCE_DIR));
-  if (info.commit.empty()) info.commit = "unknown";
+  info.commit = source_commit();
   info.machine = machine_description();
   info.command = a.command;
   info.options = fmt::format("ctx={} chunk={} threads={} kv_type={} chat_template={}", opts.n_ctx, opts.chunk,
@@ -267,8 +170,8 @@ int run_eval_cmd(const EvalArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   const eval::Results results = eval::run_eval(engine, plan, [](const eval::Progress& p) {
     std::fprintf(stderr, "[eval %lld/%lld] %s | %s elapsed, ETA %s\n", static_cast<long long>(p.done),
-                 static_cast<long long>(p.total), p.current.c_str(), duration(p.elapsed_s).c_str(),
-                 duration(p.eta_s).c_str());
+                 static_cast<long long>(p.total), p.current.c_str(), duration_text(p.elapsed_s).c_str(),
+                 duration_text(p.eta_s).c_str());
   });
   info.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 

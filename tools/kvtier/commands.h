@@ -21,6 +21,8 @@ void add_perplexity(CLI::App& app, Runner& run);
 void add_bench(CLI::App& app, Runner& run);
 // Registers `kvtier eval` (long-context accuracy of KV policies).
 void add_eval(CLI::App& app, Runner& run);
+// Registers `kvtier compare` (the policy sweep) and `compare-report`.
+void add_compare(CLI::App& app, Runner& run);
 void add_plan(CLI::App& app, Runner& run);
 // Registers `kvtier policies` (KV policy presets, axes and values).
 void add_policies(CLI::App& app, Runner& run);

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   cli::add_perplexity(app, run);
   cli::add_bench(app, run);
   cli::add_eval(app, run);
+  cli::add_compare(app, run);
   cli::add_plan(app, run);
   cli::add_policies(app, run);
   try {
