@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kv/kv_row.h"
+#include "policy/kivi.h"
 #include "policy/retention.h"
 
 namespace kvtier::kv {
@@ -26,10 +27,15 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
       isa_(isa),
       table_(std::max<uint32_t>(options.max_seqs, 1), groups_of(geometry),
              std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
+      kivi_(kivi_format_of(geometry, options)),
+      qtable_(std::max<uint32_t>(options.max_seqs, 1),
+              kivi_.bits == 0 ? std::vector<uint32_t>{} : groups_of(geometry),
+              std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
       pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity) {
   const ResidentLayout r = resident_layout(geo_, capacity_, n_head, pool.size(), opt_);
   KVTIER_ASSERT(r.max_blocks == table_.max_blocks());
   pool_index_ = r.pool_index;
+  quant_pool_index_ = r.quant_pool_index;
   for (size_t i = 0; i < r.pool_blocks.size(); ++i) {
     pools_.push_back(
         std::make_unique<BlockPool>(ledger, Tier::kDevice, r.pool_block_bytes[i], r.pool_blocks[i]));
@@ -37,6 +43,7 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
   meta_reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv,
                                   r.table_bytes + static_cast<size_t>(r.max_blocks) * sizeof(cpu::KvSpan));
   positions_.assign(table_.n_seqs(), 0);
+  qend_.assign(table_.n_seqs(), 0);
   written_.assign(geo_.n_layer(), 0);
   span_buf_.resize(static_cast<size_t>(r.max_blocks));
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);
@@ -99,18 +106,34 @@ std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32
   KVTIER_ASSERT(static_cast<int64_t>(out.size()) >= nb - b0, "span buffer of {} for {} blocks", out.size(),
                 nb - b0);
   const BlockPool& pool = pool_of(layer);
+  const int64_t qend = kivi_.bits == 0 ? 0 : qend_[seq];
   for (int64_t b = b0; b < nb; ++b) {
+    cpu::KvSpan& sp = out[static_cast<size_t>(b - b0)];
+    sp = cpu::KvSpan{};
+    sp.pos0 = b * bt;
+    sp.n_tokens = std::min<int64_t>(bt, end - sp.pos0);
+    sp.k_head_stride = bt * geo_.head_dim_k;
+    sp.v_head_stride = bt * geo_.head_dim_v;
+    sp.n_quant = std::clamp<int64_t>(qend - sp.pos0, 0, sp.n_tokens);
+    if (sp.n_quant > 0) {  // KIVI: the block's quantised part
+      const BlockEntry& qe = qtable_.at(seq, layer, group, b);
+      KVTIER_ASSERT(qe.slot != BlockTable::kNoSlot, "seq {} layer {} group {} block {} is not quantised", seq,
+                    layer, group, b);
+      const uint64_t kb = cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kKey, geo_.head_dim_k);
+      sp.q_base = sp.pos0;
+      sp.kq = quant_pool_of(layer).data(qe.slot);
+      sp.vq = sp.kq + g * kb;
+      sp.kq_head_stride = static_cast<int64_t>(kb);
+      sp.vq_head_stride =
+          static_cast<int64_t>(cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kValue, geo_.head_dim_v));
+    }
+    if (sp.n_quant == sp.n_tokens) continue;  // no f16 rows left
     const BlockEntry& e = table_.at(seq, layer, group, b);
     KVTIER_ASSERT(e.slot != BlockTable::kNoSlot && e.pos0 == b * bt,
                   "seq {} layer {} group {} block {} is not stored", seq, layer, group, b);
     const uint8_t* base = pool.data(e.slot);
-    cpu::KvSpan& sp = out[static_cast<size_t>(b - b0)];
-    sp.pos0 = e.pos0;
-    sp.n_tokens = std::min<int64_t>(bt, end - e.pos0);
     sp.k = base;
     sp.v = base + static_cast<size_t>(g * bt * geo_.head_dim_k) * esz;
-    sp.k_head_stride = bt * geo_.head_dim_k;
-    sp.v_head_stride = bt * geo_.head_dim_v;
   }
   return out.first(static_cast<size_t>(nb - b0));
 }
@@ -136,6 +159,7 @@ void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const La
   ap.softcap = la.softcap;
   ap.window = la.window;
   ap.kv_dtype = geo_.dtype;
+  ap.kivi = kivi_;
   const int64_t qh = g * ap.q_per_kv;  // query heads per group
   for (int64_t grp = 0; grp < hk / g; ++grp) {
     const auto sp = spans(seq, layer, static_cast<uint32_t>(grp), end, span_buf_);
@@ -151,8 +175,51 @@ void ResidentKv::free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to
       BlockEntry& e = table_.at(seq, layer, grp, b);
       if (e.slot != BlockTable::kNoSlot) pool_of(layer).release(e.slot);
       e = BlockEntry{};
+      if (kivi_.bits == 0) continue;
+      BlockEntry& qe = qtable_.at(seq, layer, grp, b);
+      if (qe.slot != BlockTable::kNoSlot) quant_pool_of(layer).release(qe.slot);
+      qe = BlockEntry{};
     }
   }
+}
+
+void ResidentKv::flush_kivi(SeqId seq, int64_t end) {
+  const int64_t G = kivi_.key_group;
+  const int64_t q_new = policy::kivi_quantised_end(end, opt_.knobs.kivi_residual, G);
+  const int64_t bt = geo_.block_tokens;
+  const int64_t dk = geo_.head_dim_k;
+  const int64_t dv = geo_.head_dim_v;
+  const uint64_t kb = cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kKey, dk);
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    const int64_t g = geo_.heads_per_group(l);
+    for (uint32_t grp = 0; grp < geo_.n_groups(l); ++grp) {
+      for (int64_t p = qend_[seq]; p < q_new; p += G) {  // key group [p, p + G)
+        const int64_t b = p / bt;
+        BlockEntry& e = table_.at(seq, l, grp, b);
+        if (e.slot == BlockTable::kNoSlot) continue;  // freed by sliding retention
+        BlockEntry& qe = qtable_.at(seq, l, grp, b);
+        if (qe.slot == BlockTable::kNoSlot) {
+          qe.slot = quant_pool_of(l).acquire();
+          qe.pos0 = b * bt;
+        }
+        qe.n = static_cast<uint32_t>(p + G - b * bt);
+        const auto* rows = reinterpret_cast<const uint16_t*>(pool_of(l).data(e.slot));  // f16
+        uint8_t* q = quant_pool_of(l).data(qe.slot);
+        const int64_t t0 = p - b * bt;
+        for (int64_t i = 0; i < g; ++i) {
+          cpu::kivi_quantize_keys(kivi_, dk, rows + (i * bt + t0) * dk, dk, t0 / G, q + i * kb);
+          cpu::kivi_quantize_values(
+              kivi_, dv, rows + g * bt * dk + (i * bt + t0) * dv, dv, t0, G,
+              q + g * kb + i * cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kValue, dv));
+        }
+        if (p + G == (b + 1) * bt) {  // the block's last group: its f16 rows are no longer read
+          pool_of(l).release(e.slot);
+          e = BlockEntry{};
+        }
+      }
+    }
+  }
+  qend_[seq] = std::max(qend_[seq], q_new);
 }
 
 void ResidentKv::end_pass() {
@@ -160,6 +227,7 @@ void ResidentKv::end_pass() {
   const SeqId seq = pass_.seq();
   const int64_t end = pass_.pos0() + pass_.n();
   positions_[seq] = end;
+  if (kivi_.bits != 0) flush_kivi(seq, end);
   if (opt_.retention != policy::Retention::kSliding) return;
   // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
@@ -196,6 +264,14 @@ void ResidentKv::truncate(SeqId seq, int64_t n) {
            seq, n, first * geo_.block_tokens, l, n);
     }
   }
+  if (kivi_.bits != 0 && n > 0 && n < qend_[seq]) {
+    fail(
+        ErrorKind::kInvalidArgument,
+        "cannot truncate sequence {} to {} tokens: KIVI already quantised positions below {} (their f16 rows "
+        "are gone); truncate to at least {}, prefill again, or raise --kivi-residual",
+        seq, n, qend_[seq], qend_[seq]);
+  }
+  if (n == 0 && !qend_.empty()) qend_[seq] = 0;
   const int64_t keep = blocks_for(n);
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());

@@ -124,6 +124,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   auto& p = o.kv_placement;
   p.placement.placement = kp.placement;
   p.retention = kp.retention;
+  p.representation = kp.representation;
   p.knobs = kp.knobs;
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;
