@@ -6,7 +6,8 @@ produces bit-identical logits at every position and identical tokens to `residen
 chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than its 512-token sliding
 window, so `+sliding` really frees blocks (and the test checks that it holds less KV).
 Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off) and a
-synthetic MHA model (4/4 heads)."""
+synthetic MHA model (4/4 heads). Approximate values join the matrix in their degenerate settings
+(degenerate_configs), where they must be exact too."""
 import functools
 import json
 import re
@@ -82,6 +83,17 @@ def configs(n_kv_heads):
     return out
 
 
+def degenerate_configs():
+    """Approximate values in settings that must be exact: KIVI (kivi4, kivi2) with a residual window as
+    long as the context (--ctx 1024) quantises nothing, so it is the same placement with f16."""
+    knobs = ["--kivi-residual", "1024"]
+    return [(["--kv-policy", "resident+kivi4", *knobs], False),
+            (["--kv-policy", "layer+kivi4", *knobs], True),
+            (["--kv-policy", "headinfer+kivi4", "--group", "1", *knobs], True),
+            (["--kv-policy", "resident+kivi2", *knobs], False),
+            (["--kv-policy", "headinfer+kivi2", "--group", "1", "--prefetch-depth", "2", *knobs], True)]
+
+
 @pytest.fixture(scope="module")
 def synthetic_mha(tmp_path_factory):
     path = tmp_path_factory.mktemp("syn") / "mha.gguf"
@@ -96,7 +108,7 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
     for chunk in CHUNKS:
         ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
         assert ref_logits.shape[0] > 2 * chunk  # logits at every position of a prompt of several chunks
-        for cfg, offloaded in configs(n_kv_heads):
+        for cfg, offloaded in configs(n_kv_heads) + degenerate_configs():
             budgets = [("unlimited", [])]
             if offloaded:
                 small = smallest_kv_mem(mdl, chunk, cfg)
@@ -148,6 +160,19 @@ def test_sliding_retention_holds_less_kv_on_gemma3(tmp_path):
     assert slid["tokens"] == full["tokens"]
     assert slid["peak_memory_bytes"]["disk"]["kv"] < 0.3 * full["peak_memory_bytes"]["disk"]["kv"]
     assert slid["kv"]["bytes_loaded"] < full["kv"]["bytes_loaded"]
+
+
+def test_kivi_with_a_short_residual_window_is_approximate(tmp_path):
+    """The degenerate KIVI rows above can fail: a residual window shorter than the prompt changes the
+    logits (and the offloaded placement still gives the resident placement's bits)."""
+    mdl = model("smollm2")
+    _, ref = generate(tmp_path, mdl, 37, ["--kv-policy", "resident"], "ref", PROMPT)
+    knobs = ["--kivi-residual", "32"]
+    _, res = generate(tmp_path, mdl, 37, ["--kv-policy", "resident+kivi4", *knobs], "k4", PROMPT)
+    _, lay = generate(tmp_path, mdl, 37, ["--kv-policy", "layer+kivi4", "--kv-disk", str(tmp_path), *knobs],
+                      "k4l", PROMPT)
+    assert res.tobytes() != ref.tobytes()
+    assert lay.tobytes() == res.tobytes()
 
 
 def test_synthetic_mha(tmp_path, synthetic_mha):

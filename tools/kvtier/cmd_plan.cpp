@@ -45,6 +45,7 @@ struct PlanArgs {
   std::string kv_disk;
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
+  policy::PolicyKnobs knobs;  // the approximate values' tuning, as for run
 };
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
@@ -177,6 +178,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.group = a.group;
     e.engine.prefetch_depth = a.prefetch_depth;
     e.engine.static_heads = a.static_heads;
+    e.engine.knobs = a.knobs;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     engine = plan_engine(e, a.json);
   } else if (!a.json) {
@@ -235,6 +237,12 @@ void add_plan(CLI::App& app, Runner& run) {
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
   cmd->add_option("--static-heads", a->static_heads, "With -m: headinfer: KV heads kept resident")
+      ->capture_default_str();
+  cmd->add_option("--kivi-group", a->knobs.kivi_group,
+                  "With -m: kivi4, kivi2: tokens per key group, as for run")
+      ->capture_default_str();
+  cmd->add_option("--kivi-residual", a->knobs.kivi_residual,
+                  "With -m: kivi4, kivi2: recent tokens kept in full precision, as for run")
       ->capture_default_str();
   cmd->callback([a, &run] { run = [a] { return run_plan(*a); }; });
 }
