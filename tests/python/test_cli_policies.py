@@ -15,7 +15,7 @@ def test_lists_every_axis_value_and_preset():
     for v in j["axes"]:
         axes.setdefault(v["axis"], []).append(v["value"])
         assert v["help"], v
-    assert axes == {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32"],
+    assert axes == {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32", "kivi4", "kivi2"],
                     "selection": ["all"], "retention": ["none", "sliding"]}
     assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer"]
     text = run("policies").stdout
