@@ -10,6 +10,7 @@
 #include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
+#include "policy/kivi.h"
 #include "policy/retention.h"
 
 namespace kvtier::kv {
@@ -77,17 +78,34 @@ uint64_t retention_scratch(const KvGeometry& geo, int64_t capacity, uint32_t n_h
                                  (capacity + geo.block_tokens - 1) / geo.block_tokens);
 }
 
+cpu::KiviFormat kivi_format_of(const KvGeometry& geo, const KvOptions& o) {
+  const bool k4 = o.representation == policy::Representation::kKivi4;
+  if (!k4 && o.representation != policy::Representation::kKivi2) return {};
+  if (geo.dtype != cpu::KvDtype::kF16)
+    fail(ErrorKind::kInvalidArgument, "KIVI keeps its residual rows in f16");
+  if (o.knobs.kivi_residual < 0)
+    fail(ErrorKind::kInvalidArgument, "--kivi-residual {}: must be >= 0", o.knobs.kivi_residual);
+  return cpu::kivi_format(k4 ? 4 : 2, geo.block_tokens, o.knobs.kivi_group, geo.head_dim_k, geo.head_dim_v);
+}
+
+int64_t kivi_layer_f16_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
+  const int64_t max_new = o.max_new_rows > 0 ? o.max_new_rows : capacity;
+  return policy::kivi_f16_blocks(o.knobs.kivi_residual, o.knobs.kivi_group, max_new, geo.block_tokens,
+                                 layer_blocks(geo, layer, capacity, o));
+}
+
 ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                                const KvOptions& o) {
   geo.validate();
   if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
   if (o.max_seqs == 0) fail(ErrorKind::kInvalidArgument, "a KV cache for 0 sequences");
+  const cpu::KiviFormat kivi = kivi_format_of(geo, o);
   ResidentLayout r;
   r.max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
   std::vector<uint64_t> counts;
   std::vector<uint32_t> groups;
-  for (uint32_t l = 0; l < geo.n_layer(); ++l) {
-    const uint64_t bytes = geo.block_bytes(l);
+  // Blocks of `bytes` each, `blocks` per (sequence, group) of layer l: into the pool of that size.
+  auto add = [&](uint32_t l, uint64_t bytes, int64_t blocks) {
     auto it = std::find(r.pool_block_bytes.begin(), r.pool_block_bytes.end(), bytes);
     if (it == r.pool_block_bytes.end()) {
       r.pool_block_bytes.push_back(bytes);
@@ -95,12 +113,22 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
       it = r.pool_block_bytes.end() - 1;
     }
     const auto pi = static_cast<uint32_t>(it - r.pool_block_bytes.begin());
-    r.pool_index.push_back(pi);
-    counts[pi] +=
-        uint64_t{o.max_seqs} * geo.n_groups(l) * static_cast<uint64_t>(layer_blocks(geo, l, capacity, o));
+    counts[pi] += uint64_t{o.max_seqs} * geo.n_groups(l) * static_cast<uint64_t>(blocks);
+    return pi;
+  };
+  for (uint32_t l = 0; l < geo.n_layer(); ++l) {
+    if (kivi.bits == 0) {
+      r.pool_index.push_back(add(l, geo.block_bytes(l), layer_blocks(geo, l, capacity, o)));
+    } else {  // f16 blocks for the residual window, quantised blocks for the rest
+      r.pool_index.push_back(add(l, geo.block_bytes(l), kivi_layer_f16_blocks(geo, l, capacity, o)));
+      const uint64_t qbytes = uint64_t{geo.heads_per_group(l)} *
+                              (cpu::kivi_block_bytes(kivi, cpu::KiviPlane::kKey, geo.head_dim_k) +
+                               cpu::kivi_block_bytes(kivi, cpu::KiviPlane::kValue, geo.head_dim_v));
+      r.quant_pool_index.push_back(add(l, qbytes, layer_blocks(geo, l, capacity, o)));
+    }
     groups.push_back(geo.n_groups(l));
   }
-  r.table_bytes = BlockTable::bytes(o.max_seqs, groups, r.max_blocks);
+  r.table_bytes = BlockTable::bytes(o.max_seqs, groups, r.max_blocks) * (kivi.bits == 0 ? 1 : 2);
   if (o.selection == policy::Selection::kQuest) {
     if (o.knobs.quest_page < 1 || geo.block_tokens % o.knobs.quest_page != 0) {
       fail(ErrorKind::kInvalidArgument, "--quest-page {} must divide the KV block of {} tokens",
@@ -123,6 +151,24 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
   return r;
 }
 
+StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint64_t buffer_bytes,
+                             uint32_t group) {
+  const uint64_t row_max = std::max(geo.head_dim_k, geo.head_dim_v) * cpu::kv_dtype_bytes(geo.dtype);
+  StagingPlanes s;
+  if (t.kivi.bits == 0) {
+    s.pitch = round_down(buffer_bytes / (2ull * group), kPageAlign);
+    s.rows = static_cast<int64_t>(s.pitch / row_max);
+    return s;
+  }
+  // Whole blocks: per block_tokens rows, two f16 planes' rows and two quantised pages.
+  const uint64_t per_block = 2 * geo.block_tokens * row_max + t.qpage_bytes;
+  const uint64_t blocks = buffer_bytes / group / per_block;
+  s.rows = static_cast<int64_t>(blocks * geo.block_tokens);
+  s.pitch = blocks * geo.block_tokens * row_max;
+  s.qpitch = blocks * t.qpage_bytes;
+  return s;
+}
+
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                            const TieredOptions& o) {
   geo.validate();
@@ -137,6 +183,7 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   const uint64_t esz = cpu::kv_dtype_bytes(geo.dtype);
   const uint64_t row_max = std::max(geo.head_dim_k, geo.head_dim_v) * esz;
   TieredLayout t;
+  t.kivi = kivi_format_of(geo, o);
   t.h_max = *std::max_element(geo.n_head_kv.begin(), geo.n_head_kv.end());
   for (uint32_t l = 0; l < L; ++l) {
     t.head_offset.push_back(t.n_heads_total);
@@ -155,6 +202,15 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.static_seq_bytes += uint64_t{t.static_heads[l]} * 2 * t.static_pitch;
   }
   t.static_bytes = t.static_seq_bytes * o.max_seqs;
+  if (t.kivi.bits != 0 && t.static_seq_bytes != 0) {
+    fail(ErrorKind::kUnsupported,
+         "--static-heads with a KIVI representation: static heads keep f16 rows; use --static-heads 0");
+  }
+  if (t.kivi.bits != 0) {
+    t.qpage_v_offset = cpu::kivi_block_bytes(t.kivi, cpu::KiviPlane::kKey, geo.head_dim_k);
+    t.qpage_bytes = round_up(
+        t.qpage_v_offset + cpu::kivi_block_bytes(t.kivi, cpu::KiviPlane::kValue, geo.head_dim_v), kPageAlign);
+  }
   t.staging_bytes = static_cast<uint64_t>(max_new_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * esz;
 
   t.n_buffers = o.placement.prefetch_depth + 1;
@@ -162,10 +218,15 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   const uint32_t g_min = layer_mode ? t.h_max : (o.placement.group ? o.placement.group : 1);
   const uint32_t g_pref = layer_mode ? t.h_max : (o.placement.group ? o.placement.group : t.h_max);
   const uint64_t plane_for_ctx = round_up(static_cast<uint64_t>(capacity) * row_max, kPageAlign);
-  const uint64_t need_buffer = 2ull * g_min * plane_for_ctx;
+  // One head's staging for the whole context (staging_planes): two f16 planes, and with KIVI two
+  // quantised pages, in whole blocks.
+  const uint64_t ctx_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  const uint64_t head_for_ctx =
+      t.kivi.bits == 0 ? 2 * plane_for_ctx : ctx_blocks * (2 * geo.block_tokens * row_max + t.qpage_bytes);
+  const uint64_t need_buffer = g_min * head_for_ctx;
   const uint64_t fixed = t.static_bytes + t.staging_bytes + t.scratch_bytes;
   if (o.kv_mem == 0) {
-    t.buffer_bytes = 2ull * g_pref * plane_for_ctx;
+    t.buffer_bytes = g_pref * head_for_ctx;
   } else {
     const uint64_t need = fixed + t.n_buffers * need_buffer;
     if (o.kv_mem < need) {
@@ -178,7 +239,7 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     }
     t.buffer_bytes = round_down((o.kv_mem - fixed) / t.n_buffers, kPageAlign);
     // No use holding more than the largest unit needs.
-    t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, 2ull * t.h_max * plane_for_ctx);
+    t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, t.h_max * head_for_ctx);
   }
   // Home tier: per (layer, head, K|V) a region of pages of block_tokens rows; sliding retention needs
   // fewer pages on sliding-window layers (freed pages are reused), the sequences share the regions.
@@ -198,19 +259,27 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t l = 0; l < L; ++l) {
     const int64_t blocks = layer_blocks(geo, l, capacity, o);
     most_blocks = std::max(most_blocks, blocks);
-    t.home_pages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * blocks));
+    // KIVI: f16 pages for the residual window only, quantised pages for every block.
+    const int64_t f16_blocks = t.kivi.bits == 0 ? blocks : kivi_layer_f16_blocks(geo, l, capacity, o);
+    t.home_pages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * f16_blocks));
+    if (t.kivi.bits != 0) t.home_qpages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * blocks));
     t.home_offset.push_back(t.home_bytes);
-    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.home_pages[l] * (t.page_bytes[0] + t.page_bytes[1]);
+    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.head_region_bytes(l);
   }
-  // A job reads or writes at most the pages of one sequence's layer, one extent per page and plane.
-  t.max_copies = static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(most_blocks));
+  // A job reads or writes at most the pages of one sequence's layer, one extent per page and plane
+  // (KIVI: its f16 and its quantised pages).
+  t.max_copies =
+      static_cast<uint32_t>((t.kivi.bits == 0 ? 2ull : 3ull) * t.h_max * static_cast<uint64_t>(most_blocks));
   uint64_t free_list = 0;
   for (uint32_t p : t.home_pages) free_list += uint64_t{p} * sizeof(uint32_t);
-  t.table_bytes = BlockTable::bytes(o.max_seqs, groups, t.max_blocks) + free_list;
+  for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
+  t.table_bytes =
+      BlockTable::bytes(o.max_seqs, groups, t.max_blocks) * (t.kivi.bits == 0 ? 1 : 2) + free_list;
   t.queue_slots = 4 * t.n_buffers + 4;
   t.copy_list_bytes = uint64_t{t.queue_slots + 1} * t.max_copies * sizeof(BlockCopy);
   // Pin granularity: every page boundary of either plane is a multiple of it.
   t.home_block_bytes = std::gcd(t.page_bytes[0], t.page_bytes[1]);
+  if (t.qpage_bytes != 0) t.home_block_bytes = std::gcd(t.home_block_bytes, t.qpage_bytes);
   t.home_pin_bytes = (t.home_bytes + t.home_block_bytes - 1) / t.home_block_bytes * sizeof(uint32_t);
   return t;
 }
@@ -221,6 +290,16 @@ uint32_t kv_needs(const KvOptions& o) {
 }
 
 void check_placement_options(const TieredOptions& o) {
+  const bool kivi = o.representation == policy::Representation::kKivi4 ||
+                    o.representation == policy::Representation::kKivi2;
+  if (kivi && (o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kH2o ||
+               o.selection == policy::Selection::kQuest)) {
+    fail(ErrorKind::kInvalidArgument,
+         "{} does not combine with {} yet: each is built on f16 rows; use one of them (kivi with none or sliding "
+         "retention and selection all)",
+         policy::representation_name(o.representation),
+         o.selection == policy::Selection::kQuest ? "quest" : policy::retention_name(o.retention));
+  }
   if (o.selection == policy::Selection::kQuest && o.placement.placement != policy::Placement::kResident) {
     fail(ErrorKind::kInvalidArgument,
          "quest runs on the resident placement so far (loading only the selected pages of an offloaded cache "

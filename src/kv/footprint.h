@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu/kv_quant.h"
 #include "kv/geometry.h"
 #include "kv/home_store.h"
 #include "policy/kv_policy.h"
@@ -19,6 +20,8 @@ struct KvOptions {
   policy::PlacementConfig placement;
   policy::Retention retention = policy::Retention::kNone;
   policy::Selection selection = policy::Selection::kAll;
+  policy::Representation representation = policy::Representation::kF16;  // kivi4 / kivi2: quantised
+                                                                         // blocks (f16 rows otherwise)
   policy::PolicyKnobs knobs;   // tuning of the approximate values (budget, sinks, window, ...)
   uint32_t max_seqs = 1;       // sequences sharing the cache's pools
   uint64_t kv_mem = 0;         // compute-local bytes for KV, staging and scratch; 0 = as needed
@@ -33,14 +36,24 @@ using TieredOptions = KvOptions;
 // retention on a sliding-window layer, the window plus the largest pass (policy::sliding_blocks).
 int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o);
 
+// The KIVI format of a cache built with these options (bits 0 unless the representation is kivi4 or
+// kivi2); throws Error(kInvalidArgument) for knobs that cannot work with the geometry (a key group
+// that does not divide the block, ...). Its residual rows are geo.dtype (f16).
+cpu::KiviFormat kivi_format_of(const KvGeometry& geo, const KvOptions& o);
+// KIVI: f16 blocks one (sequence, layer, group) holds at most (the residual window and the largest
+// pass; policy::kivi_f16_blocks), never more than layer_blocks().
+int64_t kivi_layer_f16_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o);
+
 // The resident placement: one block pool per distinct block size, shared by the sequences, with
 // layer_blocks() blocks per (sequence, layer, group).
 struct ResidentLayout {
   std::vector<uint64_t> pool_block_bytes;  // [n_pools] block size of each pool
   std::vector<uint32_t> pool_blocks;       // [n_pools] blocks of each pool
   std::vector<uint32_t> pool_index;        // [n_layer] pool of each layer
+  std::vector<uint32_t> quant_pool_index;  // KIVI: [n_layer] pool of each layer's quantised blocks
   int64_t max_blocks = 0;                  // logical token blocks per (sequence, layer, group)
-  uint64_t table_bytes = 0;                // block table: (seq, layer, group, block) -> slot, positions
+  uint64_t table_bytes = 0;                // block table(s): (seq, layer, group, block) -> slot, positions
+                                           // (KIVI: a second one for the quantised blocks)
   uint64_t kv_bytes = 0;                   // all pools' slabs, the block table and the span list
   uint64_t scratch_bytes = 0;              // attention scratch and retention_bytes
   uint64_t retention_bytes = 0;            // the retention policy's buffers (retention_scratch)
@@ -68,8 +81,16 @@ struct TieredLayout {
   uint32_t n_buffers = 0;               // staging buffers (prefetch depth + 1)
   uint64_t buffer_bytes = 0;            // bytes per staging buffer, page-aligned
   uint64_t page_bytes[2] = {0, 0};      // K, V page: block_tokens rows of one head (page-aligned)
-  std::vector<uint32_t> home_pages;     // [n_layer] pages of each (layer, head, K|V) region
-  std::vector<uint64_t> home_offset;    // [n_layer] byte offset of the layer's regions in the home tier
+  std::vector<uint32_t> home_pages;     // [n_layer] f16 pages of each (layer, head, K|V) region
+  cpu::KiviFormat kivi;                 // bits 0: no quantised pages
+  uint64_t qpage_bytes = 0;             // KIVI: one head's quantised K, then V, of a block (4 KiB-rounded)
+  uint64_t qpage_v_offset = 0;          // KIVI: where V starts in a quantised page
+  std::vector<uint32_t> home_qpages;    // KIVI: [n_layer] quantised pages of each (layer, head)
+  uint64_t head_region_bytes(uint32_t layer) const {  // one head's pages in the layer's home regions
+    return home_pages[layer] * (page_bytes[0] + page_bytes[1]) +
+           (home_qpages.empty() ? 0 : home_qpages[layer] * qpage_bytes);
+  }
+  std::vector<uint64_t> home_offset;  // [n_layer] byte offset of the layer's regions in the home tier
   uint64_t home_bytes = 0;
   int64_t max_blocks = 0;         // logical token blocks per (sequence, layer)
   uint32_t max_copies = 0;        // extents of one transfer job (one per page per plane at most)
@@ -79,6 +100,18 @@ struct TieredLayout {
   uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
   uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
 };
+// The planes of one staging buffer of `buffer_bytes` for units of `group` KV heads: head h's K and V
+// rows (f16 planes of `pitch` bytes, `rows` rows of the larger of a K and a V row) at
+// (2h + K|V) * pitch, then with KIVI head h's quantised plane at 2 * group * pitch + h * qpitch,
+// block b's page at b * qpage_bytes.
+struct StagingPlanes {
+  uint64_t pitch = 0;
+  uint64_t qpitch = 0;
+  int64_t rows = 0;
+};
+StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint64_t buffer_bytes,
+                             uint32_t group);
+
 // Throws Error(kBudget) naming needed and available bytes when options.kv_mem cannot hold it.
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                            const TieredOptions& options);

@@ -26,10 +26,15 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
       isa_(isa),
       table_(std::max<uint32_t>(options.max_seqs, 1), groups_of(geometry),
              std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
+      kivi_(kivi_format_of(geometry, options)),
+      qtable_(std::max<uint32_t>(options.max_seqs, 1),
+              kivi_.bits == 0 ? std::vector<uint32_t>{} : groups_of(geometry),
+              std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
       pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity) {
   const ResidentLayout r = resident_layout(geo_, capacity_, n_head, pool.size(), opt_);
   KVTIER_ASSERT(r.max_blocks == table_.max_blocks());
   pool_index_ = r.pool_index;
+  quant_pool_index_ = r.quant_pool_index;
   for (size_t i = 0; i < r.pool_blocks.size(); ++i) {
     pools_.push_back(
         std::make_unique<BlockPool>(ledger, Tier::kDevice, r.pool_block_bytes[i], r.pool_blocks[i]));
@@ -38,6 +43,7 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
       ledger, Tier::kDevice, Category::kKv,
       r.table_bytes + static_cast<size_t>(r.max_blocks) * sizeof(cpu::KvSpan) + r.selection_bytes);
   positions_.assign(table_.n_seqs(), 0);
+  qend_.assign(table_.n_seqs(), 0);
   written_.assign(geo_.n_layer(), 0);
   span_buf_.resize(static_cast<size_t>(r.max_blocks));
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, r.scratch_bytes);
@@ -169,19 +175,37 @@ std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32
                 nb - b0);
   const BlockPool& pool = pool_of(layer);
   size_t n_spans = 0;
+  const int64_t qend = kivi_.bits == 0 ? 0 : qend_[seq];
   for (int64_t b = b0; b < nb; ++b) {
+    if (streams(layer) && table_.at(seq, layer, group, b).slot == BlockTable::kNoSlot) {
+      continue;  // dropped between sinks and window (streaming does not combine with kivi)
+    }
+    cpu::KvSpan& sp = out[n_spans++];
+    sp = cpu::KvSpan{};
+    sp.pos0 = b * bt;
+    sp.n_tokens = std::min<int64_t>(bt, end - sp.pos0);
+    sp.k_head_stride = bt * geo_.head_dim_k;
+    sp.v_head_stride = bt * geo_.head_dim_v;
+    sp.n_quant = std::clamp<int64_t>(qend - sp.pos0, 0, sp.n_tokens);
+    if (sp.n_quant > 0) {  // KIVI: the block's quantised part
+      const BlockEntry& qe = qtable_.at(seq, layer, group, b);
+      KVTIER_ASSERT(qe.slot != BlockTable::kNoSlot, "seq {} layer {} group {} block {} is not quantised", seq,
+                    layer, group, b);
+      const uint64_t kb = cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kKey, geo_.head_dim_k);
+      sp.q_base = sp.pos0;
+      sp.kq = quant_pool_of(layer).data(qe.slot);
+      sp.vq = sp.kq + g * kb;
+      sp.kq_head_stride = static_cast<int64_t>(kb);
+      sp.vq_head_stride =
+          static_cast<int64_t>(cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kValue, geo_.head_dim_v));
+    }
+    if (sp.n_quant == sp.n_tokens) continue;  // no f16 rows left
     const BlockEntry& e = table_.at(seq, layer, group, b);
-    if (e.slot == BlockTable::kNoSlot && streams(layer)) continue;  // dropped between sinks and window
     KVTIER_ASSERT(e.slot != BlockTable::kNoSlot && e.pos0 == b * bt,
                   "seq {} layer {} group {} block {} is not stored", seq, layer, group, b);
     const uint8_t* base = pool.data(e.slot);
-    cpu::KvSpan& sp = out[n_spans++];
-    sp.pos0 = e.pos0;
-    sp.n_tokens = std::min<int64_t>(bt, end - e.pos0);
     sp.k = base;
     sp.v = base + static_cast<size_t>(g * bt * geo_.head_dim_k) * esz;
-    sp.k_head_stride = bt * geo_.head_dim_k;
-    sp.v_head_stride = bt * geo_.head_dim_v;
   }
   return out.first(n_spans);
 }
@@ -207,6 +231,7 @@ void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const La
   ap.softcap = la.softcap;
   ap.window = la.window;
   ap.kv_dtype = geo_.dtype;
+  ap.kivi = kivi_;
   if (opt_.selection == policy::Selection::kQuest && attend_quest(layer, q, n_head, ap, o)) return;
   const int64_t qh = g * ap.q_per_kv;  // query heads per group
   const bool stream = streams(layer);
@@ -243,6 +268,10 @@ void ResidentKv::free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to
       BlockEntry& e = table_.at(seq, layer, grp, b);
       if (e.slot != BlockTable::kNoSlot) pool_of(layer).release(e.slot);
       e = BlockEntry{};
+      if (kivi_.bits == 0) continue;
+      BlockEntry& qe = qtable_.at(seq, layer, grp, b);
+      if (qe.slot != BlockTable::kNoSlot) quant_pool_of(layer).release(qe.slot);
+      qe = BlockEntry{};
     }
   }
 }
@@ -252,6 +281,7 @@ void ResidentKv::end_pass() {
   const SeqId seq = pass_.seq();
   const int64_t end = pass_.pos0() + pass_.n();
   positions_[seq] = end;
+  if (kivi_.bits != 0) flush_kivi(seq, end);
   if (opt_.retention == policy::Retention::kStreaming) {
     // StreamingLLM: a layer without a window of its own frees the blocks between the sinks and the
     // next query's window (a hole in its table); one with a window keeps it as sliding does.
@@ -316,6 +346,14 @@ void ResidentKv::truncate(SeqId seq, int64_t n) {
            seq, n, first * geo_.block_tokens, l, n);
     }
   }
+  if (kivi_.bits != 0 && n > 0 && n < qend_[seq]) {
+    fail(
+        ErrorKind::kInvalidArgument,
+        "cannot truncate sequence {} to {} tokens: KIVI already quantised positions below {} (their f16 rows "
+        "are gone); truncate to at least {}, prefill again, or raise --kivi-residual",
+        seq, n, qend_[seq], qend_[seq]);
+  }
+  if (n == 0 && !qend_.empty()) qend_[seq] = 0;
   const int64_t keep = blocks_for(n);
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());

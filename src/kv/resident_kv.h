@@ -63,6 +63,11 @@ class ResidentKv final : public KvCache {
   bool streams(uint32_t layer) const;
   // Quest's decode step on a layer without a window of its own: each KV head attends its selected pages.
   bool attend_quest(uint32_t layer, const float* q, int64_t n_head, const cpu::AttnParams& ap, float* o);
+  // KIVI: quantises the key groups of `seq` that left the residual window now that it holds `end`
+  // positions, and frees the f16 blocks that hold no unquantised position any more.
+  void flush_kivi(SeqId seq, int64_t end);
+  BlockPool& quant_pool_of(uint32_t layer) { return *pools_[quant_pool_index_[layer]]; }
+  const BlockPool& quant_pool_of(uint32_t layer) const { return *pools_[quant_pool_index_[layer]]; }
 
   KvGeometry geo_;
   int64_t capacity_;
@@ -73,9 +78,13 @@ class ResidentKv final : public KvCache {
   std::vector<uint32_t> pool_index_;               // [n_layer]
   Reservation meta_reservation_;                   // table_ and span_buf_
   BlockTable table_;
-  std::vector<int64_t> positions_;     // [n_seqs] tokens each sequence holds
-  std::vector<int64_t> written_;       // [n_layer] rows of the open pass written (pos0 + n once written)
-  std::vector<cpu::KvSpan> span_buf_;  // [max_blocks] spans of one attend call
+  cpu::KiviFormat kivi_;                    // bits 0: f16 / f32 rows only
+  std::vector<uint32_t> quant_pool_index_;  // KIVI: [n_layer]
+  BlockTable qtable_;                       // KIVI: the quantised blocks' slots (else empty)
+  std::vector<int64_t> qend_;               // KIVI: [n_seqs] positions below are quantised
+  std::vector<int64_t> positions_;          // [n_seqs] tokens each sequence holds
+  std::vector<int64_t> written_;            // [n_layer] rows of the open pass written (pos0 + n once written)
+  std::vector<cpu::KvSpan> span_buf_;       // [max_blocks] spans of one attend call
   PassState pass_;
   Reservation scratch_reservation_;  // scratch_ and streaming_
   std::vector<uint8_t> scratch_;     // attention scratch, sized for the widest layer

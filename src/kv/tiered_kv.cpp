@@ -42,7 +42,11 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
       opt_(options),
       pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity),
       pages_(std::max<uint32_t>(options.max_seqs, 1), std::vector<uint32_t>(geometry.n_layer(), 1),
-             std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)) {
+             std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
+      kivi_(kivi_format_of(geometry, options)),
+      qpages_(std::max<uint32_t>(options.max_seqs, 1),
+              std::vector<uint32_t>(kivi_.bits == 0 ? 0 : geometry.n_layer(), 1),
+              std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)) {
   lay_ = tiered_layout(geo_, capacity_, n_head, pool.size(), opt_);  // validates, checks the budget
   if (opt_.max_new_rows <= 0) opt_.max_new_rows = capacity_;
   esz_ = cpu::kv_dtype_bytes(geo_.dtype);
@@ -75,8 +79,12 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     std::vector<uint32_t>& f = free_pages_.emplace_back();
     for (uint32_t p = lay_.home_pages[l]; p-- > 0;) f.push_back(p);  // page 0 on top
+    if (kivi_.bits == 0) continue;
+    std::vector<uint32_t>& fq = free_qpages_.emplace_back();
+    for (uint32_t p = lay_.home_qpages[l]; p-- > 0;) fq.push_back(p);
   }
   length_.assign(pages_.n_seqs(), 0);
+  qend_.assign(pages_.n_seqs(), 0);
   // A job moves one extent per page per plane at most (the engine merges adjacent ones into runs).
   copy_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.copy_list_bytes);
   copies_.resize(lay_.max_copies);
@@ -149,7 +157,7 @@ int64_t TieredKv::first_row(uint32_t layer, int64_t pos0) const {
 
 uint64_t TieredKv::page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const {
   const uint64_t pages = lay_.home_pages[layer];
-  const uint64_t region = lay_.home_offset[layer] + head * pages * (lay_.page_bytes[0] + lay_.page_bytes[1]) +
+  const uint64_t region = lay_.home_offset[layer] + head * lay_.head_region_bytes(layer) +
                           (kv == 0 ? 0 : pages * lay_.page_bytes[0]);
   return region + uint64_t{page} * lay_.page_bytes[kv];
 }
@@ -182,6 +190,17 @@ void TieredKv::release_pages(SeqId seq, uint32_t layer, int64_t b0, int64_t b1) 
     free_pages_[layer].push_back(e.slot);
     e = BlockEntry{};
   }
+  if (kivi_.bits == 0) return;
+  for (int64_t b = b1 - 1; b >= b0; --b) {
+    BlockEntry& e = qpages_.at(seq, layer, 0, b);
+    if (e.slot == BlockTable::kNoSlot) continue;
+    for (uint32_t h = 0; h < geo_.n_head_kv[layer]; ++h) {
+      KVTIER_ASSERT(!engine_->home_pinned(qpage_offset(layer, h, e.slot), lay_.qpage_bytes),
+                    "layer {} quantised page {} is released while a transfer uses it", layer, e.slot);
+    }
+    free_qpages_[layer].push_back(e.slot);
+    e = BlockEntry{};
+  }
 }
 
 void TieredKv::add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0,
@@ -203,10 +222,12 @@ void TieredKv::add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_
 }
 
 TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
+  const StagingPlanes sp = staging_planes(lay_, geo_, lay_.buffer_bytes, group);
   Layout lay;
   lay.group = group;
-  lay.pitch = round_down(lay_.buffer_bytes / (2ull * group), kPageAlign);
-  lay.rows = static_cast<int64_t>(lay.pitch / row_max_);
+  lay.pitch = sp.pitch;
+  lay.qpitch = sp.qpitch;
+  lay.rows = sp.rows;
   return lay;
 }
 
@@ -259,6 +280,8 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   q_pre_ = rows.q_pre;
   const int64_t n = pass_n_;
   ensure_pages(pass_seq_, layer, pass_pos0_, pass_pos0_ + n);
+  if (kivi_.bits != 0)
+    ensure_qpages(pass_seq_, layer, quantised_end(pass_pos0_), quantised_end(pass_pos0_ + n));
   const float* k = rows.k;
   const float* v = rows.v;
   const int64_t hk = geo_.n_head_kv[layer];
@@ -277,6 +300,8 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   const policy::Unit& u = plan_.units[unit_index];
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
+  // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
+  const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(rows));
   size_t n_blocks = 0;
   // Streaming: the blocks between the sinks and the window of the pass's first query are not needed
   // (they are freed when the pass ends).
@@ -288,13 +313,15 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
-      if (drop.first < drop.last) {
-        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, first, drop.first * geo_.block_tokens, n_blocks);
+      const int64_t f16_first = std::max(first, qend);  // kivi: f16 rows from qend on
+      if (drop.first < drop.last) {  // (streaming does not combine with kivi)
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens, n_blocks);
         add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
       } else {
-        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, first, rows, n_blocks);
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, rows, n_blocks);
       }
     }
+    if (qend > first) add_qpages(pass_seq_, u.layer, u.head0 + h, qplane(base, h), first, qend, n_blocks);
   }
   Visit vis;
   vis.visit = visit;
@@ -302,6 +329,7 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
   vis.seq = pass_seq_;
   vis.first = first;
   vis.rows = rows;
+  vis.qend = qend;
   vis.epoch = epoch_;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
   // last read the buffer (a zero-byte job is still a FIFO fence).
@@ -356,6 +384,17 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   span.v = base + pitch + static_cast<uint64_t>(first) * geo_.head_dim_v * esz_;
   span.k_head_stride = static_cast<int64_t>(2 * pitch / esz_);
   span.v_head_stride = span.k_head_stride;
+  if (kivi_.bits != 0) {  // quantised below the pass's quantised end (offloaded units only)
+    ap.kivi = kivi_;
+    span.n_quant = std::clamp<int64_t>(quantised_end(pos0) - first, 0, span.n_tokens);
+    auto* b = const_cast<uint8_t*>(base);
+    span.kq = qplane(b, 0);
+    span.vq = span.kq + lay_.qpage_v_offset;
+    span.kq_head_stride = static_cast<int64_t>(layout_.qpitch);
+    span.vq_head_stride = span.kq_head_stride;
+    span.kq_block_stride = static_cast<int64_t>(lay_.qpage_bytes);
+    span.vq_block_stride = span.kq_block_stride;
+  }
   const int64_t qh = u.n_heads * ap.q_per_kv;
   const int64_t first_q = u.head0 * ap.q_per_kv;
   cpu::AttnQueries aq{q + first_q * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
@@ -399,11 +438,13 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
       continue;
     }
     const uint64_t visit = next_visit_++;
-    const bool ready = !inflight_.empty() && inflight_.front().visit == visit &&
-                       inflight_.front().epoch == epoch_ && inflight_.front().seq == pass_seq_ &&
-                       inflight_.front().unit.layer == u.layer && inflight_.front().unit.head0 == u.head0 &&
-                       inflight_.front().unit.n_heads == u.n_heads && inflight_.front().rows == pos0 &&
-                       inflight_.front().first == std::min(first_row(u.layer, pos0), pos0);
+    const bool ready =
+        !inflight_.empty() && inflight_.front().visit == visit && inflight_.front().epoch == epoch_ &&
+        inflight_.front().seq == pass_seq_ && inflight_.front().unit.layer == u.layer &&
+        inflight_.front().unit.head0 == u.head0 && inflight_.front().unit.n_heads == u.n_heads &&
+        inflight_.front().rows == pos0 &&
+        inflight_.front().first == std::min(first_row(u.layer, pos0), pos0) &&
+        (kivi_.bits == 0 || inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pos0)));
     if (ready) {
       engine_->wait(inflight_.front().ticket);
       inflight_.erase(inflight_.begin());
@@ -422,14 +463,21 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
                   buffer_slot(visit));
     uint8_t* base = buffer(visit);
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
+    // KIVI: the key groups that leave the residual window with this pass, quantised now (this pass
+    // still attends their f16 rows; later ones load the quantised pages).
+    const int64_t q0 = kivi_.bits == 0 ? 0 : quantised_end(pos0);
+    const int64_t q1 = kivi_.bits == 0 ? 0 : quantised_end(pos0 + n);
+    if (q1 > q0) quantise_unit(base, u, q0, q1);
     // Write back only the new rows (page-aligned around them for direct I/O; the bytes before the
-    // first new row in its page are the loaded rows, those after the last are never read as valid).
+    // first new row in its page are the loaded rows, those after the last are never read as valid),
+    // and the quantised pages of new groups (whole pages: the rest of a page is loaded or not valid).
     size_t n_blocks = 0;
     for (uint32_t h = 0; h < u.n_heads; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
         add_rows(pass_seq_, layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pos0, pos0 + n,
                  n_blocks);
       }
+      if (q1 > q0) add_qpages(pass_seq_, layer, u.head0 + h, qplane(base, h), q0, q1, n_blocks);
     }
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
                      {staging_.get(), buffer_slot(visit)});
@@ -442,6 +490,10 @@ void TieredKv::end_pass() {
   pass_.end();
   const int64_t end = pass_pos0_ + pass_n_;
   length_[pass_seq_] = end;
+  if (kivi_.bits != 0) {
+    qend_[pass_seq_] = quantised_end(end);
+    release_f16_pages(pass_seq_, qend_[pass_seq_]);
+  }
   if (opt_.retention == policy::Retention::kStreaming) {
     // StreamingLLM: pages between the sinks and the next query's window go back to the free list
     // (the next pass's loads skip them); layers with a window of their own keep it as sliding does.
@@ -508,6 +560,14 @@ void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
            seq, n_tokens, freed, l, n_tokens);
     }
   }
+  if (kivi_.bits != 0 && n_tokens > 0 && n_tokens < qend_[seq]) {
+    fail(
+        ErrorKind::kInvalidArgument,
+        "cannot truncate sequence {} to {} tokens: KIVI already quantised positions below {} (their f16 rows "
+        "are gone); truncate to at least {}, prefill again, or raise --kivi-residual",
+        seq, n_tokens, qend_[seq], qend_[seq]);
+  }
+  if (n_tokens == 0) qend_[seq] = 0;
   // Waits for every transfer in flight: their pins drop before rows are forgotten (a store of rows
   // being truncated lands first; prefetched loads of the old length are void after the epoch bump).
   engine_->drain();

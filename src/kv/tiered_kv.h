@@ -77,13 +77,15 @@ class TieredKv final : public KvCache {
     SeqId seq = 0;
     int64_t first = 0;  // rows [first, rows) loaded
     int64_t rows = 0;
+    int64_t qend = 0;  // KIVI: rows [first, qend) loaded quantised, [qend, rows) f16
     uint64_t epoch = 0;
     TransferEngine::Ticket ticket = 0;
   };
   struct Layout {  // staging layout for one group size
     uint32_t group = 0;
-    uint64_t pitch = 0;  // bytes per plane (one head's K or V)
-    int64_t rows = 0;    // rows a plane holds
+    uint64_t pitch = 0;   // bytes per plane (one head's K or V)
+    uint64_t qpitch = 0;  // KIVI: bytes per quantised plane (after the 2 * group f16 planes)
+    int64_t rows = 0;     // rows a plane holds
   };
 
   void plan(int64_t s_kv);
@@ -102,6 +104,18 @@ class TieredKv final : public KvCache {
   void add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0, int64_t r1,
                 size_t& n);
   uint64_t page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const;
+  // KIVI (tiered_kv_kivi.cpp): the quantised pages, positions quantised when a pass that starts at
+  // `pos0` runs, quantising a unit's new groups in its staging buffer and moving quantised pages.
+  uint64_t qpage_offset(uint32_t layer, uint32_t head, uint32_t page) const;
+  int64_t quantised_end(int64_t pos0) const;
+  void ensure_qpages(SeqId seq, uint32_t layer, int64_t p0, int64_t p1);
+  void add_qpages(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
+                  size_t& n);
+  void quantise_unit(uint8_t* base, const policy::Unit& u, int64_t p0, int64_t p1);
+  uint8_t* qplane(uint8_t* base, uint32_t h) const {  // head h's quantised pages in a staging buffer
+    return base + 2ull * layout_.group * layout_.pitch + h * layout_.qpitch;
+  }
+  void release_f16_pages(SeqId seq, int64_t qend);
   // Pages for the token blocks of rows [r0, r1) of (seq, layer), taken from the layer's free list.
   void ensure_pages(SeqId seq, uint32_t layer, int64_t r0, int64_t r1);
   void release_pages(SeqId seq, uint32_t layer, int64_t b0, int64_t b1);
@@ -137,7 +151,11 @@ class TieredKv final : public KvCache {
   Reservation table_reservation_;      // pages_ and free_pages_
   Reservation copy_reservation_;       // the engine's and copies_' extent lists
   BlockTable pages_;                   // (seq, layer, token block) -> page index in the layer's regions
-  std::vector<std::vector<uint32_t>> free_pages_;  // [n_layer] free page indices (a stack)
+  std::vector<std::vector<uint32_t>> free_pages_;   // [n_layer] free page indices (a stack)
+  cpu::KiviFormat kivi_;                            // bits 0: f16 / f32 rows only
+  BlockTable qpages_;                               // KIVI: (seq, layer, token block) -> quantised page
+  std::vector<std::vector<uint32_t>> free_qpages_;  // KIVI: [n_layer] free quantised pages
+  std::vector<int64_t> qend_;                       // KIVI: [n_seqs] positions below are quantised
   std::unique_ptr<TransferEngine> engine_;
 
   struct FreeDeleter {

@@ -16,6 +16,12 @@ constexpr AxisValue kValues[] = {
      "--group --static-heads --kv-disk --host-mem --prefetch-depth"},
     {Axis::kRepresentation, "f16", true, "rows stored as IEEE half floats (the default)", "--kv-type"},
     {Axis::kRepresentation, "f32", true, "rows stored as 32-bit floats", "--kv-type"},
+    {Axis::kRepresentation, "kivi4", false,
+     "KIVI 4-bit: keys quantised per channel in groups of --kivi-group tokens, values per token; the "
+     "last --kivi-residual tokens stay f16; dequantised tile by tile inside attention",
+     "--kivi-group --kivi-residual"},
+    {Axis::kRepresentation, "kivi2", false, "KIVI 2-bit: as kivi4 at 2 bits per element",
+     "--kivi-group --kivi-residual"},
     {Axis::kSelection, "all", true, "attention sees every stored token (the default)", ""},
     {Axis::kSelection, "quest", false,
      "Quest: per page of --quest-page keys a per-channel min/max bound; each decode step attends, per KV "

@@ -92,6 +92,10 @@ def budgets_for(mdl, ctx, chunk, flags):
     ["--kv-policy", "resident+streaming", "--window", "200"],
     ["--kv-policy", "headinfer+streaming", "--group", "1", "--sinks", "40", "--window", "300"],
     ["--kv-policy", "h2o", "--kv-budget", "200"],
+    # KIVI: quantised blocks beside the f16 blocks of the residual window (the prompt outgrows it)
+    ["--kv-policy", "resident+kivi4", "--kivi-residual", "64"],
+    ["--kv-policy", "layer+kivi2", "--kivi-residual", "32", "--kivi-group", "64"],
+    ["--kv-policy", "headinfer+kivi4", "--group", "1", "--prefetch-depth", "2"],
 ], ids=lambda f: "-".join(f[1:]).replace("--", ""))
 def test_smollm2(flags):
     mdl = model("smollm2")
@@ -131,6 +135,17 @@ def test_smollm2_disk_home_and_f32_kv(tmp_path):
     # The home tier is the disk file; host memory holds only its pin counts (4 B per 256-row block).
     measured = RESULTS[-1][1]
     assert measured["disk"]["kv"] > 0 and 0 < measured["host"]["kv"] < measured["disk"]["kv"] / 1000
+
+
+def test_smollm2_kivi_disk_home(tmp_path):
+    """layer+kivi4 on a disk home: measured = predicted, and fewer disk bytes than f16."""
+    mdl = model("smollm2")
+    flags = ["--kv-policy", "layer+kivi4", "--kv-disk", str(tmp_path), "--kivi-residual", "64"]
+    check_workload("smollm2", mdl, 4096, 64, flags, budgets_for(mdl, 4096, 64, flags))
+    kivi = RESULTS[-3][1]
+    f16 = measure(mdl, 4096, 64, ["--kv-policy", "layer", "--kv-disk", str(tmp_path)], None)
+    # 20 KiB quantised pages for 64 KiB f16 ones, plus the f16 pages of the residual window.
+    assert kivi["disk"]["kv"] < 0.45 * f16["disk"]["kv"], (kivi["disk"]["kv"], f16["disk"]["kv"])
 
 
 @pytest.mark.parametrize("flags", [

@@ -6,7 +6,8 @@ produces bit-identical logits at every position and identical tokens to `residen
 chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than its 512-token sliding
 window, so `+sliding` really frees blocks (and the test checks that it holds less KV).
 Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off) and a
-synthetic MHA model (4/4 heads)."""
+synthetic MHA model (4/4 heads). Approximate values join the matrix in their degenerate settings
+(degenerate_configs), where they must be exact too."""
 import functools
 import json
 import re
@@ -65,6 +66,8 @@ DEGENERATE = {
     "streaming": (["--sinks", "4", "--window", "1024"], None),  # the window covers --ctx
     "h2o": (["--kv-budget", "1024"], ["resident"]),  # the budget covers --ctx
     "quest": (["--kv-budget", "1024"], ["resident"]),  # every page selected
+    "kivi4": (["--kivi-residual", "1024"], None),  # the residual window covers --ctx: nothing quantised
+    "kivi2": (["--kivi-residual", "1024"], None),
 }
 
 
@@ -183,6 +186,19 @@ def test_sliding_retention_holds_less_kv_on_gemma3(tmp_path):
     assert slid["tokens"] == full["tokens"]
     assert slid["peak_memory_bytes"]["disk"]["kv"] < 0.3 * full["peak_memory_bytes"]["disk"]["kv"]
     assert slid["kv"]["bytes_loaded"] < full["kv"]["bytes_loaded"]
+
+
+def test_kivi_with_a_short_residual_window_is_approximate(tmp_path):
+    """The degenerate KIVI rows above can fail: a residual window shorter than the prompt changes the
+    logits (and the offloaded placement still gives the resident placement's bits)."""
+    mdl = model("smollm2")
+    _, ref = generate(tmp_path, mdl, 37, ["--kv-policy", "resident"], "ref", PROMPT)
+    knobs = ["--kivi-residual", "32"]
+    _, res = generate(tmp_path, mdl, 37, ["--kv-policy", "resident+kivi4", *knobs], "k4", PROMPT)
+    _, lay = generate(tmp_path, mdl, 37, ["--kv-policy", "layer+kivi4", "--kv-disk", str(tmp_path), *knobs],
+                      "k4l", PROMPT)
+    assert res.tobytes() != ref.tobytes()
+    assert lay.tobytes() == res.tobytes()
 
 
 def test_synthetic_mha(tmp_path, synthetic_mha):

@@ -24,7 +24,7 @@ def test_lists_every_axis_value_and_preset():
     for v in j["axes"]:
         if v["value"] not in exact[v["axis"]]:
             assert not v["exact"] and v["flags"].startswith("--"), v
-    assert "streaming" in axes["retention"]
+    assert "streaming" in axes["retention"] and "kivi4" in axes["representation"]
     assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer"]
     text = run("policies").stdout
     for v in j["axes"]:

@@ -67,6 +67,7 @@ class ModelEngine final : public eval::Engine {
     const policy::KvPolicy kp = kv_policy_of(engine_, name);
     o.kv_placement.placement.placement = kp.placement;
     o.kv_placement.retention = kp.retention;
+    o.kv_placement.representation = kp.representation;
     o.kv_dtype = kp.representation == policy::Representation::kF32 ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
     if (kp.placement == policy::Placement::kResident) {
       o.kv_placement.disk_dir.clear();  // placement options of the offloaded policies do not apply

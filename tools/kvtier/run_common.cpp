@@ -128,6 +128,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   p.placement.placement = kp.placement;
   p.retention = kp.retention;
   p.selection = kp.selection;
+  p.representation = kp.representation;
   p.knobs = kp.knobs;
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;

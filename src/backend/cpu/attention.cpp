@@ -93,6 +93,33 @@ const float* rows_f32(const AttnTileOps& ops, KvDtype dt, const void* base, int6
   return tmp;
 }
 
+// Rows [first, first + n) of head `h` of a span's K or V plane as f32, where the first span.n_quant
+// tokens are KIVI blocks: those rows are dequantised into `tmp` block by block, the others converted
+// after them. Without quantised rows, rows_f32.
+const float* tile_rows(const AttnTileOps& ops, const AttnParams& p, const KvSpan& span, KiviPlane plane,
+                       int64_t h, int64_t first, int64_t n, float* tmp) {
+  const bool key = plane == KiviPlane::kKey;
+  const int64_t d = key ? p.head_dim_k : p.head_dim_v;
+  const void* rows = key ? span.k : span.v;
+  const int64_t stride = key ? span.k_head_stride : span.v_head_stride;
+  const int64_t nq = std::clamp<int64_t>(span.n_quant - first, 0, n);
+  if (nq == 0) return rows_f32(ops, p.kv_dtype, rows, stride, h, first, n, d, tmp);
+  const int64_t bt = p.kivi.block_tokens;
+  const uint8_t* head = (key ? span.kq : span.vq) + h * (key ? span.kq_head_stride : span.vq_head_stride);
+  const int64_t block_stride = key ? span.kq_block_stride : span.vq_block_stride;
+  for (int64_t r = 0; r < nq;) {
+    const int64_t off = span.pos0 + first + r - span.q_base;
+    const int64_t m = std::min(nq - r, bt - off % bt);
+    ops.kivi_dequant(p.kivi, plane, d, head + (off / bt) * block_stride, off % bt, m, tmp + r * d);
+    r += m;
+  }
+  if (nq < n) {
+    ops.f16_to_f32(static_cast<const uint16_t*>(rows) + h * stride + (first + nq) * d, (n - nq) * d,
+                   tmp + nq * d);
+  }
+  return tmp;
+}
+
 // The query rows of one work item: KV head `kv_head` (its q_per_kv query heads) for query tokens
 // [t0, t1). Row r = (t - t0) * q_per_kv + g.
 struct Item {
@@ -131,10 +158,8 @@ void run_chunk(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q
       }
       if (p.window > 0 && qpos_lo - (b - 1) >= p.window) continue;  // all keys out of every window
       const int64_t n = b - tile_a;
-      const float* kt =
-          rows_f32(ops, p.kv_dtype, span.k, span.k_head_stride, it.kv_head, tile_a - span.pos0, n, dk, sc.kt);
-      const float* vt =
-          rows_f32(ops, p.kv_dtype, span.v, span.v_head_stride, it.kv_head, tile_a - span.pos0, n, dv, sc.vt);
+      const float* kt = tile_rows(ops, p, span, KiviPlane::kKey, it.kv_head, tile_a - span.pos0, n, sc.kt);
+      const float* vt = tile_rows(ops, p, span, KiviPlane::kValue, it.kv_head, tile_a - span.pos0, n, sc.vt);
       for (int64_t t = it.t0; t < it.t1; ++t) {
         const int64_t qpos = q.pos0 + t;
         int64_t klo = tile_a;
@@ -274,6 +299,12 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
     KVTIER_ASSERT(spans[i].pos0 >= spans[i - 1].pos0 + spans[i - 1].n_tokens,
                   "KV spans out of order: [{}, +{}) after [{}, +{})", spans[i].pos0, spans[i].n_tokens,
                   spans[i - 1].pos0, spans[i - 1].n_tokens);
+  }
+  for (const KvSpan& sp : spans) {
+    KVTIER_ASSERT(
+        sp.n_quant == 0 || (p.kivi.bits > 0 && p.kv_dtype == KvDtype::kF16 && sp.n_quant <= sp.n_tokens &&
+                            sp.q_base % p.kivi.block_tokens == 0 && sp.pos0 >= sp.q_base),
+        "KIVI span [{}, +{}) with {} quantised tokens", sp.pos0, sp.n_tokens, sp.n_quant);
   }
   if (!isa_supported(isa)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", isa_name(isa));
   if (q.n_tokens == 0) return;

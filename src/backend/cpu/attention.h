@@ -22,6 +22,7 @@
 #include <span>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kv_quant.h"
 #include "core/thread_pool.h"
 
 namespace kvtier::cpu {
@@ -45,6 +46,18 @@ struct KvSpan {
   const void* v = nullptr;  // [n_kv_heads][>= n_tokens, head_dim_v] dtype
   int64_t k_head_stride = 0;
   int64_t v_head_stride = 0;
+  // KIVI (AttnParams::kivi.bits > 0): the first n_quant tokens of the span are read from quantised
+  // blocks (kv_quant.h) instead of k / v; the rest are dtype rows as above. The block holding
+  // position p (>= q_base) of head h starts at kq + h * kq_head_stride + ((p - q_base) / block_tokens)
+  // * kq_block_stride bytes (V likewise); q_base is a multiple of block_tokens.
+  int64_t n_quant = 0;
+  int64_t q_base = 0;
+  const uint8_t* kq = nullptr;
+  const uint8_t* vq = nullptr;
+  int64_t kq_head_stride = 0;  // bytes
+  int64_t vq_head_stride = 0;
+  int64_t kq_block_stride = 0;
+  int64_t vq_block_stride = 0;
 };
 
 struct AttnParams {
@@ -55,6 +68,7 @@ struct AttnParams {
   float softcap = 0.0f;  // > 0: s = softcap * tanh(s / softcap)
   int64_t window = 0;    // > 0: key visible iff q_pos - k_pos < window (sliding window)
   KvDtype kv_dtype = KvDtype::kF16;
+  KiviFormat kivi;  // bits > 0: spans may hold KIVI-quantised tokens (dequantised tile by tile)
 };
 
 // The queries of one call: token t (position pos0 + t), head h at q + t * token_stride + h * head_dim_k.
@@ -106,6 +120,8 @@ struct AttnTileOps {
   void (*scale)(float* x, int64_t n, float c);
   // p[j] = exp(s[j] - m) for j < n; returns the sum of p
   float (*exp_sum)(const float* s, int64_t n, float m, float* p);
+  // KIVI rows as f32 (kv_quant.h), into the tile scratch
+  KiviDequantFn kivi_dequant;
 };
 
 const AttnTileOps& attn_tile_ops_ref();

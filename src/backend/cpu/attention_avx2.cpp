@@ -162,7 +162,7 @@ float exp_sum(const float* s, int64_t n, float m, float* p) {
   return sum;
 }
 
-constexpr AttnTileOps kOps{scores, accumulate, f16_to_f32_row, scale, exp_sum};
+constexpr AttnTileOps kOps{scores, accumulate, f16_to_f32_row, scale, exp_sum, kivi_dequant_avx2};
 
 }  // namespace
 

@@ -135,7 +135,8 @@ void scale(float* x, int64_t n, float c) {
 }  // namespace
 
 const AttnTileOps& attn_tile_ops_avx512() {
-  static const AttnTileOps ops{scores, accumulate, f16_to_f32_row, scale, attn_tile_ops_avx2().exp_sum};
+  static const AttnTileOps ops{
+      scores, accumulate, f16_to_f32_row, scale, attn_tile_ops_avx2().exp_sum, kivi_dequant_avx512};
   return ops;
 }
 

@@ -42,7 +42,7 @@ float exp_sum(const float* s, int64_t n, float m, float* p) {
   return sum;
 }
 
-constexpr AttnTileOps kOps{scores, accumulate, f16_to_f32_row, scale, exp_sum};
+constexpr AttnTileOps kOps{scores, accumulate, f16_to_f32_row, scale, exp_sum, kivi_dequant_ref};
 
 }  // namespace
 
