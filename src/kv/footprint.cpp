@@ -295,7 +295,8 @@ void check_placement_options(const TieredOptions& o) {
   if (kivi && (o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kH2o ||
                o.selection == policy::Selection::kQuest)) {
     fail(ErrorKind::kInvalidArgument,
-         "{} does not combine with {} yet: each is built on f16 rows; use one of them (kivi with none or sliding "
+         "{} does not combine with {} yet: each is built on f16 rows; use one of them (kivi with none or "
+         "sliding "
          "retention and selection all)",
          policy::representation_name(o.representation),
          o.selection == policy::Selection::kQuest ? "quest" : policy::retention_name(o.retention));

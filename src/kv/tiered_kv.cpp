@@ -314,8 +314,9 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
     for (int kv = 0; kv < 2; ++kv) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
       const int64_t f16_first = std::max(first, qend);  // kivi: f16 rows from qend on
-      if (drop.first < drop.last) {  // (streaming does not combine with kivi)
-        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens, n_blocks);
+      if (drop.first < drop.last) {                     // (streaming does not combine with kivi)
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens,
+                 n_blocks);
         add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
       } else {
         add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, rows, n_blocks);

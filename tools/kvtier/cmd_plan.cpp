@@ -46,7 +46,6 @@ struct PlanArgs {
   std::string kv_disk;
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
-  policy::PolicyKnobs knobs;  // the approximate values' tuning, as for run
 };
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
