@@ -31,7 +31,12 @@ struct Sweep {
   std::vector<CellResult> cells;
   std::vector<Config> configs;   // first-seen order, resident first
   std::vector<int64_t> lengths;  // ascending
-  std::vector<TaskKind> tasks;   // first-seen order
+  // The lengths at which every configuration ran every task (all lengths if there is none): the
+  // summary and the accuracy plots pool over these, so that a sweep stopped part-way compares
+  // configurations on the same lengths.
+  std::vector<int64_t> pooled;
+  bool pooled_complete = true;
+  std::vector<TaskKind> tasks;  // first-seen order
   std::vector<std::string> commands, commits, machines;
   double seconds = 0.0;
 
@@ -77,6 +82,17 @@ Sweep merge(const std::vector<SweepRecord>& records) {
     s.seconds += c.seconds;
   }
   std::sort(s.lengths.begin(), s.lengths.end());
+  for (int64_t len : s.lengths) {
+    bool all = true;
+    for (const Config& c : s.configs) {
+      for (TaskKind t : s.tasks) all = all && s.find(t, len, c.name) != nullptr;
+    }
+    if (all) s.pooled.push_back(len);
+  }
+  if (s.pooled.empty()) {
+    s.pooled = s.lengths;
+    s.pooled_complete = false;
+  }
   return s;
 }
 
@@ -98,7 +114,7 @@ uint64_t kv_at(const Sweep& s, int64_t len, const std::string& config) {
 double kv_ratio(const Sweep& s, const std::string& config, std::optional<TaskKind> task = std::nullopt) {
   double sum = 0;
   int n = 0;
-  for (int64_t len : s.lengths) {
+  for (int64_t len : s.pooled) {
     if (task && !s.find(*task, len, config)) continue;
     const uint64_t a = kv_at(s, len, config), r = kv_at(s, len, "resident");
     if (a == 0 || r == 0) continue;
@@ -113,7 +129,7 @@ double kv_ratio(const Sweep& s, const std::string& config, std::optional<TaskKin
 double pooled_relative(const Sweep& s, const std::string& config, TaskKind t) {
   double a = 0, r = 0, ratio_sum = 0;
   int n = 0;
-  for (int64_t len : s.lengths) {
+  for (int64_t len : s.pooled) {
     const CellResult* c = s.find(t, len, config);
     const CellResult* res = s.resident(t, len);
     if (!c || !res) continue;
@@ -185,9 +201,9 @@ std::vector<std::optional<Budget>> budgets_of(const Sweep& s) {
 std::string accuracy_svg(const Sweep& s, TaskKind t) {
   XyPlot p;
   p.title = fmt::format("{}: accuracy vs KV memory, {} ({})", task_name(t), s.header.model_name,
-                        s.lengths.size() == 1 ? length_text(s.lengths.front())
-                                              : fmt::format("{} to {}", length_text(s.lengths.front()),
-                                                            length_text(s.lengths.back())));
+                        s.pooled.size() == 1 ? length_text(s.pooled.front())
+                                             : fmt::format("{} to {}", length_text(s.pooled.front()),
+                                                           length_text(s.pooled.back())));
   p.x_label = "KV bytes held (all tiers) / resident's";
   p.y_label = t == TaskKind::kPpl ? "resident's perplexity / perplexity" : "accuracy relative to resident";
   std::vector<std::string> policies;
@@ -261,6 +277,7 @@ std::vector<ConfigSummary> summarize(const std::vector<CellResult>& cells) {
     for (const CellResult& c : s.cells) {
       if (c.key.config() != k.name) continue;
       ++row.cells;
+      if (std::find(s.pooled.begin(), s.pooled.end(), c.key.length) == s.pooled.end()) continue;
       const CellResult* res = s.resident(c.key.task, c.key.length);
       if (!res) continue;
       if (c.key.task != TaskKind::kPpl) a += score_sum(c), r += score_sum(*res);
@@ -312,13 +329,18 @@ std::string sweep_markdown(const std::vector<SweepRecord>& records, const std::s
   }
 
   md += "### Summary\n\n";
-  md +=
-      "Accuracy relative to `resident`: the policy's scores summed over every task (ppl excluded) and "
-      "length, "
-      "divided by resident's on the same cells. Same answers: share of samples whose answer (ppl: NLL) "
-      "equals resident's. KV vs resident: KV bytes held on all tiers (peak, from the memory ledger) over "
-      "resident's at the same length, mean over lengths. Speeds at the longest length.\n\n";
-  const int64_t longest = s.lengths.empty() ? 0 : s.lengths.back();
+  std::vector<std::string> pooled_text;
+  for (int64_t len : s.pooled) pooled_text.push_back(length_text(len));
+  md += fmt::format(
+      "Over the lengths {} ({}). Accuracy relative to `resident`: the policy's scores summed over every "
+      "task (ppl excluded) and those lengths, divided by resident's on the same cells. Same answers: share "
+      "of samples whose answer (ppl: NLL) equals resident's. KV vs resident: KV bytes held on all tiers "
+      "(peak, from the memory ledger) over resident's at the same length, mean over those lengths. Speeds "
+      "at the longest of them. The per-length tables below show every cell.\n\n",
+      join(pooled_text, ", "),
+      s.pooled_complete ? "those at which every configuration ran every task"
+                        : "no length has every configuration yet: each row pools over the lengths it ran");
+  const int64_t longest = s.pooled.empty() ? 0 : s.pooled.back();
   md += fmt::format(
       "| policy | budget | KV vs resident | accuracy vs resident | same answers | prefill tok/s ({0}) | "
       "decode tok/s ({0}) |\n"

@@ -375,6 +375,12 @@ TEST(SweepReport, SummaryTablesAndPlotsFromFakeResults) {
   EXPECT_NE(partial.find("**Incomplete**: 1 of the 16 cells"), std::string::npos) << partial;
   EXPECT_NE(partial.find("niah 512 resident+h2o@1/4"), std::string::npos);
   EXPECT_NE(partial.find("](plots/speed-vs-context.svg)"), std::string::npos);
+  // The summary pools over the lengths every configuration ran (here 256 only), so that rows compare.
+  EXPECT_NE(partial.find("Over the lengths 256 (those at which every configuration ran every task)"),
+            std::string::npos)
+      << partial;
+  EXPECT_NE(md.find("Over the lengths 256, 512 (those"), std::string::npos);
+  EXPECT_NE(partial.find("| resident+h2o | 1/4 | 0.250 | 0.0% | 0.0% |"), std::string::npos) << partial;
 }
 
 TEST(SweepReport, RelativeAccuracy) {
