@@ -35,7 +35,9 @@ def generate(tmp, mdl, chunk, extra, tag, prompt):
             "--ignore-eos", "--json", "--dump-logits", npy, *extra)
     import json
     j = json.loads(p.stdout)
-    return j["tokens"], np.load(npy)
+    logits = np.load(npy)
+    npy.unlink()  # Gemma-3's are ~1 GB each; the matrix runs dozens of them
+    return j["tokens"], logits
 
 
 def smallest_kv_mem(mdl, chunk, extra):
