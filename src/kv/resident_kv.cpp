@@ -48,16 +48,21 @@ int64_t ResidentKv::positions(SeqId seq) const {
   return positions_[seq];
 }
 
-PassPositions ResidentKv::begin_pass(const PassInfo& info) {
-  pass_.begin(info, info.seq < positions_.size() ? positions_[info.seq] : 0);
-  return {pass_.pos0(), pass_.n()};
+std::span<const PassPositions> ResidentKv::begin_batch(std::span<const PassInfo> seqs) {
+  pass_.begin(seqs, positions_);
+  return pass_.positions();
 }
 
 void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
-  const SeqId seq = pass_.seq();
-  const int64_t pos0 = pass_.pos0();
-  const int64_t n = pass_.n();
+  for (const SeqPass& sp : pass_.seqs()) write_seq(layer, rows, sp);
+  written_[layer] = pass_.serial();
+}
+
+void ResidentKv::write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp) {
+  const SeqId seq = sp.seq;
+  const int64_t pos0 = sp.pos0;
+  const int64_t n = sp.n;
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t g = geo_.heads_per_group(layer);
   const int64_t bt = geo_.block_tokens;
@@ -65,6 +70,9 @@ void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
   const int64_t dv = geo_.head_dim_v;
   const size_t esz = cpu::kv_dtype_bytes(geo_.dtype);
   BlockPool& pool = pool_of(layer);
+  LayerRows rows;  // this sequence's rows
+  rows.k = all.k + sp.row0 * hk * dk;
+  rows.v = all.v + sp.row0 * hk * dv;
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = pos0 + t;
     const int64_t b = pos / bt;
@@ -86,7 +94,6 @@ void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
       }
     }
   }
-  written_[layer] = pos0 + n;
 }
 
 std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32_t group, int64_t end,
@@ -117,12 +124,20 @@ std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32
 
 void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
   pass_.attend(layer);
-  const SeqId seq = pass_.seq();
-  const int64_t pos0 = pass_.pos0();
-  const int64_t n = pass_.n();
+  KVTIER_ASSERT(written_[layer] == pass_.serial(), "layer {}: attention before this pass's write", layer);
+  const int64_t dk = geo_.head_dim_k;
+  const int64_t dv = geo_.head_dim_v;
+  for (const SeqPass& sp : pass_.seqs()) {
+    attend_seq(layer, q + sp.row0 * n_head * dk, n_head, la, o + sp.row0 * n_head * dv, sp);
+  }
+}
+
+void ResidentKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la,
+                            float* o, const SeqPass& sp) {
+  const SeqId seq = sp.seq;
+  const int64_t pos0 = sp.pos0;
+  const int64_t n = sp.n;
   const int64_t end = pos0 + n;
-  KVTIER_ASSERT(written_[layer] == end, "layer {}: attention up to {} but {} rows written", layer, end,
-                written_[layer]);
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
                 geo_.window_of(layer));
@@ -157,17 +172,19 @@ void ResidentKv::free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to
 
 void ResidentKv::end_pass() {
   pass_.end();
-  const SeqId seq = pass_.seq();
-  const int64_t end = pass_.pos0() + pass_.n();
-  positions_[seq] = end;
-  if (opt_.retention != policy::Retention::kSliding) return;
-  // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
-  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    const int64_t keep = policy::sliding_first_block(end, geo_.window_of(l), geo_.block_tokens);
-    const int64_t first = table_.first_block(seq, l);
-    if (keep > first) {
-      free_blocks(seq, l, first, keep);
-      table_.set_first_block(seq, l, keep);
+  for (const SeqPass& sp : pass_.seqs()) {
+    const SeqId seq = sp.seq;
+    const int64_t end = sp.pos0 + sp.n;
+    positions_[seq] = end;
+    if (opt_.retention != policy::Retention::kSliding) continue;
+    // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      const int64_t keep = policy::sliding_first_block(end, geo_.window_of(l), geo_.block_tokens);
+      const int64_t first = table_.first_block(seq, l);
+      if (keep > first) {
+        free_blocks(seq, l, first, keep);
+        table_.set_first_block(seq, l, keep);
+      }
     }
   }
 }
@@ -175,12 +192,14 @@ void ResidentKv::end_pass() {
 void ResidentKv::abort_pass() {
   if (!pass_.open()) return;
   pass_.abort();
-  // Rows written past the sequence's positions are ignored; blocks that hold none of its positions
+  // Rows written past the sequences' positions are ignored; blocks that hold none of their positions
   // go back to the pools.
-  const SeqId seq = pass_.seq();
-  const int64_t keep = blocks_for(positions_[seq]);
-  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+  for (const SeqPass& sp : pass_.seqs()) {
+    const SeqId seq = sp.seq;
+    const int64_t keep = blocks_for(positions_[seq]);
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+    }
   }
 }
 

@@ -31,7 +31,7 @@ class ResidentKv final : public KvCache {
   int64_t capacity() const override { return capacity_; }
   uint32_t max_sequences() const override { return table_.n_seqs(); }
   int64_t positions(SeqId seq) const override;
-  PassPositions begin_pass(const PassInfo& info) override;
+  std::span<const PassPositions> begin_batch(std::span<const PassInfo> seqs) override;
   void write(uint32_t layer, const LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
   void end_pass() override;
@@ -53,6 +53,9 @@ class ResidentKv final : public KvCache {
   BlockPool& pool_of(uint32_t layer) { return *pools_[pool_index_[layer]]; }
   const BlockPool& pool_of(uint32_t layer) const { return *pools_[pool_index_[layer]]; }
   void free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to);
+  void write_seq(uint32_t layer, const LayerRows& rows, const SeqPass& sp);
+  void attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o,
+                  const SeqPass& sp);
 
   KvGeometry geo_;
   int64_t capacity_;
@@ -64,7 +67,7 @@ class ResidentKv final : public KvCache {
   Reservation meta_reservation_;                   // table_ and span_buf_
   BlockTable table_;
   std::vector<int64_t> positions_;     // [n_seqs] tokens each sequence holds
-  std::vector<int64_t> written_;       // [n_layer] rows of the open pass written (pos0 + n once written)
+  std::vector<uint64_t> written_;      // [n_layer] serial of the last pass that wrote the layer
   std::vector<cpu::KvSpan> span_buf_;  // [max_blocks] spans of one attend call
   PassState pass_;
   Reservation scratch_reservation_;
