@@ -259,7 +259,11 @@ void Scheduler::loop() {
       part_slot_.push_back(i);
       budget -= static_cast<int64_t>(m);
     }
-    if (parts_.empty()) continue;
+    if (parts_.empty()) {  // every request left: the gauges say so now
+      std::lock_guard lk(mu_);
+      snapshot();
+      continue;
+    }
     const auto t0 = Clock::now();
     std::span<const float> logits;
     try {
