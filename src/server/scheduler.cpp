@@ -242,14 +242,19 @@ void Scheduler::loop() {
     part_slot_.clear();
     int64_t budget = session_.chunk();
     const auto max_parts = static_cast<size_t>(session_.max_batch());
-    for (size_t i = 0; i < slots_.size() && budget > 0 && parts_.size() < max_parts; ++i) {
+    const size_t n_slots = slots_.size();
+    // Slots are visited from a rotating start, so that when more requests run than one pass may
+    // carry, each gets its turn.
+    for (size_t j = 0; j < n_slots && budget > 0 && parts_.size() < max_parts; ++j) {
+      const size_t i = (rotate_ + j) % n_slots;
       Slot& s = slots_[i];
       if (!s.h || s.next < 0) continue;
       parts_.push_back({static_cast<kv::SeqId>(i), {&s.next, 1}, model::LogitRows::kLast});
       part_slot_.push_back(i);
       --budget;
     }
-    for (size_t i = 0; i < slots_.size() && budget > 0 && parts_.size() < max_parts; ++i) {
+    for (size_t j = 0; j < n_slots && budget > 0 && parts_.size() < max_parts; ++j) {
+      const size_t i = (rotate_ + j) % n_slots;
       Slot& s = slots_[i];
       if (!s.h || s.fed == s.req.prompt.size()) continue;
       const size_t m = std::min<size_t>(static_cast<size_t>(budget), s.req.prompt.size() - s.fed);
@@ -259,6 +264,7 @@ void Scheduler::loop() {
       part_slot_.push_back(i);
       budget -= static_cast<int64_t>(m);
     }
+    rotate_ = (rotate_ + 1) % n_slots;
     if (parts_.empty()) {  // every request left: the gauges say so now
       std::lock_guard lk(mu_);
       snapshot();

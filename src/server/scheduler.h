@@ -147,6 +147,7 @@ class Scheduler {
   std::vector<Slot> slots_;  // [max sequences] slot i runs sequence i
   std::vector<model::SeqTokens> parts_;
   std::vector<size_t> part_slot_;
+  size_t rotate_ = 0;  // the slot each step starts from
 
   mutable std::mutex mu_;  // guards queue_, stopping_, stats_
   std::condition_variable cv_;
