@@ -39,6 +39,9 @@ def llamacpp_bench(path, prompts, gen, threads, repeat):
     B = len(prompts)
     n_prompt = len(prompts[0])
     L.llama_backend_init()
+    quiet = L.llama_log_callback(lambda level, text, user: None)
+    L.llama_log_set(quiet, ctypes.c_void_p())
+    llamacpp_bench.keep = quiet  # the callback must outlive the library's use of it
     model = L.llama_model_load_from_file(str(path).encode(), L.llama_model_default_params())
     cp = L.llama_context_default_params()
     cp.n_ctx = B * (n_prompt + gen) + 256
@@ -104,7 +107,11 @@ def main():
     for name in a.models.split(","):
         path = MODELS[name]
         kv = kvtier_bench(path, batches, a.prompt_tokens, a.gen, a.threads, a.repeat)
-        ll = {b: llamacpp_bench(path, kv[b][1], a.gen, a.threads, a.repeat) for b in batches}
+        print(f"# kvtier {name}: " + ", ".join(f"batch {b}: {kv[b][0]:.1f} tok/s" for b in batches), flush=True)
+        ll = {}
+        for b in batches:
+            ll[b] = llamacpp_bench(path, kv[b][1], a.gen, a.threads, a.repeat)
+            print(f"# llama.cpp {name} batch {b}: {ll[b]:.1f} tok/s", flush=True)
         for b in batches:
             print(f"| {name} | {b} | {kv[b][0]:.1f} | {ll[b]:.1f} | {kv[b][0] / ll[b]:.2f} |", flush=True)
         print(f"| {name} | {batches[-1]}/{batches[0]} | x{kv[batches[-1]][0] / kv[batches[0]][0]:.2f} | "

@@ -184,6 +184,27 @@ def test_disconnect_frees_the_sequence(srv):
     assert m["kvtier_generated_tokens_total"] - before["kvtier_generated_tokens_total"] < 200
 
 
+def test_disconnect_of_a_plain_request_frees_the_sequence(srv):
+    """Not streamed: after 1 s the server answers chunked and writes a space now and then (JSON allows
+    leading whitespace), so a client that left is noticed there."""
+    before = srv.metrics()
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=60)
+    conn.request("POST", "/v1/completions", headers={"Content-Type": "application/json"},
+                 body=json.dumps({"model": srv.model_id, "prompt": PROMPT, "max_tokens": 3000, "temperature": 0}))
+    time.sleep(2.5)
+    conn.sock.shutdown(2)
+    conn.close()
+    key = 'kvtier_requests_total{outcome="cancelled"}'
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = srv.metrics()
+        if m[key] > before[key] and m["kvtier_active_sequences"] == 0:
+            break
+        time.sleep(0.2)
+    assert m[key] == before[key] + 1 and m["kvtier_active_sequences"] == 0
+    assert m["kvtier_generated_tokens_total"] - before["kvtier_generated_tokens_total"] < 2500
+
+
 def test_metrics(srv):
     m = srv.metrics()
     for k in ("kvtier_queue_length", "kvtier_active_sequences", 'kvtier_kv_bytes{tier="device"}',
