@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -42,6 +43,7 @@ struct PolicyRun {
   policy::KvPolicy policy;
   std::unique_ptr<runtime::Session> session;
   std::vector<double> pre, dec, stall;
+  std::vector<double> dec_cpu;  // decode tokens per CPU second of the process (all threads)
   uint64_t loaded = 0, stored = 0;
   std::vector<std::vector<runtime::TokenId>> generated;  // [batch] greedy ids of the last round
 };
@@ -73,10 +75,21 @@ runtime::TokenId argmax(std::span<const float> l) {
 
 // Prefills every prompt (sequence b = prompts[b]) in passes of at most chunk() tokens that mix the
 // sequences, then decodes `gen` tokens of each, all sequences in one pass per step. Returns
-// (prefill seconds, decode seconds); `out[b]` gets sequence b's greedy ids.
-std::pair<double, double> run_batch_round(runtime::Session& s,
-                                          const std::vector<std::vector<runtime::TokenId>>& prompts,
-                                          int64_t gen, std::vector<std::vector<runtime::TokenId>>& out) {
+// the prefill and decode times; `out[b]` gets sequence b's greedy ids.
+// CPU seconds the process has used (all threads): a throughput figure that other load on a shared
+// machine disturbs less than wall time.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct RoundTimes {
+  double prefill_s = 0, decode_s = 0, decode_cpu_s = 0;
+};
+
+RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<runtime::TokenId>>& prompts,
+                           int64_t gen, std::vector<std::vector<runtime::TokenId>>& out) {
   const size_t B = prompts.size();
   const size_t V = s.model().config.n_vocab;
   out.assign(B, {});
@@ -109,6 +122,7 @@ std::pair<double, double> run_batch_round(runtime::Session& s,
   }
   const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto t1 = Clock::now();
+  const double c1 = process_cpu_seconds();
   for (int64_t g = 0; g < gen; ++g) {
     parts.clear();
     for (size_t b = 0; b < B; ++b) {
@@ -119,7 +133,7 @@ std::pair<double, double> run_batch_round(runtime::Session& s,
     for (size_t b = 0; b < B; ++b) next[b] = argmax(logits.subspan(b * V, V));
   }
   const double td = std::chrono::duration<double>(Clock::now() - t1).count();
-  return {tp, td};
+  return {tp, td, process_cpu_seconds() - c1};
 }
 
 int run_bench(BenchArgs a) {
@@ -157,17 +171,19 @@ int run_bench(BenchArgs a) {
     for (int64_t B : a.batch) {
       std::vector<std::vector<runtime::TokenId>> prompts;
       for (int64_t b = 0; b < B; ++b) prompts.push_back(bench_prompt(*model, p, b));
-      for (auto& pr : runs) pr.pre.clear(), pr.dec.clear(), pr.stall.clear();
+      for (auto& pr : runs) pr.pre.clear(), pr.dec.clear(), pr.stall.clear(), pr.dec_cpu.clear();
       for (int r = -a.warmup; r < a.repeat; ++r) {  // rounds < 0 warm caches and page tables, unrecorded
         for (auto& pr : runs) {
           runtime::Session& s = *pr.session;
           for (int64_t b = 0; b < max_b; ++b) s.truncate(static_cast<kv::SeqId>(b), 0);
           const auto before = s.kv_stats();
-          const auto [tp, td] = run_batch_round(s, prompts, a.gen, pr.generated);
+          const RoundTimes rt = run_batch_round(s, prompts, a.gen, pr.generated);
+          const double tp = rt.prefill_s, td = rt.decode_s;
           throw_if_interrupted();
           if (r < 0) continue;
           pr.pre.push_back(static_cast<double>(p * B) / tp);
           pr.dec.push_back(static_cast<double>(a.gen * B) / td);
+          pr.dec_cpu.push_back(static_cast<double>(a.gen * B) / rt.decode_cpu_s);
           if (const auto after = s.kv_stats()) {
             pr.stall.push_back(after->transfer.wait_seconds - before->transfer.wait_seconds);
             pr.loaded = after->transfer.bytes_loaded - before->transfer.bytes_loaded;
@@ -193,6 +209,7 @@ int run_bench(BenchArgs a) {
                               {"prefill_tokens_per_s", median(pr.pre)},
                               {"decode_tokens_per_s", median(pr.dec)},
                               {"decode_tokens_per_s_per_seq", median(pr.dec) / Bd},
+                              {"decode_tokens_per_cpu_s", median(pr.dec_cpu)},
                               {"prefill_ratio_to_first", median(pr.pre) / base_pre},
                               {"decode_ratio_to_first", median(pr.dec) / base_dec},
                               {"stall_s", median(pr.stall)},
@@ -206,10 +223,11 @@ int run_bench(BenchArgs a) {
         if (!a.json) {
           std::cout << fmt::format(
               "{:<9} prompt {:>6} x{:<3} -> prefill {:8.1f} tok/s ({:.3f}x) | decode {:>4} -> {:7.1f} tok/s "
-              "({:.1f}/seq, {:.3f}x) | stall {:.3f} s | moved {} in, {} out (median of {})\n",
+              "({:.1f}/seq, {:.3f}x; {:.1f} per CPU s) | stall {:.3f} s | moved {} in, {} out (median of "
+              "{})\n",
               name, p, B, median(pr.pre), median(pr.pre) / base_pre, a.gen, median(pr.dec),
-              median(pr.dec) / Bd, median(pr.dec) / base_dec, median(pr.stall), human_bytes(pr.loaded),
-              human_bytes(pr.stored), a.repeat);
+              median(pr.dec) / Bd, median(pr.dec) / base_dec, median(pr.dec_cpu), median(pr.stall),
+              human_bytes(pr.loaded), human_bytes(pr.stored), a.repeat);
         }
       }
     }
