@@ -72,6 +72,13 @@ if ! "$vpy" -c 'import gguf, numpy, pytest, tokenizers, transformers, jinja2' 2>
 else
   say "Python references: present"
 fi
+# openai: the official client, for the tests of `kvtier serve` (OpenAI-compatible HTTP API).
+if ! "$vpy" -c 'import openai' 2>/dev/null; then
+  say "installing Python package: openai"
+  pip_install "openai==3.51.0"
+else
+  say "openai client: present"
+fi
 
 # llama-cpp-python (optional): PyPI has only the sdist, so pip compiles llama.cpp (CPU only).
 llama_cpp_version="0.3.16"

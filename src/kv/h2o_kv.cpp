@@ -122,22 +122,29 @@ float H2oKv::score(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const {
   return s.score[static_cast<size_t>(head * s.cap + r)];
 }
 
-PassPositions H2oKv::begin_pass(const PassInfo& info) {
-  pass_.begin(info, info.seq < length_.size() ? length_[info.seq] : 0);
-  if (pass_.n() > max_new_rows(capacity_, opt_)) {
+std::span<const PassPositions> H2oKv::begin_batch(std::span<const PassInfo> seqs) {
+  pass_.begin(seqs, length_);
+  if (pass_.total() > max_new_rows(capacity_, opt_)) {
     pass_.abort();
-    fail(ErrorKind::kInternal, "h2o pass of {} tokens; the cache was sized for {}", info.n,
+    fail(ErrorKind::kInternal, "h2o pass of {} tokens; the cache was sized for {}", pass_.total(),
          max_new_rows(capacity_, opt_));
   }
-  return {pass_.pos0(), pass_.n()};
+  return pass_.positions();
 }
 
 void H2oKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
-  Store& s = store(pass_.seq(), layer);
-  const int64_t n = pass_.n();
+  for (const SeqPass& sp : pass_.seqs()) write_seq(layer, rows, sp);
+}
+
+void H2oKv::write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp) {
+  Store& s = store(sp.seq, layer);
+  const int64_t n = sp.n;
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
+  LayerRows rows;  // this sequence's rows
+  rows.k = all.k + sp.row0 * hk * dk;
+  rows.v = all.v + sp.row0 * hk * dv;
   KVTIER_ASSERT(s.n + n <= s.cap, "layer {}: {} + {} rows in {}", layer, s.n, n, s.cap);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < hk; ++h) {
@@ -146,16 +153,24 @@ void H2oKv::write(uint32_t layer, const LayerRows& rows) {
                    s.k.data() + static_cast<size_t>(r * dk) * esz_);
       store_kv_row(geo_.dtype, rows.v + (t * hk + h) * dv, dv,
                    s.v.data() + static_cast<size_t>(r * dv) * esz_);
-      s.pos[static_cast<size_t>(r)] = pass_.pos0() + t;
+      s.pos[static_cast<size_t>(r)] = sp.pos0 + t;
     }
   }
 }
 
 void H2oKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
   pass_.attend(layer);
-  Store& s = store(pass_.seq(), layer);
-  const int64_t pos0 = pass_.pos0();
-  const int64_t n = pass_.n();
+  for (const SeqPass& sp : pass_.seqs()) {
+    attend_seq(layer, q + sp.row0 * n_head * geo_.head_dim_k, n_head, la,
+               o + sp.row0 * n_head * geo_.head_dim_v, sp);
+  }
+}
+
+void H2oKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o,
+                       const SeqPass& sp) {
+  Store& s = store(sp.seq, layer);
+  const int64_t pos0 = sp.pos0;
+  const int64_t n = sp.n;
   const int64_t hk = geo_.n_head_kv[layer];
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
@@ -239,9 +254,13 @@ void H2oKv::evict(Store& s, uint32_t layer, int64_t end) {
 
 void H2oKv::end_pass() {
   pass_.end();
-  const SeqId seq = pass_.seq();
-  const int64_t n = pass_.n();
-  const int64_t end = pass_.pos0() + n;
+  for (const SeqPass& sp : pass_.seqs()) end_seq(sp);
+}
+
+void H2oKv::end_seq(const SeqPass& sp) {
+  const SeqId seq = sp.seq;
+  const int64_t n = sp.n;
+  const int64_t end = sp.pos0 + n;
   for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
     Store& s = store(seq, l);
     if (evicts(l)) {

@@ -46,7 +46,7 @@ class H2oKv final : public KvCache {
   int64_t capacity() const override { return capacity_; }
   uint32_t max_sequences() const override { return n_seqs_; }
   int64_t positions(SeqId seq) const override;
-  PassPositions begin_pass(const PassInfo& info) override;
+  std::span<const PassPositions> begin_batch(std::span<const PassInfo> seqs) override;
   void write(uint32_t layer, const LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
   void end_pass() override;
@@ -76,6 +76,12 @@ class H2oKv final : public KvCache {
   // Keeps the rows of KV head h for which keep[r] is set, in order; returns how many.
   int64_t compact(Store& s, uint32_t layer, int64_t h, const std::vector<uint8_t>& keep);
   void evict(Store& s, uint32_t layer, int64_t end);
+  // One sequence of the open pass: its rows of the pass's buffers (rows sp.row0 ...).
+  void write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp);
+  void attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o,
+                  const SeqPass& sp);
+  // Adds the pass's attention to the sequence's scores and evicts down to the budget.
+  void end_seq(const SeqPass& sp);
 
   KvGeometry geo_;
   int64_t capacity_;

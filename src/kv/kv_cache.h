@@ -8,6 +8,10 @@
 //   kv.end_pass();                                  // the sequence now holds the new tokens
 //
 // and may abort_pass() instead of end_pass() when a layer failed (nothing of the pass is kept).
+// A pass may carry several sequences (batching): begin_batch({{s0, n0}, {s1, n1}, ...}) gives each
+// its positions; the rows and queries of write/attend are then the sequences' rows concatenated in
+// batch order (sequence b's rows start at row n0 + ... + n(b-1)), and each sequence attends its own
+// keys only. begin_pass(info) is the batch of one. A sequence appears at most once in a batch.
 // Positions come from the cache, so a policy may keep compact positions after eviction; slots (where
 // rows are stored) are the cache's business and never equal positions by assumption. Several
 // sequences share one cache (its pools); each has its own positions and blocks. Misuse of the
@@ -16,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kv/geometry.h"
 
@@ -33,7 +38,7 @@ struct LayerAttention {
 
 struct PassInfo {
   SeqId seq = 0;
-  int64_t n = 0;  // new tokens of the pass
+  int64_t n = 0;  // new tokens of the sequence in the pass
 };
 
 // The positions of a pass's new tokens: token t is at position pos0 + t.
@@ -51,7 +56,7 @@ enum KvNeed : uint32_t {
   kNeedPreRope = 1u << 1,     // q_pre, k_pre: q and k before RoPE (after bias and QK-norm)
 };
 
-// One layer's new rows of a pass (n = the pass's token count):
+// One layer's new rows of a pass (n = the pass's token count, all sequences of a batch together):
 struct LayerRows {
   const float* k = nullptr;      // [n, n_head_kv(layer), head_dim_k] f32, after RoPE
   const float* v = nullptr;      // [n, n_head_kv(layer), head_dim_v] f32
@@ -78,16 +83,21 @@ class KvCache {
   // model sets it before the first pass. Policies that need it say so through needs().
   virtual void set_compute(KvCompute* compute) { (void)compute; }
 
-  // Starts a pass of n new tokens of `seq`. Throws Error(kBudget) when the sequence's context is full.
-  virtual PassPositions begin_pass(const PassInfo& info) = 0;
+  // Starts a pass of the new tokens of one or more distinct sequences; returns each one's positions
+  // (in batch order; valid until the pass ends). Throws Error(kBudget) when a sequence's context is
+  // full (no pass is then open).
+  virtual std::span<const PassPositions> begin_batch(std::span<const PassInfo> seqs) = 0;
+  // A pass of n new tokens of one sequence.
+  PassPositions begin_pass(const PassInfo& info) { return begin_batch({&info, 1})[0]; }
   // The pass's new rows for `layer` (layers in order 0, 1, ...).
   virtual void write(uint32_t layer, const LayerRows& rows) = 0;
-  // Causal attention of the pass's queries over the layer's keys (the new ones included):
+  // Causal attention of the pass's queries over the layer's keys (the new ones included; each
+  // sequence's queries over its own keys):
   //   q: [n, n_head, head_dim_k] f32    o: [n, n_head, head_dim_v] f32
   virtual void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) = 0;
-  // Ends the pass: the sequence holds its n new tokens.
+  // Ends the pass: each sequence holds its new tokens.
   virtual void end_pass() = 0;
-  // Drops an open pass (after a failure): the sequence is as before begin_pass. No-op without one.
+  // Drops an open pass (after a failure): the sequences are as before begin_batch. No-op without one.
   virtual void abort_pass() = 0;
 
   // Forgets the sequence's positions >= n (n <= positions(seq)); n = 0 frees the sequence. Not during

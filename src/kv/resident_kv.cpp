@@ -65,10 +65,10 @@ ResidentKv::ResidentKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_
 }
 
 bool ResidentKv::attend_quest(uint32_t layer, const float* q, int64_t n_head, const cpu::AttnParams& ap,
-                              float* o) {
-  const SeqId seq = pass_.seq();
-  const int64_t end = pass_.pos0() + pass_.n();
-  if (pass_.n() != 1 || geo_.window_of(layer) != 0 || quest_.pages(end) * quest_.page() <= opt_.knobs.budget)
+                              float* o, const SeqPass& pass) {
+  const SeqId seq = pass.seq;
+  const int64_t end = pass.pos0 + pass.n;
+  if (pass.n != 1 || geo_.window_of(layer) != 0 || quest_.pages(end) * quest_.page() <= opt_.knobs.budget)
     return false;  // prefill is dense (as in the paper); a budget covering the context selects everything
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t g = geo_.heads_per_group(layer);
@@ -101,7 +101,7 @@ bool ResidentKv::attend_quest(uint32_t layer, const float* q, int64_t n_head, co
         a = stop;
       }
     }
-    const cpu::AttnQueries aq{q + h * G * dk, n_head * dk, 1, G, pass_.pos0()};
+    const cpu::AttnQueries aq{q + h * G * dk, n_head * dk, 1, G, pass.pos0};
     const cpu::AttnOutput out{o + h * G * dv, n_head * dv, nullptr, 0};
     cpu::attend(threads_, isa_, ap, aq, std::span(quest_spans_.data(), n), out, scratch_);
   }
@@ -121,18 +121,22 @@ int64_t ResidentKv::positions(SeqId seq) const {
   return positions_[seq];
 }
 
-PassPositions ResidentKv::begin_pass(const PassInfo& info) {
-  pass_.begin(info, info.seq < positions_.size() ? positions_[info.seq] : 0);
-  return {pass_.pos0(), pass_.n()};
+std::span<const PassPositions> ResidentKv::begin_batch(std::span<const PassInfo> seqs) {
+  pass_.begin(seqs, positions_);
+  return pass_.positions();
 }
 
 void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
   q_pre_ = rows.q_pre;
-  const SeqId seq = pass_.seq();
-  const int64_t pos0 = pass_.pos0();
-  const int64_t n = pass_.n();
-  if (opt_.selection == policy::Selection::kQuest) quest_.update(seq, layer, pos0, n, rows.k);
+  for (const SeqPass& sp : pass_.seqs()) write_seq(layer, rows, sp);
+  written_[layer] = pass_.serial();
+}
+
+void ResidentKv::write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp) {
+  const SeqId seq = sp.seq;
+  const int64_t pos0 = sp.pos0;
+  const int64_t n = sp.n;
   const int64_t hk = geo_.n_head_kv[layer];
   const int64_t g = geo_.heads_per_group(layer);
   const int64_t bt = geo_.block_tokens;
@@ -140,6 +144,10 @@ void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
   const int64_t dv = geo_.head_dim_v;
   const size_t esz = cpu::kv_dtype_bytes(geo_.dtype);
   BlockPool& pool = pool_of(layer);
+  LayerRows rows;  // this sequence's rows
+  rows.k = all.k + sp.row0 * hk * dk;
+  rows.v = all.v + sp.row0 * hk * dv;
+  if (opt_.selection == policy::Selection::kQuest) quest_.update(seq, layer, pos0, n, rows.k);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = pos0 + t;
     const int64_t b = pos / bt;
@@ -161,7 +169,6 @@ void ResidentKv::write(uint32_t layer, const LayerRows& rows) {
       }
     }
   }
-  written_[layer] = pos0 + n;
 }
 
 std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32_t group, int64_t end,
@@ -212,12 +219,21 @@ std::span<const cpu::KvSpan> ResidentKv::spans(SeqId seq, uint32_t layer, uint32
 
 void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
   pass_.attend(layer);
-  const SeqId seq = pass_.seq();
-  const int64_t pos0 = pass_.pos0();
-  const int64_t n = pass_.n();
+  KVTIER_ASSERT(written_[layer] == pass_.serial(), "layer {}: attention before this pass's write", layer);
+  const int64_t dk = geo_.head_dim_k;
+  const int64_t dv = geo_.head_dim_v;
+  for (const SeqPass& sp : pass_.seqs()) {
+    const float* q_pre = q_pre_ == nullptr ? nullptr : q_pre_ + sp.row0 * n_head * dk;
+    attend_seq(layer, q + sp.row0 * n_head * dk, q_pre, n_head, la, o + sp.row0 * n_head * dv, sp);
+  }
+}
+
+void ResidentKv::attend_seq(uint32_t layer, const float* q, const float* q_pre, int64_t n_head,
+                            const LayerAttention& la, float* o, const SeqPass& pass) {
+  const SeqId seq = pass.seq;
+  const int64_t pos0 = pass.pos0;
+  const int64_t n = pass.n;
   const int64_t end = pos0 + n;
-  KVTIER_ASSERT(written_[layer] == end, "layer {}: attention up to {} but {} rows written", layer, end,
-                written_[layer]);
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
                 geo_.window_of(layer));
@@ -232,7 +248,7 @@ void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const La
   ap.window = la.window;
   ap.kv_dtype = geo_.dtype;
   ap.kivi = kivi_;
-  if (opt_.selection == policy::Selection::kQuest && attend_quest(layer, q, n_head, ap, o)) return;
+  if (opt_.selection == policy::Selection::kQuest && attend_quest(layer, q, n_head, ap, o, pass)) return;
   const int64_t qh = g * ap.q_per_kv;  // query heads per group
   const bool stream = streams(layer);
   const int64_t sinks = opt_.knobs.sinks;
@@ -240,10 +256,10 @@ void ResidentKv::attend(uint32_t layer, const float* q, int64_t n_head, const La
   if (stream) {  // the queries that attend the sinks, rotated to the sink position
     const int64_t n_plain = policy::streaming_plain_queries(pos0, n, sinks, window);
     if (n_plain < n) {
-      KVTIER_ASSERT(compute_ != nullptr && q_pre_ != nullptr,
+      KVTIER_ASSERT(compute_ != nullptr && q_pre != nullptr,
                     "streaming retention needs the model's compute hook and q before RoPE");
       const int64_t row = n_head * ap.head_dim_k;
-      compute_->rope_q(layer, q_pre_ + n_plain * row, n - n_plain,
+      compute_->rope_q(layer, q_pre + n_plain * row, n - n_plain,
                        policy::streaming_sink_position(sinks, window),
                        streaming_.q_sink.data() + n_plain * row);
     }
@@ -278,30 +294,32 @@ void ResidentKv::free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to
 
 void ResidentKv::end_pass() {
   pass_.end();
-  const SeqId seq = pass_.seq();
-  const int64_t end = pass_.pos0() + pass_.n();
-  positions_[seq] = end;
-  if (kivi_.bits != 0) flush_kivi(seq, end);
-  if (opt_.retention == policy::Retention::kStreaming) {
-    // StreamingLLM: a layer without a window of its own frees the blocks between the sinks and the
-    // next query's window (a hole in its table); one with a window keeps it as sliding does.
-    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-      if (!streams(l)) continue;
-      const policy::BlockRange r = policy::streaming_free_blocks(
-          end, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
-      if (r.first < r.last) free_blocks(seq, l, r.first, r.last);
+  for (const SeqPass& sp : pass_.seqs()) {
+    const SeqId seq = sp.seq;
+    const int64_t end = sp.pos0 + sp.n;
+    positions_[seq] = end;
+    if (kivi_.bits != 0) flush_kivi(seq, end);
+    if (opt_.retention == policy::Retention::kStreaming) {
+      // StreamingLLM: a layer without a window of its own frees the blocks between the sinks and the
+      // next query's window (a hole in its table); one with a window keeps it as sliding does.
+      for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+        if (!streams(l)) continue;
+        const policy::BlockRange r = policy::streaming_free_blocks(
+            end, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
+        if (r.first < r.last) free_blocks(seq, l, r.first, r.last);
+      }
+    } else if (opt_.retention != policy::Retention::kSliding) {
+      continue;
     }
-  } else if (opt_.retention != policy::Retention::kSliding) {
-    return;
-  }
-  // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
-  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    if (geo_.window_of(l) == 0) continue;
-    const int64_t keep = policy::sliding_first_block(end, geo_.window_of(l), geo_.block_tokens);
-    const int64_t first = table_.first_block(seq, l);
-    if (keep > first) {
-      free_blocks(seq, l, first, keep);
-      table_.set_first_block(seq, l, keep);
+    // Retention: a sliding-window layer frees the blocks wholly below what the next query can see.
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      if (geo_.window_of(l) == 0) continue;
+      const int64_t keep = policy::sliding_first_block(end, geo_.window_of(l), geo_.block_tokens);
+      const int64_t first = table_.first_block(seq, l);
+      if (keep > first) {
+        free_blocks(seq, l, first, keep);
+        table_.set_first_block(seq, l, keep);
+      }
     }
   }
 }
@@ -309,13 +327,15 @@ void ResidentKv::end_pass() {
 void ResidentKv::abort_pass() {
   if (!pass_.open()) return;
   pass_.abort();
-  // Rows written past the sequence's positions are ignored; blocks that hold none of its positions
+  // Rows written past the sequences' positions are ignored; blocks that hold none of their positions
   // go back to the pools.
-  const SeqId seq = pass_.seq();
-  const int64_t keep = blocks_for(positions_[seq]);
-  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
-    if (opt_.selection == policy::Selection::kQuest) quest_.truncate(seq, l, positions_[seq]);
+  for (const SeqPass& sp : pass_.seqs()) {
+    const SeqId seq = sp.seq;
+    const int64_t keep = blocks_for(positions_[seq]);
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      free_blocks(seq, l, std::max(keep, table_.first_block(seq, l)), table_.max_blocks());
+      if (opt_.selection == policy::Selection::kQuest) quest_.truncate(seq, l, positions_[seq]);
+    }
   }
 }
 

@@ -36,7 +36,7 @@ class ResidentKv final : public KvCache {
   int64_t positions(SeqId seq) const override;
   uint32_t needs() const override;
   void set_compute(KvCompute* compute) override { compute_ = compute; }
-  PassPositions begin_pass(const PassInfo& info) override;
+  std::span<const PassPositions> begin_batch(std::span<const PassInfo> seqs) override;
   void write(uint32_t layer, const LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
   void end_pass() override;
@@ -58,11 +58,15 @@ class ResidentKv final : public KvCache {
   BlockPool& pool_of(uint32_t layer) { return *pools_[pool_index_[layer]]; }
   const BlockPool& pool_of(uint32_t layer) const { return *pools_[pool_index_[layer]]; }
   void free_blocks(SeqId seq, uint32_t layer, int64_t from, int64_t to);
+  void write_seq(uint32_t layer, const LayerRows& rows, const SeqPass& sp);
+  void attend_seq(uint32_t layer, const float* q, const float* q_pre, int64_t n_head,
+                  const LayerAttention& la, float* o, const SeqPass& sp);
   // Does streaming retention (sinks + recent window) apply to the layer? (not to a layer with a
   // window of its own, which keeps it)
   bool streams(uint32_t layer) const;
   // Quest's decode step on a layer without a window of its own: each KV head attends its selected pages.
-  bool attend_quest(uint32_t layer, const float* q, int64_t n_head, const cpu::AttnParams& ap, float* o);
+  bool attend_quest(uint32_t layer, const float* q, int64_t n_head, const cpu::AttnParams& ap, float* o,
+                    const SeqPass& sp);
   // KIVI: quantises the key groups of `seq` that left the residual window now that it holds `end`
   // positions, and frees the f16 blocks that hold no unquantised position any more.
   void flush_kivi(SeqId seq, int64_t end);
@@ -83,7 +87,7 @@ class ResidentKv final : public KvCache {
   BlockTable qtable_;                       // KIVI: the quantised blocks' slots (else empty)
   std::vector<int64_t> qend_;               // KIVI: [n_seqs] positions below are quantised
   std::vector<int64_t> positions_;          // [n_seqs] tokens each sequence holds
-  std::vector<int64_t> written_;            // [n_layer] rows of the open pass written (pos0 + n once written)
+  std::vector<uint64_t> written_;           // [n_layer] serial of the last pass that wrote the layer
   std::vector<cpu::KvSpan> span_buf_;       // [max_blocks] spans of one attend call
   PassState pass_;
   Reservation scratch_reservation_;  // scratch_ and streaming_

@@ -231,19 +231,33 @@ TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
   return lay;
 }
 
-PassPositions TieredKv::begin_pass(const PassInfo& info) {
-  pass_.begin(info, info.seq < length_.size() ? length_[info.seq] : 0);
+std::span<const PassPositions> TieredKv::begin_batch(std::span<const PassInfo> seqs) {
+  pass_.begin(seqs, length_);
   try {
-    KVTIER_ASSERT(info.n <= opt_.max_new_rows, "pass of {} rows, staging for {}", info.n, opt_.max_new_rows);
-    pass_seq_ = info.seq;
-    pass_pos0_ = pass_.pos0();
-    pass_n_ = pass_.n();
-    plan(pass_pos0_ + pass_n_);
+    KVTIER_ASSERT(pass_.total() <= opt_.max_new_rows, "pass of {} rows, staging for {}", pass_.total(),
+                  opt_.max_new_rows);
+    const SeqPass& first = pass_.seqs()[0];
+    pass_seq_ = first.seq;
+    pass_pos0_ = first.pos0;
+    pass_n_ = first.n;
+    pass_row0_ = 0;
+    // One plan for the batch, for its longest sequence (the group choice does not change the bits).
+    int64_t s_kv = 0;
+    for (const SeqPass& sp : pass_.seqs()) s_kv = std::max(s_kv, sp.pos0 + sp.n);
+    plan(s_kv);
+    visit_order_.clear();
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      for (uint32_t b = 0; b < pass_.seqs().size(); ++b) {
+        for (size_t i = first_unit_[l]; i < plan_.units.size() && plan_.units[i].layer == l; ++i) {
+          if (!plan_.units[i].is_static) visit_order_.push_back({b, i});
+        }
+      }
+    }
   } catch (...) {
     pass_.abort();
     throw;
   }
-  return {pass_pos0_, pass_n_};
+  return pass_.positions();
 }
 
 void TieredKv::plan(int64_t s_kv) {
@@ -278,10 +292,14 @@ void TieredKv::plan(int64_t s_kv) {
 void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
   q_pre_ = rows.q_pre;
-  const int64_t n = pass_n_;
-  ensure_pages(pass_seq_, layer, pass_pos0_, pass_pos0_ + n);
-  if (kivi_.bits != 0)
-    ensure_qpages(pass_seq_, layer, quantised_end(pass_pos0_), quantised_end(pass_pos0_ + n));
+  const int64_t n = pass_.total();
+  for (const SeqPass& sp : pass_.seqs()) {
+    ensure_pages(sp.seq, layer, sp.pos0, sp.pos0 + sp.n);
+    if (kivi_.bits != 0) {
+      ensure_qpages(sp.seq, layer, std::max(quantised_end(sp.seq, sp.pos0), first_row(layer, sp.pos0)),
+                    quantised_end(sp.seq, sp.pos0 + sp.n));
+    }
+  }
   const float* k = rows.k;
   const float* v = rows.v;
   const int64_t hk = geo_.n_head_kv[layer];
@@ -296,12 +314,12 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   }
 }
 
-void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
+void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows) {
   const policy::Unit& u = plan_.units[unit_index];
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
   // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
-  const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(rows));
+  const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(seq, rows));
   size_t n_blocks = 0;
   // Streaming: the blocks between the sinks and the window of the pass's first query are not needed
   // (they are freed when the pass ends).
@@ -315,19 +333,18 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
       const int64_t f16_first = std::max(first, qend);  // kivi: f16 rows from qend on
       if (drop.first < drop.last) {                     // (streaming does not combine with kivi)
-        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens,
-                 n_blocks);
-        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
+        add_rows(seq, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens, n_blocks);
+        add_rows(seq, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
       } else {
-        add_rows(pass_seq_, u.layer, u.head0 + h, kv, plane, f16_first, rows, n_blocks);
+        add_rows(seq, u.layer, u.head0 + h, kv, plane, f16_first, rows, n_blocks);
       }
     }
-    if (qend > first) add_qpages(pass_seq_, u.layer, u.head0 + h, qplane(base, h), first, qend, n_blocks);
+    if (qend > first) add_qpages(seq, u.layer, u.head0 + h, qplane(base, h), first, qend, n_blocks);
   }
   Visit vis;
   vis.visit = visit;
   vis.unit = u;
-  vis.seq = pass_seq_;
+  vis.seq = seq;
   vis.first = first;
   vis.rows = rows;
   vis.qend = qend;
@@ -340,15 +357,18 @@ void TieredKv::submit_load(uint64_t visit, size_t unit_index, int64_t rows) {
 }
 
 void TieredKv::prefetch_ahead(uint64_t visit) {
-  const uint64_t n_off = offloaded_.size();
+  const uint64_t n_visits = visit_order_.size();
   const uint64_t last = inflight_.empty() ? visit : std::max(visit, inflight_.back().visit);
   for (uint64_t v = last + 1; v <= visit + opt_.placement.prefetch_depth; ++v) {
     const uint64_t rel = v - pass_first_visit_;
-    const uint64_t pass_ahead = rel / n_off;
+    const uint64_t pass_ahead = rel / n_visits;
     if (pass_ahead > 1) break;  // two passes ahead: their lengths are unknown
-    const int64_t rows = pass_ahead == 0 ? pass_pos0_ : pass_pos0_ + pass_n_;
+    // The next pass is assumed to be the same batch (a decode step); a different one loads anew.
+    const VisitSlot slot = visit_order_[rel % n_visits];
+    const SeqPass& sp = pass_.seqs()[slot.b];
+    const int64_t rows = pass_ahead == 0 ? sp.pos0 : sp.pos0 + sp.n;
     if (rows + 1 > layout_.rows) break;  // the next pass will need another layout
-    submit_load(v, offloaded_[rel % n_off], rows);
+    submit_load(v, sp.seq, slot.unit, rows);
   }
 }
 
@@ -359,10 +379,11 @@ void TieredKv::scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Uni
   for (int64_t t = 0; t < n; ++t) {
     for (uint32_t h = 0; h < u.n_heads; ++h) {
       const int64_t src = t * hk + u.head0 + h;
-      std::memcpy(base + 2ull * h * pitch + static_cast<uint64_t>(pos0 + t) * rk,
-                  new_k_.data() + static_cast<uint64_t>(src) * rk, rk);
+      const uint64_t row = static_cast<uint64_t>(pass_row0_ * hk + src);  // the pass's rows of this sequence
+      std::memcpy(base + 2ull * h * pitch + static_cast<uint64_t>(pos0 + t) * rk, new_k_.data() + row * rk,
+                  rk);
       std::memcpy(base + (2ull * h + 1) * pitch + static_cast<uint64_t>(pos0 + t) * rv,
-                  new_v_.data() + static_cast<uint64_t>(src) * rv, rv);
+                  new_v_.data() + row * rv, rv);
     }
   }
 }
@@ -387,7 +408,7 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   span.v_head_stride = span.k_head_stride;
   if (kivi_.bits != 0) {  // quantised below the pass's quantised end (offloaded units only)
     ap.kivi = kivi_;
-    span.n_quant = std::clamp<int64_t>(quantised_end(pos0) - first, 0, span.n_tokens);
+    span.n_quant = std::clamp<int64_t>(quantised_end(pass_seq_, pos0) - first, 0, span.n_tokens);
     auto* b = const_cast<uint8_t*>(base);
     span.kq = qplane(b, 0);
     span.vq = span.kq + lay_.qpage_v_offset;
@@ -415,6 +436,18 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
                 geo_.window_of(layer));
+  for (const SeqPass& sp : pass_.seqs()) {
+    pass_seq_ = sp.seq;
+    pass_pos0_ = sp.pos0;
+    pass_n_ = sp.n;
+    pass_row0_ = sp.row0;
+    attend_seq(layer, q + sp.row0 * n_head * geo_.head_dim_k, n_head, la,
+               o + sp.row0 * n_head * geo_.head_dim_v);
+  }
+}
+
+void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la,
+                          float* o) {
   const int64_t pos0 = pass_pos0_;
   const int64_t n = pass_n_;
   if (streams(layer)) {  // the queries that attend the sinks, rotated to the sink position
@@ -425,7 +458,7 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
       KVTIER_ASSERT(compute_ != nullptr && q_pre_ != nullptr,
                     "streaming retention needs the model's compute hook and q before RoPE");
       const int64_t row = n_head * geo_.head_dim_k;
-      compute_->rope_q(layer, q_pre_ + n_plain * row, n - n_plain,
+      compute_->rope_q(layer, q_pre_ + (pass_row0_ + n_plain) * row, n - n_plain,
                        policy::streaming_sink_position(sinks, window),
                        streaming_.q_sink.data() + n_plain * row);
     }
@@ -445,7 +478,8 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
         inflight_.front().unit.head0 == u.head0 && inflight_.front().unit.n_heads == u.n_heads &&
         inflight_.front().rows == pos0 &&
         inflight_.front().first == std::min(first_row(u.layer, pos0), pos0) &&
-        (kivi_.bits == 0 || inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pos0)));
+        (kivi_.bits == 0 ||
+         inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0)));
     if (ready) {
       engine_->wait(inflight_.front().ticket);
       inflight_.erase(inflight_.begin());
@@ -453,7 +487,7 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
       // Not prefetched (first visit, after a truncation or a layout change): load now.
       engine_->drain();
       inflight_.clear();
-      submit_load(visit, i, pos0);
+      submit_load(visit, pass_seq_, i, pos0);
       if (pos0 > 0) ++sync_loads_;
       engine_->wait(inflight_.front().ticket);
       inflight_.clear();
@@ -466,8 +500,8 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
     // KIVI: the key groups that leave the residual window with this pass, quantised now (this pass
     // still attends their f16 rows; later ones load the quantised pages).
-    const int64_t q0 = kivi_.bits == 0 ? 0 : quantised_end(pos0);
-    const int64_t q1 = kivi_.bits == 0 ? 0 : quantised_end(pos0 + n);
+    const int64_t q0 = kivi_.bits == 0 ? 0 : std::max(quantised_end(pass_seq_, pos0), first_row(layer, pos0));
+    const int64_t q1 = kivi_.bits == 0 ? 0 : quantised_end(pass_seq_, pos0 + n);
     if (q1 > q0) quantise_unit(base, u, q0, q1);
     // Write back only the new rows (page-aligned around them for direct I/O; the bytes before the
     // first new row in its page are the loaded rows, those after the last are never read as valid),
@@ -489,33 +523,36 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
 
 void TieredKv::end_pass() {
   pass_.end();
-  const int64_t end = pass_pos0_ + pass_n_;
-  length_[pass_seq_] = end;
-  if (kivi_.bits != 0) {
-    qend_[pass_seq_] = quantised_end(end);
-    release_f16_pages(pass_seq_, qend_[pass_seq_]);
-  }
-  if (opt_.retention == policy::Retention::kStreaming) {
-    // StreamingLLM: pages between the sinks and the next query's window go back to the free list
-    // (the next pass's loads skip them); layers with a window of their own keep it as sliding does.
-    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-      if (!streams(l)) continue;
-      const policy::BlockRange r = policy::streaming_free_blocks(
-          end, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
-      if (r.first < r.last) release_pages(pass_seq_, l, r.first, r.last);
+  for (const SeqPass& sp : pass_.seqs()) {
+    const SeqId seq = sp.seq;
+    const int64_t end = sp.pos0 + sp.n;
+    length_[seq] = end;
+    if (kivi_.bits != 0) {
+      qend_[seq] = quantised_end(seq, end);
+      release_f16_pages(seq, qend_[seq]);
     }
-  } else if (opt_.retention != policy::Retention::kSliding) {
-    return;
-  }
-  // Retention: a sliding-window layer's pages wholly below what the next query can see go back to
-  // the free list. No transfer uses them: this pass's loads completed, its stores hold new rows, and
-  // the next pass's prefetches start at the same first row.
-  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    const int64_t keep = first_row(l, end) / geo_.block_tokens;
-    const int64_t first = pages_.first_block(pass_seq_, l);
-    if (keep > first) {
-      release_pages(pass_seq_, l, first, keep);
-      pages_.set_first_block(pass_seq_, l, keep);
+    if (opt_.retention == policy::Retention::kStreaming) {
+      // StreamingLLM: pages between the sinks and the next query's window go back to the free list
+      // (the next pass's loads skip them); layers with a window of their own keep it as sliding does.
+      for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+        if (!streams(l)) continue;
+        const policy::BlockRange r = policy::streaming_free_blocks(
+            end, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), geo_.block_tokens);
+        if (r.first < r.last) release_pages(seq, l, r.first, r.last);
+      }
+    } else if (opt_.retention != policy::Retention::kSliding) {
+      continue;
+    }
+    // Retention: a sliding-window layer's pages wholly below what the next query can see go back to
+    // the free list. No transfer uses them: this pass's loads completed, its stores hold new rows, and
+    // the next pass's prefetches start at the same first row.
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      const int64_t keep = first_row(l, end) / geo_.block_tokens;
+      const int64_t first = pages_.first_block(seq, l);
+      if (keep > first) {
+        release_pages(seq, l, first, keep);
+        pages_.set_first_block(seq, l, keep);
+      }
     }
   }
 }
@@ -523,14 +560,17 @@ void TieredKv::end_pass() {
 void TieredKv::abort_pass() {
   if (!pass_.open()) return;
   pass_.abort();
-  // Rows of the aborted pass may have reached the home tier; they lie past the sequence's length and
-  // are rewritten by its next pass. Loads prefetched for it are void; pages of blocks it opened go back.
+  // Rows of the aborted pass may have reached the home tier; they lie past the sequences' lengths and
+  // are rewritten by their next passes. Loads prefetched for it are void; pages of blocks it opened go
+  // back.
   engine_->drain();
   inflight_.clear();
   ++epoch_;
-  const int64_t keep = (length_[pass_seq_] + geo_.block_tokens - 1) / geo_.block_tokens;
-  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-    release_pages(pass_seq_, l, std::max(keep, pages_.first_block(pass_seq_, l)), pages_.max_blocks());
+  for (const SeqPass& sp : pass_.seqs()) {
+    const int64_t keep = (length_[sp.seq] + geo_.block_tokens - 1) / geo_.block_tokens;
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      release_pages(sp.seq, l, std::max(keep, pages_.first_block(sp.seq, l)), pages_.max_blocks());
+    }
   }
   pass_pos0_ = -1;
 }

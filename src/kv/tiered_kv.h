@@ -57,7 +57,7 @@ class TieredKv final : public KvCache {
   int64_t capacity() const override { return capacity_; }
   uint32_t max_sequences() const override { return pages_.n_seqs(); }
   int64_t positions(SeqId seq) const override;
-  PassPositions begin_pass(const PassInfo& info) override;
+  std::span<const PassPositions> begin_batch(std::span<const PassInfo> seqs) override;
   void write(uint32_t layer, const LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
   uint32_t needs() const override;
@@ -98,16 +98,16 @@ class TieredKv final : public KvCache {
   Layout layout_for(uint32_t group) const;
   // First row a pass whose first new token is at `pos0` attends in `layer` (block-aligned; 0 unless
   // sliding retention applies to the layer).
-  int64_t first_row(uint32_t layer, int64_t pos0) const;  // Appends the copies of rows [r0, r1) of one head's
-                                                          // K or V between its home pages and the staging
+  int64_t first_row(uint32_t layer, int64_t pos0) const;
+  // Appends the copies of rows [r0, r1) of one head's K or V between its home pages and the staging
   // plane at `buf` (row r at buf + r * row_bytes): one extent per page (the engine merges adjacent ones).
   void add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_t* buf, int64_t r0, int64_t r1,
                 size_t& n);
   uint64_t page_offset(uint32_t layer, uint32_t head, int kv, uint32_t page) const;
-  // KIVI (tiered_kv_kivi.cpp): the quantised pages, positions quantised when a pass that starts at
-  // `pos0` runs, quantising a unit's new groups in its staging buffer and moving quantised pages.
+  // KIVI (tiered_kv_kivi.cpp): the quantised pages, positions of `seq` quantised when a pass that
+  // starts at `pos0` runs, quantising a unit's new groups in its staging buffer and moving quantised pages.
   uint64_t qpage_offset(uint32_t layer, uint32_t head, uint32_t page) const;
-  int64_t quantised_end(int64_t pos0) const;
+  int64_t quantised_end(SeqId seq, int64_t pos0) const;
   void ensure_qpages(SeqId seq, uint32_t layer, int64_t p0, int64_t p1);
   void add_qpages(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
                   size_t& n);
@@ -127,7 +127,9 @@ class TieredKv final : public KvCache {
   // Appends the extent [home_offset, +bytes) <-> buf (one plane's rows: consecutive home blocks) to
   // copies_.
   void add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n);
-  void submit_load(uint64_t visit, size_t unit_index, int64_t rows);
+  void submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows);
+  // The units of `layer` for the batch's sequence `sp` (pass_seq_, pass_pos0_, pass_n_ set to it).
+  void attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o);
   void prefetch_ahead(uint64_t visit);
   void scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n);
   void attend_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n,
@@ -179,14 +181,23 @@ class TieredKv final : public KvCache {
   policy::PassPlan plan_;
   Layout layout_;
   uint64_t epoch_ = 0;  // bumps when the layout changes (prefetches of older epochs are void)
+  // The batch's sequence being visited (a pass of one sequence: that sequence all along).
   SeqId pass_seq_ = 0;
   int64_t pass_pos0_ = -1;
   int64_t pass_n_ = 0;
-  std::vector<size_t> first_unit_;  // [n_layer] index into plan_.units of the layer's first unit
-  std::vector<size_t> offloaded_;   // indices into plan_.units of the offloaded units, in order
-  uint64_t next_visit_ = 0;         // visit counter (offloaded units only)
-  uint64_t pass_first_visit_ = 0;   // visit of the pass's first offloaded unit
-  std::vector<Visit> inflight_;     // loads submitted for visits >= next_visit_, in visit order
+  int64_t pass_row0_ = 0;  // its first row in the pass (in new_k_ / new_v_)
+  // The pass's offloaded visits in order: (index in the batch, index into plan_.units). Layers in
+  // order; in each layer, the batch's sequences in order; in each, the layer's offloaded units.
+  struct VisitSlot {
+    uint32_t b = 0;
+    size_t unit = 0;
+  };
+  std::vector<VisitSlot> visit_order_;  // [batch * offloaded units], capacity kept across passes
+  std::vector<size_t> first_unit_;      // [n_layer] index into plan_.units of the layer's first unit
+  std::vector<size_t> offloaded_;       // indices into plan_.units of the offloaded units, in order
+  uint64_t next_visit_ = 0;             // visit counter (offloaded units only)
+  uint64_t pass_first_visit_ = 0;       // visit of the pass's first offloaded unit
+  std::vector<Visit> inflight_;         // loads submitted for visits >= next_visit_, in visit order
   uint64_t passes_ = 0;
   uint64_t sync_loads_ = 0;
 };

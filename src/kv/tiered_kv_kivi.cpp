@@ -17,14 +17,12 @@ uint64_t TieredKv::qpage_offset(uint32_t layer, uint32_t head, uint32_t page) co
          uint64_t{page} * lay_.qpage_bytes;
 }
 
-int64_t TieredKv::quantised_end(int64_t pos0) const {
-  return std::max(qend_[pass_seq_],
-                  policy::kivi_quantised_end(pos0, opt_.knobs.kivi_residual, kivi_.key_group));
+int64_t TieredKv::quantised_end(SeqId seq, int64_t pos0) const {
+  return std::max(qend_[seq], policy::kivi_quantised_end(pos0, opt_.knobs.kivi_residual, kivi_.key_group));
 }
 
 void TieredKv::ensure_qpages(SeqId seq, uint32_t layer, int64_t p0, int64_t p1) {
   const int64_t bt = geo_.block_tokens;
-  p0 = std::max(p0, first_row(layer, pass_pos0_));  // blocks freed by sliding retention stay freed
   for (int64_t b = p0 / bt; p1 > p0 && b <= (p1 - 1) / bt; ++b) {
     BlockEntry& e = qpages_.at(seq, layer, 0, b);
     if (e.slot != BlockTable::kNoSlot) continue;
@@ -39,7 +37,6 @@ void TieredKv::ensure_qpages(SeqId seq, uint32_t layer, int64_t p0, int64_t p1) 
 void TieredKv::add_qpages(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
                           size_t& n) {
   const int64_t bt = geo_.block_tokens;
-  p0 = std::max(p0, first_row(layer, pass_pos0_));
   for (int64_t b = p0 / bt; p1 > p0 && b <= (p1 - 1) / bt; ++b) {
     const BlockEntry& e = qpages_.at(seq, layer, 0, b);
     KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no quantised page", seq, layer,

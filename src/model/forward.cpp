@@ -73,6 +73,8 @@ Forward::Forward(const ModelConfig& cfg, const ModelWeights& w, int64_t max_toke
   hook_cos_.resize(b.hook_cos);
   hook_sin_.resize(b.hook_sin);
   mm_scratch_.resize(b.matmul_bytes);
+  token_part_.resize(sz(max_tokens));
+  logit_src_.resize(sz(max_tokens));
 }
 
 kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::KvDtype dtype,
@@ -236,31 +238,62 @@ void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
   });
 }
 
+int64_t logit_rows(const SeqTokens& s) {
+  switch (s.rows) {
+    case LogitRows::kNone:
+      return 0;
+    case LogitRows::kLast:
+      return 1;
+    case LogitRows::kAll:
+      return static_cast<int64_t>(s.tokens.size());
+  }
+  return 0;
+}
+
 void Forward::run(std::span<const TokenId> tokens, kv::SeqId seq, kv::KvCache& kv, LogitRows rows,
                   float* logits) {
-  const auto n = static_cast<int64_t>(tokens.size());
-  KVTIER_ASSERT(n > 0 && n <= max_tokens_, "{} tokens for a forward pass of at most {}", n, max_tokens_);
+  const SeqTokens part{seq, tokens, rows};
+  run_batch({&part, 1}, kv, logits);
+}
+
+void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float* logits) {
+  int64_t n = 0;
+  for (const SeqTokens& p : parts) n += static_cast<int64_t>(p.tokens.size());
+  KVTIER_ASSERT(!parts.empty() && n > 0 && n <= max_tokens_, "{} tokens for a forward pass of at most {}", n,
+                max_tokens_);
   KVTIER_ASSERT((kv.needs() & ~kv_needs_) == 0, "the KV cache needs rows {:#x}; this Forward makes {:#x}",
                 kv.needs(), kv_needs_);
   const int64_t E = cfg_.n_embd;
   const auto row_bytes = static_cast<int64_t>(*ggml_row_bytes(w_.tok_embd.type, static_cast<uint64_t>(E)));
-  for (TokenId id : tokens) {
-    if (id < 0 || static_cast<uint32_t>(id) >= cfg_.n_vocab)
-      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary of {}", id, cfg_.n_vocab);
+  batch_.clear();
+  part_row0_.clear();
+  int64_t row = 0;
+  for (const SeqTokens& p : parts) {
+    KVTIER_ASSERT(!p.tokens.empty(), "a part of sequence {} with no tokens", p.seq);
+    for (TokenId id : p.tokens) {
+      if (id < 0 || static_cast<uint32_t>(id) >= cfg_.n_vocab)
+        fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary of {}", id, cfg_.n_vocab);
+    }
+    part_row0_.push_back(row);
+    for (size_t t = 0; t < p.tokens.size(); ++t) token_part_[sz(row++)] = static_cast<int64_t>(batch_.size());
+    batch_.push_back({p.seq, static_cast<int64_t>(p.tokens.size())});
   }
-  const kv::PassPositions pp = kv.begin_pass({seq, n});
+  const std::span<const kv::PassPositions> pp = kv.begin_batch(batch_);
   try {
-    // Embeddings and RoPE angles of the chunk's positions.
+    // Embeddings and RoPE angles of the pass's positions (token t of the pass is token t - row0 of
+    // its part).
     const int64_t half = cfg_.n_rot / 2;
     for_tokens(n, [&](int64_t t) {
+      const auto b = sz(token_part_[sz(t)]);
+      const int64_t i = t - part_row0_[b];
       float* x = x_.data() + t * E;
-      cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + tokens[sz(t)] * row_bytes, x, E);
+      cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + parts[b].tokens[sz(i)] * row_bytes, x, E);
       if (cfg_.embd_scale != 1.0f) {
-        for (int64_t i = 0; i < E; ++i) x[i] *= cfg_.embd_scale;
+        for (int64_t e = 0; e < E; ++e) x[e] *= cfg_.embd_scale;
       }
       for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
         const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
-        rope_angles_ext(pp.position(t), cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
+        rope_angles_ext(pp[b].position(i), cfg_.rope_tables[r], cfg_.n_rot, w_.rope_freqs, cos_.data() + off,
                         sin_.data() + off);
       }
     });
@@ -270,12 +303,21 @@ void Forward::run(std::span<const TokenId> tokens, kv::SeqId seq, kv::KvCache& k
     kv.abort_pass();
     throw;
   }
-  if (rows == LogitRows::kNone) return;
 
-  const int64_t first = rows == LogitRows::kLast ? n - 1 : 0;
-  const int64_t m = n - first;
+  // The logit rows the parts want, gathered in order, through the output norm.
+  int64_t m = 0;
+  int64_t part_row = 0;
+  for (const SeqTokens& p : parts) {
+    const int64_t np = static_cast<int64_t>(p.tokens.size());
+    const int64_t want = logit_rows(p);
+    const int64_t first = part_row + np - want;
+    for (int64_t t = 0; t < want; ++t) logit_src_[sz(m++)] = first + t;
+    part_row += np;
+  }
+  if (m == 0) return;
   for_tokens(m, [&](int64_t t) {
-    cpu::rms_norm(isa_, x_.data() + (first + t) * E, w_.output_norm, cfg_.rms_eps, E, xn_.data() + t * E);
+    cpu::rms_norm(isa_, x_.data() + logit_src_[sz(t)] * E, w_.output_norm, cfg_.rms_eps, E,
+                  xn_.data() + t * E);
   });
   matmul(w_.output, xn_.data(), m, logits);
   if (cfg_.final_softcap > 0.0f) {

@@ -8,6 +8,10 @@
 //   logits = norm(x) Wout [softcap]
 //
 // All buffers are sized at construction for up to max_tokens tokens per call; run() allocates nothing.
+// A pass may carry the tokens of several sequences (run_batch): every matmul runs once over all of
+// them (a decode step of B sequences reads each weight once), each sequence attends its own KV. The
+// matmul and attention kernels give each row the bits it gets alone (matmul.h, attention.h), so a
+// sequence's results do not depend on what else is in the batch.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +58,16 @@ ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, in
 kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::KvDtype dtype,
                            uint32_t group_heads = 0);
 
+// One sequence's part of a batched pass, and the logits it wants.
+struct SeqTokens {
+  kv::SeqId seq = 0;
+  std::span<const TokenId> tokens;
+  LogitRows rows = LogitRows::kLast;
+};
+
+// Rows of logits a part produces: 0, 1 or its token count.
+int64_t logit_rows(const SeqTokens& s);
+
 class Forward final : public kv::KvCompute {
  public:
   // kv_needs: the KvNeed bits of the caches this Forward will run with.
@@ -63,6 +77,10 @@ class Forward final : public kv::KvCompute {
   // Runs one pass of `tokens` of sequence `seq` (at the positions the cache gives) and writes the
   // requested logits. A failure aborts the cache's pass (the sequence is as before) and rethrows.
   void run(std::span<const TokenId> tokens, kv::SeqId seq, kv::KvCache& kv, LogitRows rows, float* logits);
+  // One pass over the tokens of several distinct sequences (at most max_tokens in all). logits: the
+  // parts' logit rows concatenated in order ([sum logit_rows(part), n_vocab] f32). A failure aborts
+  // the pass for all of them (each sequence is as before) and rethrows.
+  void run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float* logits);
 
   // kv::KvCompute: the same projection code a pass uses for its new tokens. Needs kv_needs != 0.
   void project_kv(uint32_t layer, const float* x, std::span<const int64_t> positions, float* k,
@@ -109,6 +127,10 @@ class Forward final : public kv::KvCompute {
   std::vector<float> hook_cos_;      // kv needs: [T, n_rot / 2] f32, angles of project_kv
   std::vector<float> hook_sin_;      // kv needs: [T, n_rot / 2] f32
   std::vector<uint8_t> mm_scratch_;  // quantised activations of the widest matmul
+  std::vector<kv::PassInfo> batch_;  // [parts] of the current pass (capacity kept across passes)
+  std::vector<int64_t> part_row0_;   // [parts] first row of each part in the pass
+  std::vector<int64_t> token_part_;  // [T] part index of each token of the pass
+  std::vector<int64_t> logit_src_;   // [T] the pass row each logit row comes from
 };
 
 }  // namespace kvtier::model

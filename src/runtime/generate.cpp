@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "tokenizer/decoder.h"
+#include "runtime/text_stream.h"
 
 namespace kvtier::runtime {
 namespace {
@@ -13,20 +13,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string.
-size_t held_suffix(std::string_view text, const std::vector<std::string>& stop) {
-  size_t best = 0;
-  for (const auto& s : stop) {
-    for (size_t n = std::min(text.size(), s.size() - 1); n > best; --n) {
-      if (text.substr(text.size() - n) == std::string_view(s).substr(0, n)) {
-        best = n;
-        break;
-      }
-    }
-  }
-  return best;
 }
 
 }  // namespace
@@ -69,9 +55,7 @@ GenerateResult generate(Session& s, Sampler& sampler, std::span<const TokenId> p
       opt.on_logits ? s.evaluate(prompt, opt.on_logits, checked) : s.prefill(prompt, checked);
   r.prefill_s = since(t0);
 
-  tokenizer::StreamDecoder dec(tok, {.render_special = false});
-  std::string pending;  // decoded but not yet released (may start a stop string)
-  std::string_view stop_hit;
+  TextStream text(tok, opt.stop);
   const auto t1 = Clock::now();
   r.reason = StopReason::kMaxTokens;
   while (r.n_gen < opt.max_tokens) {
@@ -87,27 +71,12 @@ GenerateResult generate(Session& s, Sampler& sampler, std::span<const TokenId> p
       r.reason = StopReason::kEndOfGeneration;
       break;
     }
-    pending += dec.push(id);
-    // Stop strings: cut at the first match; otherwise release all but a possible stop prefix.
-    size_t cut = std::string::npos;
-    for (const auto& st : opt.stop) {
-      const size_t at = pending.find(st);
-      if (at != std::string::npos && at < cut) {
-        cut = at;
-        stop_hit = st;
-      }
-    }
-    if (cut != std::string::npos) {
-      pending.resize(cut);
+    const std::string out = text.push(id);
+    r.text += out;
+    if (on_text && !out.empty()) on_text(out);
+    if (text.stopped()) {
       r.reason = StopReason::kStopString;
       break;
-    }
-    const size_t hold = held_suffix(pending, opt.stop);
-    if (pending.size() > hold) {
-      const std::string out = pending.substr(0, pending.size() - hold);
-      r.text += out;
-      if (on_text) on_text(out);
-      pending.erase(0, pending.size() - hold);
     }
     if (r.n_gen >= opt.max_tokens) break;
     if (s.n_past() >= s.n_ctx()) {
@@ -118,9 +87,9 @@ GenerateResult generate(Session& s, Sampler& sampler, std::span<const TokenId> p
     ++r.n_decode;
     if (opt.on_logits) opt.on_logits(s.n_past() - 1, logits);
   }
-  if (r.reason != StopReason::kStopString) pending += dec.flush();
-  r.text += pending;
-  if (on_text && !pending.empty()) on_text(pending);
+  const std::string rest = text.finish();
+  r.text += rest;
+  if (on_text && !rest.empty()) on_text(rest);
   r.decode_s = since(t1);
   return r;
 }

@@ -116,6 +116,21 @@ std::span<const float> Session::decode(kv::SeqId seq, TokenId token) {
   return {logits_.data(), model_.config.n_vocab};
 }
 
+std::span<const float> Session::step(std::span<const model::SeqTokens> parts) {
+  KVTIER_ASSERT(!parts.empty() && static_cast<int64_t>(parts.size()) <= max_batch(),
+                "a step of {} sequences (at most {})", parts.size(), max_batch());
+  int64_t n = 0;
+  int64_t rows = 0;
+  for (const model::SeqTokens& p : parts) {
+    KVTIER_ASSERT(p.rows != model::LogitRows::kAll, "step() gives the last token's logits only");
+    n += static_cast<int64_t>(p.tokens.size());
+    rows += model::logit_rows(p);
+  }
+  KVTIER_ASSERT(n <= opt_.chunk, "a step of {} tokens (the chunk is {})", n, opt_.chunk);
+  forward_->run_batch(parts, *kv_, logits_.data());
+  return {logits_.data(), static_cast<size_t>(rows) * model_.config.n_vocab};
+}
+
 std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId> tokens, const LogitsFn& fn,
                                          const ProgressFn& progress) {
   const auto n = static_cast<int64_t>(tokens.size());

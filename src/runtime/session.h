@@ -2,6 +2,8 @@
 // share, the memory ledger and the logits buffer. Chunked prefill, single-token decode, and
 // whole-text evaluation (every position's logits) for perplexity and logit dumps. Each call runs one
 // sequence (id 0 unless given); sequences may be interleaved freely, each sees only its own KV.
+// step() runs several sequences in one pass (batching): prefill chunks and decode tokens mixed, each
+// sequence getting the same logits as alone.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +56,12 @@ class Session {
   // Appends one token; returns its logits.
   std::span<const float> decode(kv::SeqId seq, TokenId token);
   std::span<const float> decode(TokenId token) { return decode(0, token); }
+  // One forward pass over the tokens of several distinct sequences (at most chunk() tokens and
+  // max_batch() parts in all; rows kLast or kNone each). Returns the logits of the parts that asked
+  // for them, in order ([parts with kLast, n_vocab] f32; valid until the next call).
+  std::span<const float> step(std::span<const model::SeqTokens> parts);
+  // Parts one step() may carry.
+  int64_t max_batch() const { return std::min<int64_t>(logit_rows_, kv_->max_sequences()); }
   // Appends tokens, calling `fn` with every position's logits (for perplexity / dumps), in passes of
   // at most min(chunk, 64 MiB of logits) tokens (results do not depend on the pass size).
   // Returns the logits of the last position.

@@ -147,6 +147,9 @@ TEST(ResidentKv, PassProtocolMisuseIsAClearError) {
   expect_misuse([&] { kv.end_pass(); }, "without an open pass");
   expect_misuse([&] { kv.begin_pass({2, 1}); }, "sequence 2 does not exist");
   expect_misuse([&] { kv.begin_pass({0, 0}); }, "a pass of 0 tokens");
+  const PassInfo twice[] = {{1, 2}, {0, 1}, {1, 1}};
+  expect_misuse([&] { kv.begin_batch(twice); }, "sequence 1 appears twice in one pass");
+  expect_misuse([&] { kv.begin_batch({}); }, "no sequences");
   kv.begin_pass({1, 4});
   expect_misuse([&] { kv.begin_pass({0, 1}); }, "still open");
   expect_misuse([&] { kv.truncate(0, 0); }, "during the open pass");

@@ -118,11 +118,14 @@ class RecordingKv final : public kv::KvCache {
   uint32_t max_sequences() const override { return inner_.max_sequences(); }
   int64_t positions(kv::SeqId s) const override { return inner_.positions(s); }
   uint32_t needs() const override { return kv::kNeedLayerInput | kv::kNeedPreRope; }
-  kv::PassPositions begin_pass(const kv::PassInfo& i) override {
+  std::span<const kv::PassPositions> begin_batch(std::span<const kv::PassInfo> seqs) override {
     x.clear();
     k.clear();
     v.clear();
-    return pass_ = inner_.begin_pass(i);
+    const auto p = inner_.begin_batch(seqs);
+    EXPECT_EQ(p.size(), 1u);
+    pass_ = p[0];
+    return p;
   }
   void write(uint32_t l, const kv::LayerRows& r) override {
     const int64_t n = pass_.n, hk = cfg_.layers[l].n_head_kv;
@@ -234,6 +237,111 @@ TEST(SyntheticForward, InterleavedSequencesInOneSessionMatchRunningAlone) {
   s.truncate(1, 0);
   EXPECT_EQ(s.n_past(1), 0);
   EXPECT_EQ(s.n_past(0), 110);
+}
+
+// Batched passes: three sequences with prompts of different lengths, the third joining later, go
+// through Session::step together (prefill chunks and decode tokens mixed in one pass, split as the
+// chunk allows). For every exact policy each one's logits at every generated step are the bits it
+// gets alone (prefill + decode). The matmul rows are batch-independent (matmul.h) and each sequence
+// attends its own KV (attention.h: results independent of the number of query tokens).
+TEST(SyntheticForward, BatchedStepsMatchEachSequenceAloneForEveryExactPolicy) {
+  const auto model = load_model(synth_file(GgmlType::kQ8_0));
+  const size_t V = model->config.n_vocab;
+  constexpr int kGen = 8;
+  std::vector<std::vector<TokenId>> prompts;
+  for (size_t len : {90u, 37u, 61u}) {
+    std::vector<TokenId> p;
+    for (size_t i = 0; i < len; ++i) p.push_back(static_cast<TokenId>((i * (31 + len) + len) % 256));
+    prompts.push_back(p);
+  }
+  const std::vector<int> join_step = {0, 0, 3};
+  struct Policy {
+    const char* name;
+    policy::Placement placement;
+    policy::Retention retention;
+    uint32_t group, static_heads, depth;
+  };
+  const Policy policies[] = {
+      {"resident", policy::Placement::kResident, policy::Retention::kNone, 0, 0, 1},
+      {"resident+sliding", policy::Placement::kResident, policy::Retention::kSliding, 0, 0, 1},
+      {"layer", policy::Placement::kLayer, policy::Retention::kNone, 0, 0, 1},
+      {"layer+sliding", policy::Placement::kLayer, policy::Retention::kSliding, 0, 0, 1},
+      {"headinfer g1", policy::Placement::kHeadInfer, policy::Retention::kNone, 1, 0, 1},
+      {"headinfer g1 static 1 depth 2", policy::Placement::kHeadInfer, policy::Retention::kNone, 1, 1, 2},
+  };
+  for (const Policy& pol : policies) {
+    SessionOptions o;
+    o.n_ctx = 256;
+    o.kv_block_tokens = 128;  // whole 4 KiB pages of f16 rows of 16 (offloaded homes)
+    o.chunk = 32;
+    o.threads = 2;
+    o.kv_placement.placement.placement = pol.placement;
+    o.kv_placement.placement.group = pol.group;
+    o.kv_placement.placement.static_heads = pol.static_heads;
+    o.kv_placement.placement.prefetch_depth = pol.depth;
+    o.kv_placement.retention = pol.retention;
+    // Alone: the logits each generated token is chosen from.
+    std::vector<std::vector<float>> ref;
+    for (const auto& p : prompts) {
+      Session s(*model, o);
+      std::vector<float> out;
+      auto l = s.prefill(p);
+      for (int g = 0; g < kGen; ++g) {
+        out.insert(out.end(), l.begin(), l.end());
+        l = s.decode(static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin()));
+      }
+      ref.push_back(out);
+    }
+    SessionOptions ob = o;
+    ob.kv_placement.max_seqs = 4;
+    Session s(*model, ob);
+    ASSERT_GE(s.max_batch(), 3);
+    const size_t B = prompts.size();
+    std::vector<size_t> fed(B, 0);  // prompt tokens fed
+    std::vector<TokenId> next(B, -1);
+    std::vector<std::vector<float>> got(B);
+    int max_parts = 0;
+    for (int step = 0; step < 200; ++step) {
+      std::vector<model::SeqTokens> parts;
+      std::vector<size_t> who;
+      int64_t budget = s.chunk();
+      for (size_t b = 0; b < B; ++b) {  // decode tokens first
+        if (next[b] >= 0 && got[b].size() < kGen * V && budget > 0) {
+          parts.push_back({static_cast<kv::SeqId>(b), {&next[b], 1}, model::LogitRows::kLast});
+          who.push_back(b);
+          --budget;
+        }
+      }
+      for (size_t b = 0; b < B; ++b) {  // then prompt pieces as the budget allows
+        if (step < join_step[b] || fed[b] == prompts[b].size() || budget <= 0) continue;
+        const size_t m = std::min<size_t>(static_cast<size_t>(budget), prompts[b].size() - fed[b]);
+        const bool last = fed[b] + m == prompts[b].size();
+        parts.push_back({static_cast<kv::SeqId>(b), std::span(prompts[b]).subspan(fed[b], m),
+                         last ? model::LogitRows::kLast : model::LogitRows::kNone});
+        who.push_back(b);
+        fed[b] += m;
+        budget -= static_cast<int64_t>(m);
+      }
+      if (parts.empty()) break;
+      max_parts = std::max(max_parts, static_cast<int>(parts.size()));
+      const auto logits = s.step(parts);
+      size_t row = 0;
+      for (size_t i = 0; i < parts.size(); ++i) {
+        if (parts[i].rows == model::LogitRows::kNone) continue;
+        const auto l = logits.subspan(row++ * V, V);
+        const size_t b = who[i];
+        got[b].insert(got[b].end(), l.begin(), l.end());
+        next[b] = static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
+      }
+      ASSERT_EQ(row * V, logits.size());
+    }
+    EXPECT_GE(max_parts, 3) << pol.name;
+    for (size_t b = 0; b < B; ++b) {
+      ASSERT_EQ(got[b].size(), kGen * V) << pol.name << " seq " << b;
+      EXPECT_TRUE(got[b] == ref[b]) << pol.name << " seq " << b << ": logits differ from running alone";
+      EXPECT_EQ(s.n_past(static_cast<kv::SeqId>(b)), static_cast<int64_t>(prompts[b].size()) + kGen - 1);
+    }
+  }
 }
 
 }  // namespace

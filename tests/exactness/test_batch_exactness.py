@@ -1,0 +1,114 @@
+"""Batched passes are exact: `kvtier bench --batch B` runs B sequences together (their prefill chunks
+mixed in passes of at most --chunk tokens, then one pass per decode step carrying all B), and each
+sequence's greedy tokens must equal `kvtier run --ids <its prompt> --kv-policy resident` run alone
+with the same chunk. Rows: every exact KV policy of the exactness matrix (test_exactness.configs, built
+from `kvtier policies --json`), unlimited budget, plus the smallest budget with a disk home for the
+offloaded ones. On Gemma-3 the prompts are longer than the 512-token sliding window, so +sliding frees
+blocks during the batch."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from kvtier_testlib import model, run  # noqa: E402
+from test_exactness import configs  # noqa: E402
+import re  # noqa: E402
+
+N_GEN = 6
+BATCH = 3
+
+
+def batched(mdl, prompt_tokens, chunk, extra):
+    p = run("bench", "-m", mdl, "--prompt-tokens", prompt_tokens, "--gen", N_GEN, "--batch", BATCH,
+            "--repeat", 1, "--warmup", 0, "--chunk", chunk, "-t", 2, "--json", *extra)
+    rows = json.loads(p.stdout)["results"]
+    assert len(rows) == 1 and rows[0]["batch"] == BATCH
+    return [(s["prompt_ids"], s["tokens"]) for s in rows[0]["sequences"]]
+
+
+def smallest_kv_mem(mdl, prompt_tokens, chunk, extra):
+    """The smallest compute-local budget the batched bench itself accepts (from its budget error)."""
+    p = run("bench", "-m", mdl, "--prompt-tokens", prompt_tokens, "--gen", N_GEN, "--batch", BATCH, "--repeat", 1,
+            "--warmup", 0, "--chunk", chunk, "--kv-mem", 1, *extra, check=False)
+    assert p.returncode == 1, p.stderr
+    m = re.search(r"(\d+) bytes are needed", p.stderr)
+    assert m, p.stderr
+    return int(m.group(1))
+
+
+def alone(mdl, ids, chunk):
+    p = run("run", "-m", mdl, "--ids", ",".join(map(str, ids)), "-n", N_GEN, "--ignore-eos", "--chunk", chunk,
+            "-t", 2, "--json", "--kv-policy", "resident")
+    return json.loads(p.stdout)["tokens"]
+
+
+def check(tmp_path, mdl, n_kv_heads, prompt_tokens, chunk):
+    disk = tmp_path / "kvdisk"
+    disk.mkdir()
+    ref = None
+    rows = [(["--kv-policy", "resident"], False)] + configs(n_kv_heads)
+    n = 0
+    for cfg, offloaded in rows:
+        budgets = [[]]
+        if offloaded:
+            budgets.append(["--kv-mem", str(smallest_kv_mem(mdl, prompt_tokens, chunk, cfg)), "--kv-disk", str(disk)])
+        for extra in budgets:
+            got = batched(mdl, prompt_tokens, chunk, cfg + extra)
+            if ref is None:  # the reference: each prompt run alone with resident
+                ref = [alone(mdl, ids, chunk) for ids, _ in got]
+                assert len({tuple(r) for r in ref}) > 1, "the sequences should differ"
+            for b, (ids, tokens) in enumerate(got):
+                assert len(ids) == prompt_tokens
+                assert tokens == ref[b], f"{mdl.name} {' '.join(cfg + extra)}: sequence {b} differs from alone"
+            n += 1
+    assert list(disk.iterdir()) == [], "the disk tier left files behind"
+    return n
+
+
+def test_smollm2_batched_equals_alone(tmp_path):
+    assert check(tmp_path, model("smollm2"), 3, 150, 64) >= 8
+
+
+def test_gemma3_batched_equals_alone(tmp_path):
+    # 560 > the 512-token window: the sliding layers free blocks while the batch runs.
+    assert check(tmp_path, model("gemma3"), 1, 560, 96) >= 6
+
+
+# Approximate policies are deterministic per sequence too: batched, each sequence's tokens equal the
+# same policy run alone. The knobs are small enough that each policy drops, selects or quantises
+# positions of the 128-token prompts (sinks + window < prompt, budget < prompt, residual < prompt).
+# The prompts are two whole chunks, so the batched prefill passes cut each prompt where running it
+# alone does (h2o evicts and kivi quantises at the end of each pass: their output depends on the cut).
+APPROX = [
+    ["--kv-policy", "resident+streaming", "--sinks", "4", "--window", "60"],
+    ["--kv-policy", "layer+streaming", "--sinks", "4", "--window", "60"],
+    ["--kv-policy", "resident+h2o", "--kv-budget", "64"],
+    ["--kv-policy", "resident+quest", "--kv-budget", "64"],
+    ["--kv-policy", "resident+kivi4", "--kivi-residual", "32"],
+    ["--kv-policy", "layer+kivi2", "--kivi-residual", "32"],
+    ["--kv-policy", "headinfer+kivi4", "--kivi-residual", "32"],
+]
+
+
+def alone_with(mdl, ids, chunk, cfg):
+    p = run("run", "-m", mdl, "--ids", ",".join(map(str, ids)), "-n", N_GEN, "--ignore-eos", "--chunk", chunk,
+            "-t", 2, "--json", *cfg)
+    return json.loads(p.stdout)["tokens"]
+
+
+@pytest.mark.parametrize("cfg", APPROX, ids=[c[1] for c in APPROX])
+def test_smollm2_approximate_batched_equals_alone(tmp_path, cfg):
+    mdl = model("smollm2")
+    extras = [[]]
+    if not cfg[1].startswith("resident"):
+        disk = tmp_path / "kvdisk"
+        disk.mkdir()
+        extras.append(["--kv-mem", str(smallest_kv_mem(mdl, 128, 64, cfg)), "--kv-disk", str(disk)])
+    for extra in extras:
+        got = batched(mdl, 128, 64, cfg + extra)
+        assert len({tuple(t) for _, t in got}) > 1, "the sequences should differ"
+        for b, (ids, tokens) in enumerate(got):
+            assert tokens == alone_with(mdl, ids, 64, cfg + extra), f"{' '.join(cfg + extra)}: sequence {b}"
