@@ -1,0 +1,18 @@
+#include "kv/kv_compute.h"
+
+#include "core/error.h"
+
+namespace kvtier::kv {
+
+void KvCompute::encode_inputs(uint32_t layer, const float* x, int64_t n, uint8_t* out) {
+  (void)x, (void)n, (void)out;
+  fail(ErrorKind::kUnsupported, "this model hook cannot encode the inputs of layer {} (KVPR)", layer);
+}
+
+void KvCompute::project_kv_encoded(uint32_t layer, const uint8_t* act, std::span<const int64_t> positions,
+                                   uint32_t head0, uint32_t n_heads, float* k, float* v) {
+  (void)act, (void)positions, (void)head0, (void)n_heads, (void)k, (void)v;
+  fail(ErrorKind::kUnsupported, "this model hook cannot recompute K/V of layer {} from inputs (KVPR)", layer);
+}
+
+}  // namespace kvtier::kv
