@@ -522,7 +522,14 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     KVTIER_ASSERT(staging_->pins(buffer_slot(visit)) == 0, "staging buffer {} is pinned by a transfer",
                   buffer_slot(visit));
     uint8_t* base = buffer(visit);
-    if (kvpr()) last_split_ = xrows;
+    if (kvpr()) {
+      last_split_ = xrows;
+      payload_x_bytes_ += static_cast<uint64_t>(xrows) * geo_.act_row_bytes[layer];
+    }
+    if (kivi_.bits == 0 && !streams(layer)) {  // the K/V rows of past positions the visit loaded
+      payload_kv_bytes_ += static_cast<uint64_t>(pos0 - std::min(first_row(layer, pos0), pos0) - xrows) *
+                           u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
+    }
     if (xrows > 0) recompute_unit(base, u, xfirst, xfirst + xrows);
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
     // kvpr: the layer's first offloaded unit stores the new rows' inputs too.
@@ -677,6 +684,8 @@ TieredStats TieredKv::stats() const {
   s.sync_loads = sync_loads_;
   s.recomputed_rows = recomputed_rows_;
   s.last_split = last_split_;
+  s.payload_x_bytes = payload_x_bytes_;
+  s.payload_kv_bytes = payload_kv_bytes_;
   s.home = home_->describe();
   return s;
 }

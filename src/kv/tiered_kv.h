@@ -45,7 +45,10 @@ struct TieredStats {
   uint64_t sync_loads = 0;       // loads that were not prefetched (first visit, group change, truncate)
   uint64_t recomputed_rows = 0;  // kvpr: K/V rows (per unit visit, all its heads) recomputed from inputs
   int64_t last_split = 0;        // kvpr: rows recomputed on the last unit visit
-  std::string home;              // where the home tier lives
+  // The bytes the unit visits used from their loads (rows, not page-rounded I/O; spec kvpr C4):
+  uint64_t payload_x_bytes = 0;   // kvpr: stored inputs of the recomputed rows
+  uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
+  std::string home;               // where the home tier lives
 };
 
 class TieredKv final : public KvCache {
@@ -225,6 +228,8 @@ class TieredKv final : public KvCache {
   uint64_t sync_loads_ = 0;
   uint64_t recomputed_rows_ = 0;
   int64_t last_split_ = 0;
+  uint64_t payload_x_bytes_ = 0;
+  uint64_t payload_kv_bytes_ = 0;
 };
 
 }  // namespace kvtier::kv

@@ -214,8 +214,10 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["copy_blocks"] = st->transfer.blocks;  // blocks the jobs named
   j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
-  j["recomputed_rows"] = st->recomputed_rows;  // kvpr: K/V rows recomputed from stored inputs
-  j["split"] = st->last_split;                 // kvpr: rows recomputed on the last unit visit
+  j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
+  j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
+  j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
+  j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
   return j;
 }
 
