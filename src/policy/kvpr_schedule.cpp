@@ -55,6 +55,7 @@ void check_kvpr_costs(const KvprCosts& c) {
   check_size(c.x_bytes, "x_bytes");
   check_size(c.kv_bytes, "kv_bytes");
   check_size(c.recompute_flops, "recompute_flops");
+  check_size(c.hidden_s, "hidden_s");
   check_rate(c.v_com_x, "v_com_x (X link bandwidth)");
   check_rate(c.v_com_kv, "v_com_kv (KV link bandwidth)");
   check_rate(c.v_gpu, "v_gpu (recompute rate)");
@@ -68,6 +69,7 @@ KvprStepTime kvpr_step_time(const KvprCosts& c, KvprSchedule schedule, int64_t s
   t.kv = term(c.kv_bytes, s_prime - l, c.v_com_kv);
   t.total = std::max(t.recompute, t.kv);
   if (schedule == KvprSchedule::kColumn) t.total = t.x + t.total;
+  if (schedule == KvprSchedule::kPipelined) t.total = std::max(c.hidden_s + t.recompute, t.x + t.kv);
   return t;
 }
 
@@ -79,8 +81,12 @@ int64_t kvpr_split(const KvprCosts& c, KvprSchedule schedule, int64_t s_prime, i
   const double x = c.x_bytes / c.v_com_x;        // s per transferred token's X
   if (a + b == 0) return 0;                      // the step costs nothing or only X: the smallest l
   // Column: before the crossover the slope is C − B; if it is not negative, l = 0 is optimal (§5.4).
-  if (schedule == KvprSchedule::kColumn && x >= b) return 0;
-  double r = b / (a + b);  // crossover share of s'
+  if ((schedule == KvprSchedule::kColumn || schedule == KvprSchedule::kPipelined) && x >= b) return 0;
+  double r = b / (a + b);                      // crossover share of s'
+  if (schedule == KvprSchedule::kPipelined) {  // W + A·l = C·l + B·(s' − l)
+    const double sp = static_cast<double>(s_prime);
+    r = std::max(0.0, (b * sp - c.hidden_s) / (a + b - x)) / sp;
+  }
   if (std::isinf(b)) r = std::isinf(a) ? 0.0 : 1.0;
   const double lc = static_cast<double>(s_prime) * r;
   // The integer optimum is floor(l_c) or ceil(l_c); one more on each side absorbs rounding in l_c.

@@ -26,6 +26,12 @@ namespace kvtier::policy {
 enum class KvprSchedule {
   kRow,     // t_row: recompute ∥ KV tail (the paper's latency schedule)
   kColumn,  // t_col: X crosses the link first, then recompute ∥ KV tail (Eq. 10)
+  // t_pipe(l) = max(W + A·l, C·l + B·(s' − l)): the CPU engine's prefetch pipeline, where one load
+  // job carries a unit's X prefix and K,V tail (the link is busy for both) while the compute runs the
+  // rest of the unit's visit (W = KvprCosts::hidden_s: projections, attention, FFN share) and its
+  // recompute (kvtier's TieredKv with kvpr). Crossover l = (B·s' − W)/(A + B − C); l = 0 when C ≥ B
+  // or when W already hides the whole transfer (B·s' ≤ W).
+  kPipelined,
 };
 
 enum class KvprSplitPolicy {
@@ -42,6 +48,7 @@ struct KvprCosts {
   double v_com_x = 0;          // link bandwidth for X, B/s
   double v_com_kv = 0;         // link bandwidth for K,V, B/s
   double v_gpu = 0;            // recompute rate, FLOP/s
+  double hidden_s = 0;         // kPipelined: the visit's other compute, which hides that much transfer
 };
 
 // The paper's model (Eqs. 6–9): MHA, one link, p bytes per element for X and K,V alike.

@@ -52,7 +52,7 @@ TEST(KvprSchedule, S1ClosedFormMatchesScan) {
       for (double v_com : rates) {
         for (double v_gpu : rates) {
           const KvprCosts c = kvpr_paper_costs(b, h, 2, v_com, v_gpu);
-          for (KvprSchedule sch : {KvprSchedule::kRow, KvprSchedule::kColumn}) {
+          for (KvprSchedule sch : {KvprSchedule::kRow, KvprSchedule::kColumn, KvprSchedule::kPipelined}) {
             for (int64_t sp : s_primes) {
               const int64_t closed = kvpr_split(c, sch, sp, sp);
               const int64_t scan = kvpr_split_scan(c, sch, sp, sp);
@@ -330,6 +330,35 @@ TEST(KvprSchedule, S6SolverCost) {
   EXPECT_GT(sink, 0);
   EXPECT_LT(best_step, 10e-6);
   EXPECT_LT(best_table, 1e-3);
+}
+
+// The CPU pipeline (kPipelined): the closed form with the visit's other compute W equals the scan;
+// W that hides the whole transfer gives l = 0, W = 0 the crossover B·s'/(A + B − C).
+TEST(KvprSchedule, PipelinedClosedFormMatchesTheScanWithHiddenCompute) {
+  for (double v_com : {1e8, 1e9, 1e10}) {
+    for (double v_gpu : {1e10, 1e11, 1e12}) {
+      for (double hidden : {0.0, 1e-4, 1e-3, 1e-2}) {
+        KvprCosts c = kvpr_gqa_costs(1, 4096, 4096, 1.25, 2, v_com, v_com, v_gpu);
+        c.hidden_s = hidden;
+        for (int64_t sp : {1, 7, 100, 1000, 4096}) {
+          const int64_t closed = kvpr_split(c, KvprSchedule::kPipelined, sp, sp);
+          const int64_t scan = kvpr_split_scan(c, KvprSchedule::kPipelined, sp, sp);
+          EXPECT_NEAR(kvpr_step_time(c, KvprSchedule::kPipelined, sp, closed).total,
+                      kvpr_step_time(c, KvprSchedule::kPipelined, sp, scan).total,
+                      1e-12 + 1e-12 * kvpr_step_time(c, KvprSchedule::kPipelined, sp, scan).total)
+              << v_com << " " << v_gpu << " " << hidden << " " << sp;
+          const double b = c.kv_bytes / v_com;
+          if (hidden >= b * static_cast<double>(sp)) {
+            EXPECT_EQ(closed, 0);
+          }
+        }
+      }
+    }
+  }
+  KvprCosts g = kvpr_gqa_costs(1, 576, 192, 1.25, 2, 1e9, 1e9, 1e11);  // GQA: X (720 B) < K,V (768 B)
+  EXPECT_GT(kvpr_split(g, KvprSchedule::kPipelined, 4096, 4096), 0);
+  g.x_bytes = 2 * g.kv_bytes;  // X costlier than the K,V it replaces: never recompute
+  EXPECT_EQ(kvpr_split(g, KvprSchedule::kPipelined, 4096, 4096), 0);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "policy/kvpr_schedule.h"
+#include "run_common.h"
 #include "runtime/model_files.h"
 #include "runtime/profile_cache.h"
 
@@ -33,18 +34,6 @@ struct ProfileArgs {
   bool no_cache = false;
   int64_t ctx = 4096;
 };
-
-// The cache file: --profile-cache, else $KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json,
-// else $HOME/.cache/kvtier/profile.json. Empty if none of them is set.
-std::string cache_path(const ProfileArgs& a) {
-  if (!a.cache.empty()) return a.cache;
-  if (const char* p = std::getenv("KVTIER_PROFILE_CACHE"); p != nullptr && *p != 0) return p;
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != 0)
-    return fmt::format("{}/kvtier/profile.json", x);
-  if (const char* h = std::getenv("HOME"); h != nullptr && *h != 0)
-    return fmt::format("{}/.cache/kvtier/profile.json", h);
-  return {};
-}
 
 nlohmann::ordered_json split_json(const policy::KvprDecision& d, int64_t s_prime) {
   return {{"s_prime", s_prime},  {"l", d.l},
@@ -75,7 +64,7 @@ int run_profile(const ProfileArgs& a) {
   }
   o.disk_dir = a.kv_disk;
   o.link_bytes_per_s = a.link_gbps * 1e9;
-  const std::string path = a.no_cache ? std::string() : cache_path(a);
+  const std::string path = a.no_cache ? std::string() : profile_cache_path(a.cache);
   if (!a.no_cache && path.empty())
     fail(ErrorKind::kInvalidArgument,
          "no profile cache location: pass --profile-cache FILE, set KVTIER_PROFILE_CACHE or HOME, or use "
