@@ -37,7 +37,8 @@ ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, in
   b.att = T * cfg.n_head * cfg.head_dim_v;
   b.k = T * hk * cfg.head_dim_k;
   b.v = T * hk * cfg.head_dim_v;
-  b.gate = b.up = T * cfg.n_ff;
+  b.gate = T * cfg.n_ff;
+  b.up = cfg.act == FfnActivation::kRelu ? 0 : T * cfg.n_ff;  // an ungated FFN (OPT) needs one buffer
   b.cos = b.sin = tables * T * (cfg.n_rot / 2);
   if (kv_needs & kv::kNeedPreRope) {
     b.q_pre = b.q;
