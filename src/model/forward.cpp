@@ -250,7 +250,7 @@ void Forward::finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_
     for (int64_t h = 0; h < hk; ++h)
       cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
   }
-  cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
+  if (cfg_.n_rot > 0) cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);  // OPT: none
 }
 
 void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
