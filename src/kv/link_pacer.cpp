@@ -29,14 +29,15 @@ LinkClock& steady_link_clock() {
   return clock;
 }
 
-LinkPacer::LinkPacer(double bytes_per_s, LinkClock* clock)
-    : rate_(bytes_per_s), clock_(clock != nullptr ? clock : &steady_link_clock()) {
+LinkPacer::LinkPacer(double bytes_per_s, LinkClock* clock, double burst_s)
+    : rate_(bytes_per_s), clock_(clock != nullptr ? clock : &steady_link_clock()), burst_(burst_s) {
   KVTIER_ASSERT(bytes_per_s >= 0 && std::isfinite(bytes_per_s), "link rate {}", bytes_per_s);
+  KVTIER_ASSERT(burst_s >= 0 && std::isfinite(burst_s), "link burst {}", burst_s);
 }
 
 double LinkPacer::reserve(uint64_t bytes) {
   if (!limited()) return 0;
-  const double start = std::max(clock_->now(), free_at_);
+  const double start = std::max(clock_->now() - burst_, free_at_);
   free_at_ = start + static_cast<double>(bytes) / rate_;
   return free_at_;
 }

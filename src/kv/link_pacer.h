@@ -2,11 +2,12 @@
 // reproduce a slow home-tier link (the regimes of the KVPR paper: a link slow relative to compute)
 // on any machine. A measurement aid, not a feature: real links are not paced.
 //
-// The link is a virtual pipe: a transfer of n bytes occupies it for n / bytes_per_s seconds, starting
-// when the pipe is free (or now, if it has been idle: idle time is not banked, so there are no
-// bursts). reserve() books that interval and returns its end; the caller copies, then finish()
-// sleeps until that end if the copy was faster. Over any run of back-to-back transfers,
-// bytes / elapsed ≤ bytes_per_s exactly (for the injected clock) and up to sleep accuracy (steady).
+// The link is a virtual pipe (a token bucket): a transfer of n bytes occupies it for n / bytes_per_s
+// seconds, starting when the pipe is free, or `burst_s` before now if it has been idle longer (idle
+// time is banked up to burst_s: a sleep that wakes late, as on a busy machine, does not lower the
+// rate of back-to-back transfers). reserve() books that interval and returns its end; the caller
+// copies, then finish() sleeps until that end if the copy was faster. Any run of transfers moves at
+// most bytes_per_s · (elapsed + burst_s) bytes (exactly, for the injected clock).
 #pragma once
 
 #include <cstdint>
@@ -27,8 +28,10 @@ LinkClock& steady_link_clock();
 
 class LinkPacer {
  public:
+  static constexpr double kDefaultBurst = 0.002;  // seconds of idle link banked at most
+
   // bytes_per_s = 0: unlimited (reserve and finish do nothing). clock null: the steady clock.
-  explicit LinkPacer(double bytes_per_s = 0, LinkClock* clock = nullptr);
+  explicit LinkPacer(double bytes_per_s = 0, LinkClock* clock = nullptr, double burst_s = kDefaultBurst);
 
   bool limited() const { return rate_ > 0; }
   double bytes_per_s() const { return rate_; }
@@ -40,6 +43,7 @@ class LinkPacer {
  private:
   double rate_;
   LinkClock* clock_;
+  double burst_;
   double free_at_ = -std::numeric_limits<double>::infinity();  // when the link's last booking ends
 };
 

@@ -21,6 +21,11 @@
 // load of that unit (read-after-write across steps), and a buffer's store is done before a later load
 // overwrites that buffer. A failed job's error is rethrown by wait() (and by every later wait and
 // prepare: the engine stops); its pins are released all the same.
+//
+// Link throttle (a measurement aid, kvtier's --link-gbps): with LinkLimit::bytes_per_s > 0 every load
+// job (home -> compute) is paced by a LinkPacer so that loads move at most that many bytes per second
+// (plus a burst of LinkPacer::kDefaultBurst seconds' worth), whatever the home tier's real speed; the
+// throttle's sleeps count in busy_seconds and throttle_seconds. Stores are not paced.
 #pragma once
 
 #include <condition_variable>

@@ -102,6 +102,8 @@ class Forward final : public kv::KvCompute {
 
  private:
   void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y);
+  // The model's norm of one row [n_embd]: RMSNorm (w), or LayerNorm (w, b) for OPT.
+  void norm(const float* x, const float* w, const float* b, float* y);
   void layer(uint32_t l, int64_t n, kv::KvCache& kv);
   // Bias, QK-norm and RoPE of token t's q (H heads) or k (hk heads), in place; the pre-RoPE rows are
   // copied to pre (if not null) first. cos/sin: the token's angles.

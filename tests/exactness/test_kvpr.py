@@ -70,11 +70,13 @@ def test_decode_bytes_follow_the_c4_formula(recompute):
     assert kv["recomputed_rows"] == sum(len(x_row) * min(recompute, n_prompt + i) for i in range(n_steps))
 
 
-def test_mha_inputs_are_smaller_than_their_kv(tmp_path):
-    """On an MHA model with quantised weights the stored inputs (1.25 bytes per element) are less than
-    half of the K/V they replace (4 bytes per element of n_embd): recomputing everything moves less."""
+@pytest.mark.parametrize("preset", ["tiny-mha", "tiny-opt"])
+def test_mha_inputs_are_smaller_than_their_kv(tmp_path, preset):
+    """On an MHA model with quantised weights (llama-style, and OPT: the paper's family) the stored
+    inputs (1.25 bytes per element) are less than half of the K/V they replace (4 bytes per element of
+    n_embd): recomputing everything moves less."""
     mha = tmp_path / "mha.gguf"
-    run("synth", "--preset", "tiny-mha", "--type", "q8_0", "-o", mha)
+    run("synth", "--preset", preset, "--type", "q8_0", "-o", mha)
     x_row, kv_row = geometry(mha)
     assert all(2 * xr < kv_row for xr in x_row), (x_row, kv_row)
     none = run_kvpr(mha, 0, 40, 4, ["--kv-disk", str(tmp_path)])["kv"]
