@@ -37,7 +37,7 @@ PartialKeys::PartialKeys(const skew::SkewSet& skew, const PartialKeysShape& shap
   b_.assign(units * static_cast<size_t>(d_ * k_), 0.0f);
   cols_.assign(units * static_cast<size_t>(k_), 0);
   score_.assign(units * static_cast<size_t>(d_), 0.0);
-  observed_.assign(shape.max_seqs, 0);
+  observed_.assign(shape.max_seqs * skew.layers.size(), 0);
   rot_.resize(static_cast<size_t>(d_));
 }
 
@@ -62,13 +62,15 @@ void PartialKeys::observe(SeqId seq, uint32_t layer, const float* q, const float
       skew::add_abs_column_sums(rot_.data(), 1, d_, &score_[unit(seq, layer, gg) * static_cast<size_t>(d_)]);
     }
   }
-  if (layer == 0) observed_[seq] += n;
+  observed_[seq * skew_.layers.size() + layer] += n;
 }
 
 void PartialKeys::choose_columns(SeqId seq) {
-  const bool offline = observed_[seq] < shape_.min_prompt;
   for (uint32_t l = 0; l < skew_.layers.size(); ++l) {
     const skew::LayerSkew& L = skew_.layers[l];
+    int64_t& observed = observed_[seq * skew_.layers.size() + l];
+    const bool offline = observed < shape_.min_prompt;
+    observed = 0;
     for (uint32_t g = 0; g < L.n_head_kv; ++g) {
       const size_t u = unit(seq, l, g);
       double* score = &score_[u * static_cast<size_t>(d_)];
@@ -87,7 +89,6 @@ void PartialKeys::choose_columns(SeqId seq) {
         for (int64_t c = 0; c < k_; ++c) b[i * k_ + c] = a[i * d_ + cols[static_cast<size_t>(c)]];
     }
   }
-  observed_[seq] = 0;
 }
 
 void PartialKeys::write(SeqId seq, uint32_t layer, int64_t slot0, const float* k, int64_t n) {
@@ -126,7 +127,7 @@ void PartialKeys::reset(SeqId seq) {
   std::fill(score_.begin() + static_cast<ptrdiff_t>(seq * units_per_seq_ * static_cast<size_t>(d_)),
             score_.begin() + static_cast<ptrdiff_t>((seq + 1) * units_per_seq_ * static_cast<size_t>(d_)),
             0.0);
-  observed_[seq] = 0;
+  std::fill_n(observed_.begin() + static_cast<ptrdiff_t>(seq * skew_.layers.size()), skew_.layers.size(), 0);
 }
 
 }  // namespace kvtier::kv

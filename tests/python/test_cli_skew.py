@@ -76,6 +76,20 @@ def test_skew_file_loads_for_its_model_and_passes_a1_and_a3_on_held_out_tokens(s
         assert j["mean_share_skewed"] > j["mean_share_plain"], j
 
 
+def test_speculation_check_keeps_everything_in_the_degenerate_case_and_less_at_the_default(skew_files):
+    path, _, _ = skew_files["smollm2"]
+    args = ["skew", "-m", model("smollm2"), "--check", path, "--tokens", 96, "-t", 2, "--json"]
+    full = json.loads(run(*args, "--alpha", "1e30", "--budget", 1).stdout)["speculation"]
+    assert full["mean_fetched"] == pytest.approx(1.0) and full["min_recall"] == 1.0, full
+    assert [l["layer"] for l in full["layers"]] == list(range(2, 30))  # layers 0 and 1 stay dense
+    spec = json.loads(run(*args).stdout)["speculation"]
+    assert spec["alpha"] == 5 and spec["budget"] == pytest.approx(0.2)
+    assert 0.0 < spec["mean_fetched"] <= 0.2 + 1e-9, spec  # the 20 % cap binds at most
+    assert 0.3 < spec["mean_recall"] < 1.0, spec
+    for layer in spec["layers"]:
+        assert 0.0 < layer["min_recall"] <= layer["recall"] <= 1.0
+
+
 def test_another_models_skew_file_is_refused_naming_both_hashes(skew_files):
     path, info, _ = skew_files["smollm2"]
     p = run("skew", "-m", model("gemma3"), "--check", path, "--tokens", 32, check=False)

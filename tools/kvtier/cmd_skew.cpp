@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "run_common.h"
 #include "runtime/skew_sample.h"
+#include "runtime/speculation_check.h"
 #include "skew/model_hash.h"
 
 namespace kvtier::cli {
@@ -35,6 +36,7 @@ struct SkewArgs {
   int64_t tokens = 2048;
   int64_t skip = -1;  // --check: tokens of the text skipped first (-1: the file's sample size)
   double ratio = 0.3;
+  policy::InfinigenParams spec;  // --check: the speculation's alpha and budget
   int threads = 0;
   bool json = false;
 };
@@ -92,6 +94,20 @@ int run_skew(const SkewArgs& a) {
     const auto held = collect(*m, tokens, o);
     say("measuring A1 and A3 per layer");
     const auto checks = runtime::check_skew(set, held);
+    say(fmt::format("speculation on the second half (alpha {}, budget {})", a.spec.alpha, a.spec.budget));
+    const auto spec = runtime::check_speculation(m->config, set, held, a.spec);
+    double fetched = 0.0, recall = 0.0, min_recall = 1.0;
+    nlohmann::json spec_layers = nlohmann::json::array();
+    for (const auto& s : spec) {
+      fetched += s.fetched / static_cast<double>(spec.size());
+      recall += s.recall / static_cast<double>(spec.size());
+      min_recall = std::min(min_recall, s.min_recall);
+      spec_layers.push_back({{"layer", s.layer},
+                             {"fetched", s.fetched},
+                             {"n_sel", s.n_sel},
+                             {"recall", s.recall},
+                             {"min_recall", s.min_recall}});
+    }
     double worst = 0.0, plain = 0.0, skewed = 0.0;
     nlohmann::json layers = nlohmann::json::array();
     for (size_t l = 0; l < checks.size(); ++l) {
@@ -116,7 +132,14 @@ int run_skew(const SkewArgs& a) {
                           {"max_a1_error", worst},
                           {"mean_share_plain", plain},
                           {"mean_share_skewed", skewed},
-                          {"layers", layers}};
+                          {"layers", layers},
+                          {"speculation",
+                           {{"alpha", a.spec.alpha},
+                            {"budget", a.spec.budget},
+                            {"mean_fetched", fetched},
+                            {"mean_recall", recall},
+                            {"min_recall", min_recall},
+                            {"layers", spec_layers}}}};
       std::cout << j.dump() << "\n";
     } else {
       std::cout << fmt::format(
@@ -126,6 +149,11 @@ int run_skew(const SkewArgs& a) {
           "layers)\n",
           a.check, checks.size(), tokens.size(), skip, worst, set.partial_columns, set.head_dim, plain,
           skewed);
+      std::cout << fmt::format(
+          "speculation (layers >= 2, own-layer partial query, alpha {}, budget {}): {:.1f} % of the rows "
+          "fetched, "
+          "{:.4f} of the attention mass kept (worst step and head {:.4f})\n",
+          a.spec.alpha, a.spec.budget, 100.0 * fetched, recall, min_recall);
     }
     return 0;
   }
@@ -183,6 +211,12 @@ void add_skew(CLI::App& app, Runner& run) {
   cmd->add_option("--skip", a->skip, "--check: tokens skipped first (default: the skew file's sample size)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--ratio", a->ratio, "partial ratio r of the offline column sets (floor(r*d) columns)")
+      ->capture_default_str()
+      ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option("--alpha", a->spec.alpha, "--check: speculation threshold margin (scaled logits)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--budget", a->spec.budget, "--check: speculation cap as a share of the tokens")
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
