@@ -11,7 +11,7 @@ std::span<const PassPositions> RecordingKv::begin_batch(std::span<const PassInfo
 
 void RecordingKv::write(uint32_t layer, const LayerRows& rows) {
   inner_.write(layer, rows);  // first: a misuse of the protocol throws before anything is recorded
-  observer_.on_keys(layer, rows.k, pass_rows_);
+  observer_.on_write(layer, rows, pass_rows_);
 }
 
 void RecordingKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {

@@ -19,7 +19,8 @@ namespace {
 // Appends each pass's rows to the per-(layer, KV head) sample buffers.
 class SampleStore final : public kv::KvObserver {
  public:
-  SampleStore(const model::ModelConfig& cfg) : cfg_(cfg), layers_(cfg.n_layer) {
+  explicit SampleStore(const model::ModelConfig& cfg)
+      : cfg_(cfg), layers_(cfg.n_layer), inputs_(cfg.n_layer) {
     for (uint32_t l = 0; l < cfg.n_layer; ++l) {
       LayerSamples& s = layers_[l];
       s.n_head_kv = cfg.layers[l].n_head_kv;
@@ -28,32 +29,59 @@ class SampleStore final : public kv::KvObserver {
       s.k.resize(s.n_head_kv);
     }
   }
-  void on_keys(uint32_t layer, const float* k, int64_t n) override {
+  void on_write(uint32_t layer, const kv::LayerRows& rows, int64_t n) override {
     LayerSamples& s = layers_[layer];
     const int64_t d = cfg_.head_dim_k;
     for (int64_t t = 0; t < n; ++t)
       for (uint32_t g = 0; g < s.n_head_kv; ++g) {
-        const float* row = k + (t * s.n_head_kv + g) * d;
+        const float* row = rows.k + (t * s.n_head_kv + g) * d;
         s.k[g].insert(s.k[g].end(), row, row + d);
       }
+    if (rows.x != nullptr) inputs_[layer].insert(inputs_[layer].end(), rows.x, rows.x + n * cfg_.n_embd);
     s.n += n;
   }
   void on_queries(uint32_t layer, const float* q, int64_t n, int64_t n_head) override {
     LayerSamples& s = layers_[layer];
     const int64_t d = cfg_.head_dim_k;
     KVTIER_ASSERT(n_head == static_cast<int64_t>(cfg_.n_head));
+    add_queries(s, q, n, n_head, d, s.q);
+  }
+  // Queries of `layer` in LayerSamples' layout from rows q: [n, n_head, d] into dst[n_head_kv].
+  static void add_queries(const LayerSamples& s, const float* q, int64_t n, int64_t n_head, int64_t d,
+                          std::vector<std::vector<float>>& dst) {
     for (int64_t t = 0; t < n; ++t)
       for (int64_t h = 0; h < n_head; ++h) {
         const float* row = q + (t * n_head + h) * d;
-        auto& dst = s.q[static_cast<size_t>(h / s.group)];
-        dst.insert(dst.end(), row, row + d);
+        auto& out = dst[static_cast<size_t>(h / s.group)];
+        out.insert(out.end(), row, row + d);
       }
+  }
+  // The look-ahead queries of layers >= 1 through the model's hook, from the recorded inputs.
+  void project_lookahead(kv::KvCompute& compute, int64_t max_rows) {
+    const int64_t d = cfg_.head_dim_k, H = cfg_.n_head, E = cfg_.n_embd;
+    std::vector<float> q(static_cast<size_t>(max_rows * H * d));
+    std::vector<int64_t> pos;
+    for (uint32_t l = 1; l < cfg_.n_layer; ++l) {
+      LayerSamples& s = layers_[l];
+      s.q_ahead.assign(s.n_head_kv, {});
+      const std::vector<float>& x = inputs_[l - 1];
+      KVTIER_ASSERT(x.size() == static_cast<size_t>(s.n * E), "layer {} inputs not recorded", l - 1);
+      for (int64_t t0 = 0; t0 < s.n; t0 += max_rows) {
+        const int64_t m = std::min(max_rows, s.n - t0);
+        pos.resize(static_cast<size_t>(m));
+        for (int64_t t = 0; t < m; ++t) pos[static_cast<size_t>(t)] = t0 + t;
+        compute.project_q(l, x.data() + t0 * E, pos, q.data());
+        add_queries(s, q.data(), m, H, d, s.q_ahead);
+      }
+    }
+    inputs_.clear();
   }
   std::vector<LayerSamples> take() { return std::move(layers_); }
 
  private:
   const model::ModelConfig& cfg_;
   std::vector<LayerSamples> layers_;
+  std::vector<std::vector<float>> inputs_;  // [layer][n, E] f32: the layer inputs (lookahead)
 };
 
 // max |Q K^T - Q~ K~^T| over max |Q K^T| for the first m rows of q ([rows_q, d]) and k ([rows_k, d]).
@@ -103,7 +131,7 @@ std::vector<LayerSamples> collect_samples(const LoadedModel& model, std::span<co
   auto inner = kv::make_kv_cache(kvo, model::kv_geometry(cfg, 256, cpu::KvDtype::kF32), capacity, cfg.n_head,
                                  ledger, pool, isa);
   SampleStore store(cfg);
-  kv::RecordingKv rec(*inner, store);
+  kv::RecordingKv rec(*inner, store, opt.lookahead ? kv::kNeedLayerInput : kv::kNeedNone);
   model::Forward fwd(cfg, model.weights, chunk, pool, isa, ledger, rec.needs());
   rec.set_compute(&fwd);
   for (int64_t i = 0; i < n; i += chunk) {
@@ -112,6 +140,7 @@ std::vector<LayerSamples> collect_samples(const LoadedModel& model, std::span<co
             nullptr);
     if (progress) progress(SkewStage::kForward, i + m, n);
   }
+  if (opt.lookahead) store.project_lookahead(fwd, fwd.max_rows());
   return store.take();
 }
 

@@ -24,6 +24,9 @@ struct SkewOptions {
   int64_t chunk = 0;           // prefill chunk (0: default_chunk)
   int threads = 1;
   std::optional<cpu::Isa> isa;
+  // Also InfiniGen's look-ahead queries: layer l's query projection of layer l-1's input (§6.2),
+  // for layers >= 1 (the pass records the layer inputs; costs a q projection per layer).
+  bool lookahead = false;
 };
 
 enum class SkewStage { kForward, kMatrices };
@@ -38,6 +41,8 @@ struct LayerSamples {
   int64_t n = 0;                      // tokens
   std::vector<std::vector<float>> q;  // [n_head_kv][n * G, d] f32 (token-major, then head of group)
   std::vector<std::vector<float>> k;  // [n_head_kv][n, d] f32
+  // SkewOptions::lookahead, layers >= 1: layer l's queries from layer l-1's input, laid out as q.
+  std::vector<std::vector<float>> q_ahead;
 };
 
 // Runs the model over `tokens` (one sequence, chunked prefill, resident f32 KV) and returns every

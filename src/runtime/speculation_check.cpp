@@ -10,7 +10,7 @@ namespace kvtier::runtime {
 
 std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, const skew::SkewSet& set,
                                                 const std::vector<LayerSamples>& held_out,
-                                                const policy::InfinigenParams& params) {
+                                                const policy::InfinigenParams& params, bool lookahead) {
   policy::validate(params);
   KVTIER_ASSERT(held_out.size() == cfg.n_layer && set.layers.size() == cfg.n_layer);
   const int64_t n = held_out.front().n;
@@ -21,21 +21,28 @@ std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, c
   kv::MemoryLedger ledger;
   kv::PartialKeys pk(set, {H, n, 1, 1}, ledger);  // min_prompt 1: columns from the "prompt" itself
   std::vector<LayerSpeculation> out;
-  std::vector<float> q_all, k_all, qp, probs;
+  std::vector<float> q_all, qa_all, k_all, qp, probs;
   policy::SpecResult spec;
   for (uint32_t l = 2; l < cfg.n_layer; ++l) {
     const LayerSamples& s = held_out[l];
     const int64_t hk = s.n_head_kv, G = s.group;
     // Back to the forward pass's layouts: q [n, H, d], k [n, hk, d].
+    if (lookahead && s.q_ahead.size() != s.q.size())
+      fail(ErrorKind::kInternal, "layer {}: the samples carry no look-ahead queries", l);
+    const auto& spec_q = lookahead ? s.q_ahead : s.q;  // the rows the partial queries come from
     q_all.assign(static_cast<size_t>(n * H * d), 0.0f);
+    qa_all.assign(static_cast<size_t>(n * H * d), 0.0f);
     k_all.assign(static_cast<size_t>(n * hk * d), 0.0f);
     for (int64_t t = 0; t < n; ++t)
       for (int64_t g = 0; g < hk; ++g) {
         std::copy_n(&s.k[static_cast<size_t>(g)][static_cast<size_t>(t * d)], d,
                     &k_all[static_cast<size_t>((t * hk + g) * d)]);
-        for (int64_t j = 0; j < G; ++j)
-          std::copy_n(&s.q[static_cast<size_t>(g)][static_cast<size_t>((t * G + j) * d)], d,
-                      &q_all[static_cast<size_t>((t * H + g * G + j) * d)]);
+        for (int64_t j = 0; j < G; ++j) {
+          const auto src = static_cast<size_t>((t * G + j) * d);
+          const auto dst = static_cast<size_t>((t * H + g * G + j) * d);
+          std::copy_n(&s.q[static_cast<size_t>(g)][src], d, &q_all[dst]);
+          std::copy_n(&spec_q[static_cast<size_t>(g)][src], d, &qa_all[dst]);
+        }
       }
     pk.reset(0);
     pk.observe(0, l, q_all.data(), k_all.data(), prompt);
@@ -53,7 +60,7 @@ std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, c
     for (int64_t t = prompt; t < n; ++t) {
       const int64_t T = t;  // keys before the current token
       for (int64_t h = 0; h < H; ++h)
-        policy::partial_rows(&q_all[static_cast<size_t>((t * H + h) * d)], 1, d,
+        policy::partial_rows(&qa_all[static_cast<size_t>((t * H + h) * d)], 1, d,
                              pk.projection(0, l, static_cast<uint32_t>(h / G)), k_cols,
                              &qp[static_cast<size_t>(h * k_cols)]);
       const int64_t cap = policy::speculation_cap(params.budget, T);

@@ -5,9 +5,9 @@
 // policy::speculate with alpha and the cap, and the exact softmax over all keys to see how much of
 // the attention mass the chosen rows plus the current token carry.
 //
-// The partial query here is layer l's own query (RoPE(q)·B), not the look-ahead from layer l-1's
-// input that the runtime will use (§6.2): an upper bound on the look-ahead's quality, and the
-// selection rule's own loss.
+// The partial query is either InfiniGen's look-ahead (lookahead = true: layer l's query projection of
+// layer l-1's input, RoPE'd at the step's position, times B; the samples must carry q_ahead) or layer
+// l's own query (an upper bound on the look-ahead's quality: the selection rule's own loss).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,6 @@ struct LayerSpeculation {
 // Layers 2 .. L-1. Needs at least 8 held-out tokens.
 std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, const skew::SkewSet& set,
                                                 const std::vector<LayerSamples>& held_out,
-                                                const policy::InfinigenParams& params);
+                                                const policy::InfinigenParams& params, bool lookahead);
 
 }  // namespace kvtier::runtime

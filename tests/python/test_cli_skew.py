@@ -80,14 +80,22 @@ def test_speculation_check_keeps_everything_in_the_degenerate_case_and_less_at_t
     path, _, _ = skew_files["smollm2"]
     args = ["skew", "-m", model("smollm2"), "--check", path, "--tokens", 96, "-t", 2, "--json"]
     full = json.loads(run(*args, "--alpha", "1e30", "--budget", 1).stdout)["speculation"]
-    assert full["mean_fetched"] == pytest.approx(1.0) and full["min_recall"] == 1.0, full
-    assert [l["layer"] for l in full["layers"]] == list(range(2, 30))  # layers 0 and 1 stay dense
+    for kind in ("lookahead", "own_query"):
+        assert full[kind]["mean_fetched"] == pytest.approx(1.0) and full[kind]["min_recall"] == 1.0, full
+        assert [l["layer"] for l in full[kind]["layers"]] == list(range(2, 30))  # layers 0, 1 stay dense
     spec = json.loads(run(*args).stdout)["speculation"]
     assert spec["alpha"] == 5 and spec["budget"] == pytest.approx(0.2)
-    assert 0.0 < spec["mean_fetched"] <= 0.2 + 1e-9, spec  # the 20 % cap binds at most
-    assert 0.3 < spec["mean_recall"] < 1.0, spec
-    for layer in spec["layers"]:
-        assert 0.0 < layer["min_recall"] <= layer["recall"] <= 1.0
+    for kind in ("lookahead", "own_query"):
+        s = spec[kind]
+        assert 0.0 < s["mean_fetched"] <= 0.2 + 1e-9, s  # the 20 % cap binds at most
+        assert 0.3 < s["mean_recall"] < 1.0, s
+        for layer in s["layers"]:
+            assert 0.0 < layer["min_recall"] <= layer["recall"] <= 1.0
+    # The look-ahead (layer l-1's input through layer l's projection) selects other rows than the
+    # layer's own query does.
+    ahead = [l["recall"] for l in spec["lookahead"]["layers"]]
+    own = [l["recall"] for l in spec["own_query"]["layers"]]
+    assert ahead != own
 
 
 def test_another_models_skew_file_is_refused_naming_both_hashes(skew_files):
