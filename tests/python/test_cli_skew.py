@@ -123,6 +123,8 @@ def test_corrupt_or_truncated_skew_files_are_refused(skew_files, tmp_path):
     assert p.returncode == 1 and "kvtier: error:" in p.stderr and str(short) in p.stderr, p.stderr
     p = run("skew", "-m", model("smollm2"), "--check", model("smollm2"), "--tokens", 32, check=False)
     assert p.returncode == 1 and "not an InfiniGen skew file" in p.stderr, p.stderr
+    bad.unlink()
+    short.unlink()
 
 
 def test_skew_flag_errors(tmp_path):
@@ -133,3 +135,4 @@ def test_skew_flag_errors(tmp_path):
     p = run("skew", "-m", model("smollm2"), "-o", tmp_path / "x.gguf", "--text", text, check=False)
     assert p.returncode == 1 and "tokens" in p.stderr and str(text) in p.stderr, p.stderr
     assert not (tmp_path / "x.gguf").exists()
+    text.unlink()
