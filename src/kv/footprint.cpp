@@ -155,6 +155,14 @@ StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint6
                              uint32_t group) {
   const uint64_t row_max = std::max(geo.head_dim_k, geo.head_dim_v) * cpu::kv_dtype_bytes(geo.dtype);
   StagingPlanes s;
+  if (t.xpage_bytes != 0) {
+    // kvpr: whole blocks; per block, each head's two planes' rows, and one page of the unit's inputs.
+    const uint64_t blocks = buffer_bytes / (2ull * group * geo.block_tokens * row_max + t.xpage_bytes);
+    s.rows = static_cast<int64_t>(blocks * geo.block_tokens);
+    s.pitch = blocks * geo.block_tokens * row_max;
+    s.xpitch = blocks * t.xpage_bytes;
+    return s;
+  }
   if (t.kivi.bits == 0) {
     s.pitch = round_down(buffer_bytes / (2ull * group), kPageAlign);
     s.rows = static_cast<int64_t>(s.pitch / row_max);
@@ -212,6 +220,20 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
         t.qpage_v_offset + cpu::kivi_block_bytes(t.kivi, cpu::KiviPlane::kValue, geo.head_dim_v), kPageAlign);
   }
   t.staging_bytes = static_cast<uint64_t>(max_new_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * esz;
+  if (o.representation == policy::Representation::kKvpr) {
+    if (geo.act_row_bytes.size() != L) {
+      fail(ErrorKind::kInvalidArgument,
+           "kvpr needs the size of each layer's stored K/V-projection inputs (the model's; this KV geometry "
+           "has none)");
+    }
+    t.xrow_bytes = *std::max_element(geo.act_row_bytes.begin(), geo.act_row_bytes.end());
+    t.xpage_bytes = round_up(uint64_t{geo.block_tokens} * t.xrow_bytes, kPageAlign);
+    // The pass's encoded inputs, and the recomputed K/V rows of one block (f32) of a layer's heads.
+    t.recompute_rows = std::min<int64_t>(geo.block_tokens, max_new_rows);
+    t.staging_bytes +=
+        static_cast<uint64_t>(max_new_rows) * t.xrow_bytes +
+        static_cast<uint64_t>(t.recompute_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * sizeof(float);
+  }
 
   t.n_buffers = o.placement.prefetch_depth + 1;
   const bool layer_mode = o.placement.placement == policy::Placement::kLayer;
@@ -221,12 +243,15 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   // One head's staging for the whole context (staging_planes): two f16 planes, and with KIVI two
   // quantised pages, in whole blocks.
   const uint64_t ctx_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
+  // kvpr: whole blocks too, and per unit one plane of the inputs' pages.
+  const bool whole_blocks = t.kivi.bits != 0 || t.xpage_bytes != 0;
   const uint64_t head_for_ctx =
-      t.kivi.bits == 0 ? 2 * plane_for_ctx : ctx_blocks * (2 * geo.block_tokens * row_max + t.qpage_bytes);
-  const uint64_t need_buffer = g_min * head_for_ctx;
+      !whole_blocks ? 2 * plane_for_ctx : ctx_blocks * (2 * geo.block_tokens * row_max + t.qpage_bytes);
+  const uint64_t unit_extra = ctx_blocks * t.xpage_bytes;
+  const uint64_t need_buffer = g_min * head_for_ctx + unit_extra;
   const uint64_t fixed = t.static_bytes + t.staging_bytes + t.scratch_bytes;
   if (o.kv_mem == 0) {
-    t.buffer_bytes = g_pref * head_for_ctx;
+    t.buffer_bytes = g_pref * head_for_ctx + unit_extra;
   } else {
     const uint64_t need = fixed + t.n_buffers * need_buffer;
     if (o.kv_mem < need) {
@@ -239,7 +264,7 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     }
     t.buffer_bytes = round_down((o.kv_mem - fixed) / t.n_buffers, kPageAlign);
     // No use holding more than the largest unit needs.
-    t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, t.h_max * head_for_ctx);
+    t.buffer_bytes = std::min<uint64_t>(t.buffer_bytes, t.h_max * head_for_ctx + unit_extra);
   }
   // Home tier: per (layer, head, K|V) a region of pages of block_tokens rows; sliding retention needs
   // fewer pages on sliding-window layers (freed pages are reused), the sequences share the regions.
@@ -264,12 +289,14 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.home_pages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * f16_blocks));
     if (t.kivi.bits != 0) t.home_qpages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * blocks));
     t.home_offset.push_back(t.home_bytes);
-    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.head_region_bytes(l);
+    // kvpr: after the heads' regions, the layer's inputs, one page per K/V page index.
+    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.head_region_bytes(l) + t.home_pages[l] * t.xpage_bytes;
   }
   // A job reads or writes at most the pages of one sequence's layer, one extent per page and plane
   // (KIVI: its f16 and its quantised pages).
   t.max_copies =
-      static_cast<uint32_t>((t.kivi.bits == 0 ? 2ull : 3ull) * t.h_max * static_cast<uint64_t>(most_blocks));
+      static_cast<uint32_t>(((t.kivi.bits == 0 ? 2ull : 3ull) * t.h_max + (t.xpage_bytes != 0 ? 1 : 0)) *
+                            static_cast<uint64_t>(most_blocks));
   uint64_t free_list = 0;
   for (uint32_t p : t.home_pages) free_list += uint64_t{p} * sizeof(uint32_t);
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
@@ -280,16 +307,35 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   // Pin granularity: every page boundary of either plane is a multiple of it.
   t.home_block_bytes = std::gcd(t.page_bytes[0], t.page_bytes[1]);
   if (t.qpage_bytes != 0) t.home_block_bytes = std::gcd(t.home_block_bytes, t.qpage_bytes);
+  if (t.xpage_bytes != 0) t.home_block_bytes = std::gcd(t.home_block_bytes, t.xpage_bytes);
   t.home_pin_bytes = (t.home_bytes + t.home_block_bytes - 1) / t.home_block_bytes * sizeof(uint32_t);
   return t;
 }
 
 uint32_t kv_needs(const KvOptions& o) {
-  // streaming re-rotates the queries that attend the sinks (from q before RoPE).
-  return o.retention == policy::Retention::kStreaming ? kNeedPreRope : kNeedNone;
+  // streaming re-rotates the queries that attend the sinks (from q before RoPE); kvpr stores the
+  // K/V-projection inputs.
+  uint32_t needs = o.retention == policy::Retention::kStreaming ? kNeedPreRope : kNeedNone;
+  if (o.representation == policy::Representation::kKvpr) needs |= kNeedLayerInput;
+  return needs;
 }
 
 void check_placement_options(const TieredOptions& o) {
+  if (o.representation == policy::Representation::kKvpr) {
+    if (o.placement.placement == policy::Placement::kResident) {
+      fail(ErrorKind::kInvalidArgument,
+           "kvpr recomputes part of the K/V that an offloaded placement would move: use --kv-policy kvpr "
+           "(layer+kvpr) or headinfer+kvpr, not resident+kvpr");
+    }
+    if (o.retention != policy::Retention::kNone && o.retention != policy::Retention::kSliding) {
+      fail(ErrorKind::kInvalidArgument, "kvpr combines with retention none or sliding, not {}",
+           policy::retention_name(o.retention));
+    }
+    if (o.selection != policy::Selection::kAll) {
+      fail(ErrorKind::kInvalidArgument, "kvpr combines with selection all, not {}",
+           policy::selection_name(o.selection));
+    }
+  }
   const bool kivi = o.representation == policy::Representation::kKivi4 ||
                     o.representation == policy::Representation::kKivi2;
   if (kivi && (o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kH2o ||

@@ -75,7 +75,8 @@ struct TieredLayout {
   uint64_t static_pitch = 0;            // bytes per static plane (one head's K or V)
   uint64_t static_bytes = 0;            // all sequences' static planes
   uint64_t static_seq_bytes = 0;        // one sequence's static planes
-  uint64_t staging_bytes = 0;           // new rows of the largest pass, KV dtype
+  uint64_t staging_bytes = 0;           // new rows of the largest pass, KV dtype (kvpr: and their
+                                        // encoded inputs, and one block's recomputed K/V in f32)
   uint64_t scratch_bytes = 0;           // attention scratch and retention_bytes
   uint64_t retention_bytes = 0;         // the retention policy's buffers (retention_scratch)
   uint32_t n_buffers = 0;               // staging buffers (prefetch depth + 1)
@@ -86,11 +87,16 @@ struct TieredLayout {
   uint64_t qpage_bytes = 0;             // KIVI: one head's quantised K, then V, of a block (4 KiB-rounded)
   uint64_t qpage_v_offset = 0;          // KIVI: where V starts in a quantised page
   std::vector<uint32_t> home_qpages;    // KIVI: [n_layer] quantised pages of each (layer, head)
+  uint64_t xrow_bytes = 0;              // kvpr: bytes of one token's stored inputs (the widest layer's)
+  uint64_t xpage_bytes = 0;             // kvpr: one block of a layer's inputs (4 KiB-rounded); 0: none
+  int64_t recompute_rows = 0;           // kvpr: rows recomputed per hook call (one block at most)
   uint64_t head_region_bytes(uint32_t layer) const {  // one head's pages in the layer's home regions
     return home_pages[layer] * (page_bytes[0] + page_bytes[1]) +
            (home_qpages.empty() ? 0 : home_qpages[layer] * qpage_bytes);
   }
-  std::vector<uint64_t> home_offset;  // [n_layer] byte offset of the layer's regions in the home tier
+  // [n_layer] byte offset of the layer's regions in the home tier: its heads' regions, then (kvpr) its
+  // inputs' pages (home_pages[layer] of xpage_bytes)
+  std::vector<uint64_t> home_offset;
   uint64_t home_bytes = 0;
   int64_t max_blocks = 0;         // logical token blocks per (sequence, layer)
   uint32_t max_copies = 0;        // extents of one transfer job (one per page per plane at most)
@@ -103,10 +109,12 @@ struct TieredLayout {
 // The planes of one staging buffer of `buffer_bytes` for units of `group` KV heads: head h's K and V
 // rows (f16 planes of `pitch` bytes, `rows` rows of the larger of a K and a V row) at
 // (2h + K|V) * pitch, then with KIVI head h's quantised plane at 2 * group * pitch + h * qpitch,
-// block b's page at b * qpage_bytes.
+// block b's page at b * qpage_bytes; with kvpr the unit's inputs plane at 2 * group * pitch, block b's
+// page at b * xpage_bytes.
 struct StagingPlanes {
   uint64_t pitch = 0;
   uint64_t qpitch = 0;
+  uint64_t xpitch = 0;
   int64_t rows = 0;
 };
 StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint64_t buffer_bytes,

@@ -21,6 +21,9 @@ struct KvGeometry {
   uint32_t group_heads = 0;     // KV heads per group (0: all heads of the layer in one group)
   KvDtype dtype = KvDtype::kF16;
   std::vector<int64_t> window;  // [n_layer] sliding window of each layer (0: global); empty: all global
+  // [n_layer] bytes of one token's stored K/V-projection input (KVPR; model::kv_input_row_bytes);
+  // empty when the model did not say (representation kvpr then refuses to build).
+  std::vector<uint64_t> act_row_bytes;
 
   uint32_t n_layer() const { return static_cast<uint32_t>(n_head_kv.size()); }
   // Heads per group of `layer` (group_heads clipped to the layer's heads; must divide them).

@@ -4,8 +4,20 @@
 
 namespace kvtier::kv {
 
-void KvCompute::project_q(uint32_t layer, const float*, std::span<const int64_t>, float*) {
-  fail(ErrorKind::kInternal, "this compute hook cannot project the queries of layer {}", layer);
+void KvCompute::encode_inputs(uint32_t layer, const float* x, int64_t n, uint8_t* out) {
+  (void)x, (void)n, (void)out;
+  fail(ErrorKind::kUnsupported, "this model hook cannot encode the inputs of layer {} (KVPR)", layer);
+}
+
+void KvCompute::project_kv_encoded(uint32_t layer, const uint8_t* act, std::span<const int64_t> positions,
+                                   uint32_t head0, uint32_t n_heads, float* k, float* v) {
+  (void)act, (void)positions, (void)head0, (void)n_heads, (void)k, (void)v;
+  fail(ErrorKind::kUnsupported, "this model hook cannot recompute K/V of layer {} from inputs (KVPR)", layer);
+}
+
+void KvCompute::project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q) {
+  (void)x, (void)positions, (void)q;
+  fail(ErrorKind::kUnsupported, "this model hook cannot project the queries of layer {} (InfiniGen)", layer);
 }
 
 }  // namespace kvtier::kv

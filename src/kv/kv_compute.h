@@ -30,6 +30,17 @@ class KvCompute {
   // The default refuses: a hook that cannot project queries says so.
   virtual void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q);
   virtual int64_t max_rows() const = 0;
+
+  // KVPR keeps the K/V-projection inputs of a prefix of positions in the form the projections consume
+  // (KvGeometry::act_row_bytes[layer] bytes per token) and recomputes their K/V from them:
+  //   x: [n, n_embd] f32 -> out: [n, act_row_bytes(layer)]    (n <= max_rows())
+  virtual void encode_inputs(uint32_t layer, const float* x, int64_t n, uint8_t* out);
+  // K and V of KV heads [head0, head0 + n_heads) of `layer` from encoded inputs, the same bits as the
+  // rows a pass wrote for those tokens at those positions (n = positions.size() <= max_rows()):
+  //   act: [n, act_row_bytes(layer)]
+  //   k: [n, n_heads, head_dim_k] f32 after RoPE    v: [n, n_heads, head_dim_v] f32
+  virtual void project_kv_encoded(uint32_t layer, const uint8_t* act, std::span<const int64_t> positions,
+                                  uint32_t head0, uint32_t n_heads, float* k, float* v);
 };
 
 }  // namespace kvtier::kv

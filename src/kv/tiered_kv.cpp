@@ -60,6 +60,12 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   staging_reservation_ = Reservation(ledger, Tier::kDevice, Category::kStaging, lay_.staging_bytes);
   new_k_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max * geo_.head_dim_k * esz_);
   new_v_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max * geo_.head_dim_v * esz_);
+  if (kvpr()) {
+    new_x_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.xrow_bytes);
+    re_k_.resize(static_cast<size_t>(lay_.recompute_rows) * lay_.h_max * geo_.head_dim_k);
+    re_v_.resize(static_cast<size_t>(lay_.recompute_rows) * lay_.h_max * geo_.head_dim_v);
+    re_pos_.resize(static_cast<size_t>(lay_.recompute_rows));
+  }
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay_.scratch_bytes);
   scratch_.resize(lay_.scratch_bytes - lay_.retention_bytes);
   if (opt_.retention == policy::Retention::kStreaming) {
@@ -227,6 +233,7 @@ TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
   lay.group = group;
   lay.pitch = sp.pitch;
   lay.qpitch = sp.qpitch;
+  lay.xpitch = sp.xpitch;
   lay.rows = sp.rows;
   return lay;
 }
@@ -293,6 +300,10 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   pass_.write(layer);
   q_pre_ = rows.q_pre;
   const int64_t n = pass_.total();
+  if (kvpr()) {
+    KVTIER_ASSERT(compute_ != nullptr && rows.x != nullptr, "kvpr needs the model's hook and layer inputs");
+    compute_->encode_inputs(layer, rows.x, n, new_x_.data());
+  }
   for (const SeqPass& sp : pass_.seqs()) {
     ensure_pages(sp.seq, layer, sp.pos0, sp.pos0 + sp.n);
     if (kivi_.bits != 0) {
@@ -318,6 +329,8 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   const policy::Unit& u = plan_.units[unit_index];
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
+  // kvpr: the inputs of [first, first + xrows), K/V from there on.
+  const int64_t xrows = split_rows(first, rows);
   // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
   const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(seq, rows));
   size_t n_blocks = 0;
@@ -331,8 +344,8 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
-      const int64_t f16_first = std::max(first, qend);  // kivi: f16 rows from qend on
-      if (drop.first < drop.last) {                     // (streaming does not combine with kivi)
+      const int64_t f16_first = std::max(first + xrows, qend);  // kivi: f16 rows from qend on
+      if (drop.first < drop.last) {                             // (streaming does not combine with kivi)
         add_rows(seq, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens, n_blocks);
         add_rows(seq, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
       } else {
@@ -341,6 +354,10 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
     }
     if (qend > first) add_qpages(seq, u.layer, u.head0 + h, qplane(base, h), first, qend, n_blocks);
   }
+  if (kvpr()) {
+    add_xrows(seq, u.layer, xplane(base), first, first + xrows, n_blocks);
+    add_xcontext(seq, u.layer, xplane(base), rows, n_blocks);  // around the rows this visit may store
+  }
   Visit vis;
   vis.visit = visit;
   vis.unit = u;
@@ -348,6 +365,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   vis.first = first;
   vis.rows = rows;
   vis.qend = qend;
+  vis.xrows = xrows;
   vis.epoch = epoch_;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
   // last read the buffer (a zero-byte job is still a FIFO fence).
@@ -463,6 +481,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
                        streaming_.q_sink.data() + n_plain * row);
     }
   }
+  bool inputs_stored = false;
   for (size_t i = first_unit_[layer]; i < plan_.units.size() && plan_.units[i].layer == layer; ++i) {
     const policy::Unit& u = plan_.units[i];
     if (u.is_static) {
@@ -479,9 +498,13 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
         inflight_.front().rows == pos0 &&
         inflight_.front().first == std::min(first_row(u.layer, pos0), pos0) &&
         (kivi_.bits == 0 ||
-         inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0)));
+         inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0))) &&
+        inflight_.front().xrows == split_rows(inflight_.front().first, pos0);
+    int64_t xfirst = 0, xrows = 0;  // kvpr: the rows this visit recomputes
     if (ready) {
       engine_->wait(inflight_.front().ticket);
+      xfirst = inflight_.front().first;
+      xrows = inflight_.front().xrows;
       inflight_.erase(inflight_.begin());
     } else {
       // Not prefetched (first visit, after a truncation or a layout change): load now.
@@ -490,6 +513,8 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       submit_load(visit, pass_seq_, i, pos0);
       if (pos0 > 0) ++sync_loads_;
       engine_->wait(inflight_.front().ticket);
+      xfirst = inflight_.front().first;
+      xrows = inflight_.front().xrows;
       inflight_.clear();
     }
     // The load has completed and FIFO order completed every earlier job on this buffer: nothing in
@@ -497,7 +522,22 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     KVTIER_ASSERT(staging_->pins(buffer_slot(visit)) == 0, "staging buffer {} is pinned by a transfer",
                   buffer_slot(visit));
     uint8_t* base = buffer(visit);
+    if (kvpr()) {
+      last_split_ = xrows;
+      payload_x_bytes_ += static_cast<uint64_t>(xrows) * geo_.act_row_bytes[layer];
+    }
+    if (kivi_.bits == 0 && !streams(layer)) {  // the K/V rows of past positions the visit loaded
+      payload_kv_bytes_ += static_cast<uint64_t>(pos0 - std::min(first_row(layer, pos0), pos0) - xrows) *
+                           u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
+    }
+    if (xrows > 0) recompute_unit(base, u, xfirst, xfirst + xrows);
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
+    // kvpr: the layer's first offloaded unit stores the new rows' inputs too.
+    const bool store_inputs = kvpr() && !inputs_stored;
+    if (store_inputs) {
+      scatter_new_inputs(xplane(base), layer, pos0, n);
+      inputs_stored = true;
+    }
     // KIVI: the key groups that leave the residual window with this pass, quantised now (this pass
     // still attends their f16 rows; later ones load the quantised pages).
     const int64_t q0 = kivi_.bits == 0 ? 0 : std::max(quantised_end(pass_seq_, pos0), first_row(layer, pos0));
@@ -514,6 +554,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       }
       if (q1 > q0) add_qpages(pass_seq_, layer, u.head0 + h, qplane(base, h), q0, q1, n_blocks);
     }
+    if (store_inputs) add_xrows(pass_seq_, layer, xplane(base), pos0, pos0 + n, n_blocks);
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
                      {staging_.get(), buffer_slot(visit)});
     prefetch_ahead(visit);
@@ -641,6 +682,10 @@ TieredStats TieredKv::stats() const {
   s.group = layout_.group;
   s.passes = passes_;
   s.sync_loads = sync_loads_;
+  s.recomputed_rows = recomputed_rows_;
+  s.last_split = last_split_;
+  s.payload_x_bytes = payload_x_bytes_;
+  s.payload_kv_bytes = payload_kv_bytes_;
   s.home = home_->describe();
   return s;
 }

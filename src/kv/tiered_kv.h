@@ -42,8 +42,13 @@ struct TieredStats {
   TransferStats transfer;
   uint32_t group = 0;  // g of the last pass
   uint64_t passes = 0;
-  uint64_t sync_loads = 0;  // loads that were not prefetched (first visit, group change, truncate)
-  std::string home;         // where the home tier lives
+  uint64_t sync_loads = 0;       // loads that were not prefetched (first visit, group change, truncate)
+  uint64_t recomputed_rows = 0;  // kvpr: K/V rows (per unit visit, all its heads) recomputed from inputs
+  int64_t last_split = 0;        // kvpr: rows recomputed on the last unit visit
+  // The bytes the unit visits used from their loads (rows, not page-rounded I/O; spec kvpr C4):
+  uint64_t payload_x_bytes = 0;   // kvpr: stored inputs of the recomputed rows
+  uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
+  std::string home;               // where the home tier lives
 };
 
 class TieredKv final : public KvCache {
@@ -77,7 +82,8 @@ class TieredKv final : public KvCache {
     SeqId seq = 0;
     int64_t first = 0;  // rows [first, rows) loaded
     int64_t rows = 0;
-    int64_t qend = 0;  // KIVI: rows [first, qend) loaded quantised, [qend, rows) f16
+    int64_t qend = 0;   // KIVI: rows [first, qend) loaded quantised, [qend, rows) f16
+    int64_t xrows = 0;  // kvpr: rows [first, first + xrows) loaded as inputs, the rest as K/V
     uint64_t epoch = 0;
     TransferEngine::Ticket ticket = 0;
   };
@@ -85,6 +91,7 @@ class TieredKv final : public KvCache {
     uint32_t group = 0;
     uint64_t pitch = 0;   // bytes per plane (one head's K or V)
     uint64_t qpitch = 0;  // KIVI: bytes per quantised plane (after the 2 * group f16 planes)
+    uint64_t xpitch = 0;  // kvpr: bytes of the unit's inputs plane (after the 2 * group f16 planes)
     int64_t rows = 0;     // rows a plane holds
   };
 
@@ -112,6 +119,21 @@ class TieredKv final : public KvCache {
   void add_qpages(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
                   size_t& n);
   void quantise_unit(uint8_t* base, const policy::Unit& u, int64_t p0, int64_t p1);
+  // kvpr (tiered_kv_kvpr.cpp): inputs of positions [first, first + split) replace their K/V on a visit.
+  bool kvpr() const { return lay_.xpage_bytes != 0; }
+  int64_t split_rows(int64_t first, int64_t rows) const;
+  uint64_t xpage_offset(uint32_t layer, uint32_t page) const;
+  // Appends the copies of the inputs of rows [r0, r1) of `layer` (page-rounded bytes of each block)
+  // between the home pages and the inputs plane at `xplane` (block b's page at b * xpage_bytes).
+  void add_xrows(SeqId seq, uint32_t layer, uint8_t* xplane, int64_t r0, int64_t r1, size_t& n);
+  // The I/O page of the inputs plane that row `pos` starts in, before that row (so that a store of
+  // rows from `pos` on writes back loaded bytes around them).
+  void add_xcontext(SeqId seq, uint32_t layer, uint8_t* xplane, int64_t pos, size_t& n);
+  // K/V of the unit's heads for rows [r0, r1) recomputed from the inputs plane into the K/V planes.
+  void recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1);
+  // The sequence's new inputs of this pass (rows [pos0, pos0 + n)) into the inputs plane.
+  void scatter_new_inputs(uint8_t* xplane, uint32_t layer, int64_t pos0, int64_t n);
+  uint8_t* xplane(uint8_t* base) const { return base + 2ull * layout_.group * layout_.pitch; }
   uint8_t* qplane(uint8_t* base, uint32_t h) const {  // head h's quantised pages in a staging buffer
     return base + 2ull * layout_.group * layout_.pitch + h * layout_.qpitch;
   }
@@ -168,8 +190,12 @@ class TieredKv final : public KvCache {
   Reservation static_reservation_;
   std::unique_ptr<uint8_t, FreeDeleter> static_;  // [sum static heads][K,V][static_pitch]
   Reservation staging_reservation_;
-  std::vector<uint8_t> new_k_;  // [max_new_rows, max heads, head_dim_k] KV dtype
-  std::vector<uint8_t> new_v_;  // [max_new_rows, max heads, head_dim_v] KV dtype
+  std::vector<uint8_t> new_k_;   // [max_new_rows, max heads, head_dim_k] KV dtype
+  std::vector<uint8_t> new_v_;   // [max_new_rows, max heads, head_dim_v] KV dtype
+  std::vector<uint8_t> new_x_;   // kvpr: [max_new_rows, act_row_bytes(layer)] the pass's encoded inputs
+  std::vector<float> re_k_;      // kvpr: [recompute_rows, max heads, head_dim_k] f32 recomputed K
+  std::vector<float> re_v_;      // kvpr: [recompute_rows, max heads, head_dim_v] f32 recomputed V
+  std::vector<int64_t> re_pos_;  // kvpr: [recompute_rows] their positions
   Reservation scratch_reservation_;
   std::vector<uint8_t> scratch_;
   std::vector<BlockCopy> copies_;  // [max_copies] extents of one job
@@ -200,6 +226,10 @@ class TieredKv final : public KvCache {
   std::vector<Visit> inflight_;         // loads submitted for visits >= next_visit_, in visit order
   uint64_t passes_ = 0;
   uint64_t sync_loads_ = 0;
+  uint64_t recomputed_rows_ = 0;
+  int64_t last_split_ = 0;
+  uint64_t payload_x_bytes_ = 0;
+  uint64_t payload_kv_bytes_ = 0;
 };
 
 }  // namespace kvtier::kv

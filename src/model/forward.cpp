@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/dequant.h"
 #include "backend/cpu/float_ops.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quantize_act.h"
 #include "core/error.h"
 #include "model/rope.h"
 
@@ -155,6 +158,62 @@ void Forward::project_kv(uint32_t l, const float* x, std::span<const int64_t> po
   });
 }
 
+std::vector<uint64_t> kv_input_row_bytes(const ModelConfig& cfg, const ModelWeights& w) {
+  std::vector<uint64_t> out;
+  for (uint32_t l = 0; l < cfg.n_layer; ++l) {
+    const LayerWeights& L = w.layers[l];
+    const bool shared = cpu::act_format_for(L.wk.type) == cpu::act_format_for(L.wv.type);
+    out.push_back(shared ? cpu::act_row_bytes_for(L.wk.type, cfg.n_embd)
+                         : static_cast<uint64_t>(cfg.n_embd) * sizeof(float));
+  }
+  return out;
+}
+
+void Forward::encode_inputs(uint32_t l, const float* x, int64_t n, uint8_t* out) {
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "encode_inputs of layer {} for {} rows", l, n);
+  const LayerWeights& L = w_.layers[l];
+  if (cpu::act_format_for(L.wk.type) == cpu::act_format_for(L.wv.type)) {
+    cpu::quantize_rows(pool_, isa_, L.wk.type, x, n, cfg_.n_embd, out);
+  } else {  // the projections quantise differently: keep x itself
+    std::memcpy(out, x, static_cast<size_t>(n * cfg_.n_embd) * sizeof(float));
+  }
+}
+
+void Forward::project_kv_encoded(uint32_t l, const uint8_t* act, std::span<const int64_t> positions,
+                                 uint32_t head0, uint32_t n_heads, float* k, float* v) {
+  const auto n = static_cast<int64_t>(positions.size());
+  KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_kv_encoded on a Forward built without KV needs");
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_kv_encoded of layer {} for {} rows",
+                l, n);
+  const LayerWeights& L = w_.layers[l];
+  const LayerConfig& lc = cfg_.layers[l];
+  KVTIER_ASSERT(head0 + n_heads <= lc.n_head_kv, "heads {}+{} of {}", head0, n_heads, lc.n_head_kv);
+  const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
+  // The heads' rows of W_K and W_V: each output is its row's dot product, whatever the slice.
+  auto rows_of = [](const cpu::WeightMatrix& w, int64_t r0, int64_t nr) {
+    cpu::WeightMatrix s = w;
+    s.data = w.data + r0 * static_cast<int64_t>(*ggml_row_bytes(w.type, static_cast<uint64_t>(w.k)));
+    s.n_rows = nr;
+    return s;
+  };
+  const cpu::WeightMatrix wk = rows_of(L.wk, head0 * dk, n_heads * dk);
+  const cpu::WeightMatrix wv = rows_of(L.wv, head0 * dv, n_heads * dv);
+  if (cpu::act_format_for(L.wk.type) == cpu::act_format_for(L.wv.type)) {
+    cpu::matmul_rows(pool_, isa_, wk, act, n, k);
+    cpu::matmul_rows(pool_, isa_, wv, act, n, v);
+  } else {
+    matmul(wk, reinterpret_cast<const float*>(act), n, k);
+    matmul(wv, reinterpret_cast<const float*>(act), n, v);
+  }
+  const int64_t half = cfg_.n_rot / 2;
+  for_tokens(n, [&](int64_t t) {
+    float* c = hook_cos_.data() + t * half;
+    float* sn = hook_sin_.data() + t * half;
+    rope_angles_ext(positions[sz(t)], cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
+    finish_kv_heads(L, head0, n_heads, k + t * n_heads * dk, v + t * n_heads * dv, c, sn);
+  });
+}
+
 void Forward::rope_q(uint32_t l, const float* q_pre, int64_t n, int64_t position, float* out) {
   KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "rope_q on a Forward built without KV needs");
   KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "rope_q of layer {} for {} rows", l, n);
@@ -185,6 +244,20 @@ void Forward::project_q(uint32_t l, const float* x, std::span<const int64_t> pos
     rope_angles_ext(positions[sz(t)], cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
     finish_q(L, q + t * cfg_.n_head * cfg_.head_dim_k, c, sn, nullptr);
   });
+}
+
+void Forward::finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_heads, float* k, float* v,
+                              const float* cos, const float* sin) {
+  const int64_t dk = cfg_.head_dim_k;
+  const int64_t dv = cfg_.head_dim_v;
+  const int64_t hk = n_heads;
+  if (L.bk != nullptr) cpu::add(isa_, k, L.bk + head0 * dk, hk * dk, k);
+  if (L.bv != nullptr) cpu::add(isa_, v, L.bv + head0 * dv, hk * dv, v);
+  if (cfg_.qk_norm) {
+    for (int64_t h = 0; h < hk; ++h)
+      cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
+  }
+  cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
 }
 
 void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {

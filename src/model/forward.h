@@ -58,6 +58,10 @@ ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, in
 kv::KvGeometry kv_geometry(const ModelConfig& cfg, uint32_t block_tokens, cpu::KvDtype dtype,
                            uint32_t group_heads = 0);
 
+// Bytes per token of each layer's stored K/V-projection inputs (KVPR, kv::KvCompute::encode_inputs):
+// the activation rows the K and V projections quantise to, when both use one format; else f32 rows.
+std::vector<uint64_t> kv_input_row_bytes(const ModelConfig& cfg, const ModelWeights& w);
+
 // One sequence's part of a batched pass, and the logits it wants.
 struct SeqTokens {
   kv::SeqId seq = 0;
@@ -88,6 +92,9 @@ class Forward final : public kv::KvCompute {
   void rope_q(uint32_t layer, const float* q_pre, int64_t n, int64_t position, float* out) override;
   void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q) override;
   int64_t max_rows() const override { return max_tokens_; }
+  void encode_inputs(uint32_t layer, const float* x, int64_t n, uint8_t* out) override;
+  void project_kv_encoded(uint32_t layer, const uint8_t* act, std::span<const int64_t> positions,
+                          uint32_t head0, uint32_t n_heads, float* k, float* v) override;
 
   int64_t max_tokens() const { return max_tokens_; }
   const ModelConfig& config() const { return cfg_; }
@@ -102,6 +109,9 @@ class Forward final : public kv::KvCompute {
   void finish_q(const LayerWeights& L, float* q, const float* cos, const float* sin, float* pre);
   void finish_kv(const LayerWeights& L, uint32_t l, float* k, float* v, const float* cos, const float* sin,
                  float* pre);
+  // finish_kv of KV heads [head0, head0 + n_heads) only (k, v: those heads' rows); the same bits.
+  void finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_heads, float* k, float* v,
+                       const float* cos, const float* sin);
   void for_tokens(int64_t n, const std::function<void(int64_t)>& fn);
 
   const ModelConfig& cfg_;

@@ -16,6 +16,11 @@ constexpr AxisValue kValues[] = {
      "--group --static-heads --kv-disk --host-mem --prefetch-depth"},
     {Axis::kRepresentation, "f16", true, "rows stored as IEEE half floats (the default)", "--kv-type"},
     {Axis::kRepresentation, "f32", true, "rows stored as 32-bit floats", "--kv-type"},
+    {Axis::kRepresentation, "kvpr", true,
+     "KVPR: the home tier keeps each position's K/V-projection input (the quantised activation row the "
+     "projection consumes) beside its f16 K/V; a visit loads the inputs of a prefix of positions and the "
+     "K/V of the rest and recomputes the prefix's K/V (bit-identical); offloaded placements",
+     "--recompute"},
     {Axis::kRepresentation, "kivi4", false,
      "KIVI 4-bit: keys quantised per channel in groups of --kivi-group tokens, values per token; the "
      "last --kivi-residual tokens stay f16; dequantised tile by tile inside attention",
@@ -50,6 +55,7 @@ constexpr Preset kPresets[] = {
     {"resident", "resident", "the standard baseline: all KV in compute-local memory"},
     {"layer", "layer", "layer-wise offload (FlexGen / HF OffloadedCache)"},
     {"headinfer", "headinfer", "HeadInfer: head-wise offload with adaptive group size"},
+    {"kvpr", "layer+kvpr", "KVPR: layer-wise offload with partial KV recomputation from stored inputs"},
 };
 
 std::optional<AxisValue> find_value(std::string_view name) {
@@ -120,6 +126,8 @@ std::string_view representation_name(Representation r) {
       return "kivi4";
     case Representation::kKivi2:
       return "kivi2";
+    case Representation::kKvpr:
+      return "kvpr";
   }
   return "?";
 }
@@ -169,6 +177,8 @@ void check_knobs(const KvPolicy& p) {
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);
   if (p.selection == Selection::kQuest && k.quest_page < 1)
     fail(ErrorKind::kInvalidArgument, "--quest-page {}: must be >= 1", k.quest_page);
+  if (p.representation == Representation::kKvpr && k.recompute < -1)
+    fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto or a number of positions >= 0", k.recompute);
   if (p.representation == Representation::kKivi4 || p.representation == Representation::kKivi2) {
     if (k.kivi_group < 1) fail(ErrorKind::kInvalidArgument, "--kivi-group {}: must be >= 1", k.kivi_group);
     if (k.kivi_residual < 0)
@@ -210,10 +220,13 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
   KvPolicy p = defaults;
   std::optional<std::string_view> seen[4];
   std::vector<std::string_view> parts;
-  for (std::string_view part : parts_of(spec)) {
+  const std::vector<std::string_view> given = parts_of(spec);
+  for (std::string_view part : given) {
     bool preset = false;
     for (const Preset& pr : kPresets) {
-      if (pr.name == part) {
+      // A name that is both a preset and a value (kvpr) is the preset alone and the value in a
+      // combination ("headinfer+kvpr").
+      if (pr.name == part && (given.size() == 1 || !find_value(part))) {
         for (std::string_view q : parts_of(pr.spec)) parts.push_back(q);
         preset = true;
       }
@@ -238,10 +251,10 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
         p.placement = *placement_from_name(part);
         break;
       case Axis::kRepresentation:
-        p.representation = value_of(
-            part,
-            {Representation::kF16, Representation::kF32, Representation::kKivi4, Representation::kKivi2},
-            representation_name);
+        p.representation = value_of(part,
+                                    {Representation::kF16, Representation::kF32, Representation::kKivi4,
+                                     Representation::kKivi2, Representation::kKvpr},
+                                    representation_name);
         break;
       case Axis::kSelection:
         p.selection = value_of(part, {Selection::kAll, Selection::kQuest}, selection_name);

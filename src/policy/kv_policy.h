@@ -25,6 +25,8 @@ enum class Representation {
   kF32,    // 32-bit float rows
   kKivi4,  // KIVI-style 4-bit: keys per channel in token groups, values per token, recent rows full
   kKivi2,  // the same at 2 bits
+  kKvpr,   // KVPR: the K/V-projection inputs of a prefix of positions (--recompute), K/V of the rest
+           // (f16); the prefix's K/V are recomputed on each visit (exact; offloaded placements)
 };
 
 enum class Selection {
@@ -50,6 +52,8 @@ struct PolicyKnobs {
   int64_t quest_page = 16;      // --quest-page: tokens per Quest page
   int64_t kivi_group = 32;      // --kivi-group: tokens per key-quantisation group (per channel)
   int64_t kivi_residual = 128;  // --kivi-residual: recent tokens kept in full precision
+  int64_t recompute = -1;       // --recompute: kvpr's prefix of recomputed positions (-1: auto, the
+                                // scheduler's split; N: min(N, positions) on every visit)
   bool operator==(const PolicyKnobs&) const = default;
 };
 

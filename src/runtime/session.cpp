@@ -37,8 +37,10 @@ int64_t logit_rows(const model::ModelConfig& cfg, int64_t chunk) {
   return std::clamp<int64_t>(static_cast<int64_t>(kLogitsBytes / (4 * uint64_t{cfg.n_vocab})), 1, chunk);
 }
 
-kv::KvGeometry kv_geometry(const model::ModelConfig& cfg, const SessionOptions& o) {
-  return model::kv_geometry(cfg, o.kv_block_tokens, o.kv_dtype);
+kv::KvGeometry kv_geometry(const LoadedModel& model, const SessionOptions& o) {
+  kv::KvGeometry g = model::kv_geometry(model.config, o.kv_block_tokens, o.kv_dtype);
+  g.act_row_bytes = model::kv_input_row_bytes(model.config, model.weights);
+  return g;
 }
 
 }  // namespace
@@ -52,7 +54,7 @@ kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& 
   p.reserve(kv::Tier::kDevice, kv::Category::kActivations,
             model::forward_buffers(cfg, model.weights, o.chunk, kv::kv_needs(o.kv_placement)).bytes());
   const kv::KvFootprint f =
-      kv::kv_footprint(o.kv_placement, kv_geometry(cfg, o), o.n_ctx, cfg.n_head, o.threads);
+      kv::kv_footprint(o.kv_placement, kv_geometry(model, o), o.n_ctx, cfg.n_head, o.threads);
   p.reserve(kv::Tier::kDevice, kv::Category::kKv, f.device_kv);
   p.reserve(kv::Tier::kDevice, kv::Category::kStaging, f.device_staging);
   p.reserve(kv::Tier::kDevice, kv::Category::kScratch, f.device_scratch);
@@ -73,7 +75,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   weights_reservation_ =
       kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
-  kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(cfg, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
+  kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
                           isa_);
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
   forward_ =

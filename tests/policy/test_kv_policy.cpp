@@ -80,10 +80,25 @@ TEST(KvPolicy, EveryValueAndPresetIsListed) {
     EXPECT_EQ(p.exact(), v.exact) << v.name;
   }
   EXPECT_EQ(per_axis[0], 3);
-  EXPECT_EQ(per_axis[1], 2);  // f16, f32 (kivi4, kivi2 are approximate)
+  EXPECT_EQ(per_axis[1], 3);  // f16, f32, kvpr (kivi4, kivi2 are approximate)
   EXPECT_EQ(per_axis[2], 1);
   EXPECT_EQ(per_axis[3], 2);
   for (const Preset& p : presets()) EXPECT_NO_THROW((void)parse_kv_policy(p.spec)) << p.name;
+}
+
+TEST(KvPolicy, KvprIsAPresetAloneAndARepresentationInACombination) {
+  const KvPolicy alone = parse_kv_policy("kvpr");
+  EXPECT_EQ(alone.placement, Placement::kLayer);
+  EXPECT_EQ(alone.representation, Representation::kKvpr);
+  EXPECT_TRUE(alone.exact());
+  const KvPolicy hi = parse_kv_policy("headinfer+kvpr");
+  EXPECT_EQ(hi.placement, Placement::kHeadInfer);
+  EXPECT_EQ(hi.representation, Representation::kKvpr);
+  EXPECT_EQ(hi.spec(), "headinfer+kvpr");
+  EXPECT_THROW((void)parse_kv_policy("kvpr+kivi4"), Error);  // two representations
+  KvPolicy bad = alone;
+  bad.knobs.recompute = -2;
+  EXPECT_THROW(check_knobs(bad), Error);
 }
 
 }  // namespace

@@ -15,7 +15,7 @@ def test_lists_every_axis_value_and_preset():
     for v in j["axes"]:
         axes.setdefault(v["axis"], []).append(v["value"])
         assert v["help"], v
-    exact = {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32"],
+    exact = {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32", "kvpr"],
              "selection": ["all"], "retention": ["none", "sliding"]}
     assert set(axes) == set(exact)
     for axis, vals in exact.items():
@@ -25,7 +25,7 @@ def test_lists_every_axis_value_and_preset():
         if v["value"] not in exact[v["axis"]]:
             assert not v["exact"] and v["flags"].startswith("--"), v
     assert "streaming" in axes["retention"] and "kivi4" in axes["representation"]
-    assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer"]
+    assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer", "kvpr"]
     text = run("policies").stdout
     for v in j["axes"]:
         assert v["value"] in text and v["help"][:40] in text
@@ -55,3 +55,20 @@ def test_bad_specs_are_clear_errors():
     p = run("bench", "-m", model("smollm2"), "--kv-policy", "layer,none+layer", "--prompt-tokens", 8,
             check=False)
     assert p.returncode == 1 and "listed twice" in p.stderr, p.stderr
+
+
+def test_kvpr_combinations_that_cannot_work_are_clear_errors():
+    m = model("smollm2")
+    for spec, extra, words in (("resident+kvpr", [], "not resident+kvpr"),
+                               ("layer+kvpr+streaming", ["--window", "64"], "retention none or sliding"),
+                               ("kvpr", ["--recompute", "-5"], "--recompute -5"),
+                               ("kvpr", ["--recompute", "some"], "--recompute")):
+        p = run("run", "-m", m, "-p", "x", "-n", 1, "--kv-policy", spec, *extra, check=False)
+        assert p.returncode != 0 and words in p.stderr, (spec, p.stderr)
+        assert "terminate" not in p.stderr and "Assertion" not in p.stderr
+    # auto and a number are accepted; the split shows in --json
+    for r in ("auto", "7"):
+        p = run("run", "-m", m, "-p", "one two three four five six seven eight nine ten", "-n", 2, "--kv-policy",
+                "kvpr", "--recompute", r, "--json")
+        kv = json.loads(p.stdout)["kv"]
+        assert kv["split"] == (0 if r == "auto" else 7), kv

@@ -30,5 +30,7 @@ void add_policies(CLI::App& app, Runner& run);
 void add_skew(CLI::App& app, Runner& run);
 // Registers `kvtier serve` (OpenAI-compatible HTTP server).
 void add_serve(CLI::App& app, Runner& run);
+// Registers `kvtier profile` (KVPR's profiler: link bandwidth, projection rate; cached).
+void add_profile(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

@@ -36,6 +36,11 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
   cmd->add_option("--kivi-residual", knobs.kivi_residual,
                   "kivi4, kivi2: recent tokens kept in full precision")
       ->default_val(k.kivi_residual);
+  cmd->add_option("--recompute", knobs.recompute,
+                  "kvpr: positions whose K/V are recomputed from stored inputs on each visit: auto (the "
+                  "scheduler's split) or N (min(N, positions); forces the split, for tests and sweeps)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}))
+      ->default_str("auto");
 }
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
@@ -51,9 +56,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   if (with_policy) {
-    cmd->add_option("--kv-policy", a.kv_policy,
-                    "KV policy: a preset (resident, layer, headinfer) or axis values joined by '+', e.g. "
-                    "layer+sliding; `kvtier policies` lists them all and which are exact")
+    cmd->add_option(
+           "--kv-policy", a.kv_policy,
+           "KV policy: a preset (resident, layer, headinfer, kvpr) or axis values joined by '+', e.g. "
+           "layer+sliding; `kvtier policies` lists them all and which are exact")
         ->capture_default_str();
   }
   cmd->add_option(
@@ -208,6 +214,10 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["copy_blocks"] = st->transfer.blocks;  // blocks the jobs named
   j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
+  j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
+  j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
+  j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
+  j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
   return j;
 }
 

@@ -38,36 +38,76 @@ float vec_dot(Isa isa, GgmlType type, const uint8_t* w_row, const uint8_t* act_r
   return dot_fn(kernel_table(isa), type)(w_row, act_row, k);
 }
 
-void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
-            std::span<uint8_t> scratch) {
-  const KernelTable& table = kernel_table(isa);
-  const VecDotFn dot = dot_fn(table, w.type);
-  const auto row_bytes_opt = ggml_row_bytes(w.type, static_cast<uint64_t>(w.k));
-  if (!row_bytes_opt) {
+size_t act_row_bytes_for(GgmlType type, int64_t k) {
+  const ActFormat f = act_format_for(type);
+  if (k % act_block_size(f) != 0) {
+    fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", k,
+         ggml_type_name(type));
+  }
+  return f == ActFormat::kF32 ? static_cast<size_t>(k) * sizeof(float) : act_row_bytes(f, k);
+}
+
+namespace {
+
+// quantize_rows on up to `threads` threads.
+void quantize_rows_on(ThreadPool& pool, int threads, Isa isa, GgmlType type, const float* x, int64_t n_tokens,
+                      int64_t k, uint8_t* out) {
+  const ActFormat fmt = act_format_for(type);
+  const size_t row = act_row_bytes_for(type, k);
+  if (fmt == ActFormat::kF32) {
+    std::copy(x, x + n_tokens * k, reinterpret_cast<float*>(out));
+    return;
+  }
+  const QuantizeActFn quantize = kernel_table(isa).quantize_act[static_cast<size_t>(fmt)];
+  KVTIER_ASSERT(quantize != nullptr, "no activation quantiser for {}", ggml_type_name(type));
+  const int n_q = static_cast<int>(std::min<int64_t>(threads, n_tokens));
+  pool.run(n_q, [&](int part) {
+    const Range r = split_range(n_tokens, n_q, part);
+    for (int64_t t = r.begin; t < r.end; ++t) quantize(x + t * k, k, out + static_cast<size_t>(t) * row);
+  });
+}
+
+int64_t weight_row_bytes(const WeightMatrix& w) {
+  const auto row_bytes = ggml_row_bytes(w.type, static_cast<uint64_t>(w.k));
+  if (!row_bytes) {
     fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", w.k,
          ggml_type_name(w.type));
   }
-  const int64_t row_bytes = static_cast<int64_t>(*row_bytes_opt);
-  const int threads = pool.threads_for(row_bytes * w.n_rows * n_tokens, kSleepingPoolMinBytes);
-  const ActFormat fmt = act_format_for(w.type);
+  return static_cast<int64_t>(*row_bytes);
+}
+
+}  // namespace
+
+void quantize_rows(ThreadPool& pool, Isa isa, GgmlType type, const float* x, int64_t n_tokens, int64_t k,
+                   uint8_t* out) {
+  const int threads =
+      pool.threads_for(k * n_tokens * static_cast<int64_t>(sizeof(float)), kSleepingPoolMinBytes);
+  quantize_rows_on(pool, threads, isa, type, x, n_tokens, k, out);
+}
+
+void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
+            std::span<uint8_t> scratch) {
   KVTIER_ASSERT(scratch.size() >= matmul_scratch_bytes(w.type, w.k, n_tokens), "matmul scratch of {} bytes",
                 scratch.size());
   if (n_tokens == 0 || w.n_rows == 0) return;
-
-  // Activation rows in the dot products' format: [n_tokens, act_bytes].
   const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
-  int64_t act_bytes = w.k * static_cast<int64_t>(sizeof(float));
-  if (fmt != ActFormat::kF32) {
-    act_bytes = static_cast<int64_t>(act_row_bytes(fmt, w.k));
-    const QuantizeActFn quantize = table.quantize_act[static_cast<size_t>(fmt)];
-    KVTIER_ASSERT(quantize != nullptr, "no activation quantiser for {}", ggml_type_name(w.type));
-    const int n_q = static_cast<int>(std::min<int64_t>(threads, n_tokens));
-    pool.run(n_q, [&](int part) {
-      const Range r = split_range(n_tokens, n_q, part);
-      for (int64_t t = r.begin; t < r.end; ++t) quantize(x + t * w.k, w.k, scratch.data() + t * act_bytes);
-    });
+  if (act_format_for(w.type) != ActFormat::kF32) {
+    const int threads = pool.threads_for(weight_row_bytes(w) * w.n_rows * n_tokens, kSleepingPoolMinBytes);
+    quantize_rows_on(pool, threads, isa, w.type, x, n_tokens, w.k, scratch.data());
     act = scratch.data();
   }
+  matmul_rows(pool, isa, w, act, n_tokens, y);
+}
+
+void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
+                 float* y) {
+  const KernelTable& table = kernel_table(isa);
+  const VecDotFn dot = dot_fn(table, w.type);
+  const int64_t row_bytes = weight_row_bytes(w);
+  const int threads = pool.threads_for(row_bytes * w.n_rows * n_tokens, kSleepingPoolMinBytes);
+  if (n_tokens == 0 || w.n_rows == 0) return;
+  // Activation rows in the dot products' format: [n_tokens, act_bytes].
+  const auto act_bytes = static_cast<int64_t>(act_row_bytes_for(w.type, w.k));
 
   // Output rows split over threads in kRowAlign units; within a unit, 32-token tiles; within those,
   // register tiles (wide.rows x wide.tokens where the type has them, then tile.rows x tile.tokens),

@@ -35,6 +35,17 @@ size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens);
 void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             std::span<uint8_t> scratch);
 
+// The activation rows matmul computes from x, stored apart (KVPR keeps a layer's K/V-projection inputs
+// in this form, so that a later matmul_rows over them gives matmul's bits):
+//   x: [n_tokens, k] f32 -> out: [n_tokens, act_row_bytes_for(type, k)] bytes (f32 rows for float weights)
+size_t act_row_bytes_for(GgmlType type, int64_t k);
+void quantize_rows(ThreadPool& pool, Isa isa, GgmlType type, const float* x, int64_t n_tokens, int64_t k,
+                   uint8_t* out);
+// matmul over activation rows already in W's format (quantize_rows): the same bits as matmul of their x.
+//   act: [n_tokens, act_row_bytes_for(w.type, w.k)]     y: [n_tokens, n_rows] f32
+void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
+                 float* y);
+
 // One dot product of a weight row with an activation row already in the type's ActFormat (tests).
 float vec_dot(Isa isa, GgmlType type, const uint8_t* w_row, const uint8_t* act_row, int64_t k);
 

@@ -1,0 +1,102 @@
+// TieredKv's kvpr representation (KVPR, ../shared/specs/kvpr.md): the home tier keeps each position's
+// K/V-projection input (KvGeometry::act_row_bytes, the activation row the projections quantise to)
+// beside its K/V, in pages that share the K/V pages' indices. A unit visit loads the inputs of the
+// first `split` visible positions and the K/V of the rest, recomputes the prefix's K/V of the unit's
+// heads through the model hook into the staging planes, and attends as without kvpr. The hook gives
+// the very bits the pass wrote, so the outputs are identical to resident's.
+#include <algorithm>
+
+#include "core/error.h"
+#include "kv/kv_row.h"
+#include "kv/tiered_kv.h"
+
+namespace kvtier::kv {
+namespace {
+
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+uint64_t round_down(uint64_t v, uint64_t a) {
+  return v / a * a;
+}
+
+}  // namespace
+
+int64_t TieredKv::split_rows(int64_t first, int64_t rows) const {
+  if (!kvpr()) return 0;
+  const int64_t visible = rows - first;
+  // --recompute N forces the split; auto (-1) recomputes nothing until a scheduler chooses.
+  const int64_t want = opt_.knobs.recompute < 0 ? 0 : opt_.knobs.recompute;
+  return std::clamp<int64_t>(want, 0, visible);
+}
+
+uint64_t TieredKv::xpage_offset(uint32_t layer, uint32_t page) const {
+  return lay_.home_offset[layer] + geo_.n_head_kv[layer] * lay_.head_region_bytes(layer) +
+         uint64_t{page} * lay_.xpage_bytes;
+}
+
+void TieredKv::add_xrows(SeqId seq, uint32_t layer, uint8_t* xp, int64_t r0, int64_t r1, size_t& n) {
+  const int64_t bt = geo_.block_tokens;
+  const uint64_t xr = geo_.act_row_bytes[layer];
+  const uint64_t a = home_->alignment();
+  for (int64_t b = r0 / bt; r1 > r0 && b <= (r1 - 1) / bt; ++b) {
+    const BlockEntry& e = pages_.at(seq, layer, 0, b);
+    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
+    const uint64_t lo = round_down(static_cast<uint64_t>(std::max(r0, b * bt) - b * bt) * xr, a);
+    const uint64_t hi = round_up(static_cast<uint64_t>(std::min(r1, (b + 1) * bt) - b * bt) * xr, a);
+    add_copy(xpage_offset(layer, e.slot) + lo, xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo, hi - lo,
+             n);
+  }
+}
+
+void TieredKv::add_xcontext(SeqId seq, uint32_t layer, uint8_t* xp, int64_t pos, size_t& n) {
+  const int64_t bt = geo_.block_tokens;
+  const int64_t b = pos / bt;
+  const uint64_t off = static_cast<uint64_t>(pos - b * bt) * geo_.act_row_bytes[layer];
+  const uint64_t lo = round_down(off, home_->alignment());
+  if (lo == off) return;  // the row starts a page: a store from it writes nothing before it
+  const BlockEntry& e = pages_.at(seq, layer, 0, b);
+  KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
+  add_copy(xpage_offset(layer, e.slot) + lo, xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo,
+           round_up(off, home_->alignment()) - lo, n);
+}
+
+void TieredKv::recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1) {
+  KVTIER_ASSERT(compute_ != nullptr, "kvpr needs the model's compute hook");
+  const int64_t bt = geo_.block_tokens;
+  const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
+  const uint64_t xr = geo_.act_row_bytes[u.layer];
+  const uint8_t* xp = xplane(base);
+  const int64_t step = std::min<int64_t>(lay_.recompute_rows, compute_->max_rows());
+  for (int64_t p = r0; p < r1;) {
+    const int64_t b = p / bt;
+    const int64_t m = std::min({step, r1 - p, (b + 1) * bt - p});  // within one block's page
+    for (int64_t t = 0; t < m; ++t) re_pos_[static_cast<size_t>(t)] = p + t;
+    compute_->project_kv_encoded(
+        u.layer, xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + (p - b * bt) * xr,
+        std::span(re_pos_.data(), static_cast<size_t>(m)), u.head0, u.n_heads, re_k_.data(), re_v_.data());
+    for (int64_t t = 0; t < m; ++t) {
+      for (uint32_t h = 0; h < u.n_heads; ++h) {
+        store_kv_row(geo_.dtype, re_k_.data() + (t * u.n_heads + h) * dk, dk,
+                     base + 2ull * h * layout_.pitch + static_cast<uint64_t>(p + t) * dk * esz_);
+        store_kv_row(geo_.dtype, re_v_.data() + (t * u.n_heads + h) * dv, dv,
+                     base + (2ull * h + 1) * layout_.pitch + static_cast<uint64_t>(p + t) * dv * esz_);
+      }
+    }
+    p += m;
+  }
+  recomputed_rows_ += static_cast<uint64_t>(r1 - r0);
+}
+
+void TieredKv::scatter_new_inputs(uint8_t* xp, uint32_t layer, int64_t pos0, int64_t n) {
+  const int64_t bt = geo_.block_tokens;
+  const uint64_t xr = geo_.act_row_bytes[layer];
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = pos0 + t;
+    const int64_t b = pos / bt;
+    std::copy_n(new_x_.data() + static_cast<uint64_t>(pass_row0_ + t) * xr, xr,
+                xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + static_cast<uint64_t>(pos - b * bt) * xr);
+  }
+}
+
+}  // namespace kvtier::kv
