@@ -239,6 +239,22 @@ void Forward::rope_q(uint32_t l, const float* q_pre, int64_t n, int64_t position
   });
 }
 
+void Forward::project_q(uint32_t l, const float* x, std::span<const int64_t> positions, float* q) {
+  const auto n = static_cast<int64_t>(positions.size());
+  KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_q on a Forward built without KV needs");
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_q of layer {} for {} rows", l, n);
+  const LayerWeights& L = w_.layers[l];
+  const LayerConfig& lc = cfg_.layers[l];
+  const int64_t half = cfg_.n_rot / 2;
+  matmul(L.wq, x, n, q);
+  for_tokens(n, [&](int64_t t) {
+    float* c = hook_cos_.data() + t * half;
+    float* sn = hook_sin_.data() + t * half;
+    rope_angles_ext(positions[sz(t)], cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
+    finish_q(L, q + t * cfg_.n_head * cfg_.head_dim_k, c, sn, nullptr);
+  });
+}
+
 void Forward::finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_heads, float* k, float* v,
                               const float* cos, const float* sin) {
   const int64_t dk = cfg_.head_dim_k;

@@ -26,6 +26,8 @@ void add_compare(CLI::App& app, Runner& run);
 void add_plan(CLI::App& app, Runner& run);
 // Registers `kvtier policies` (KV policy presets, axes and values).
 void add_policies(CLI::App& app, Runner& run);
+// Registers `kvtier skew` (InfiniGen's skewing matrices).
+void add_skew(CLI::App& app, Runner& run);
 // Registers `kvtier serve` (OpenAI-compatible HTTP server).
 void add_serve(CLI::App& app, Runner& run);
 // Registers `kvtier profile` (KVPR's profiler: link bandwidth, projection rate; cached).

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   cli::add_policies(app, run);
   cli::add_serve(app, run);
   cli::add_profile(app, run);
+  cli::add_skew(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
