@@ -491,8 +491,14 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       continue;
     }
     const uint64_t visit = next_visit_++;
-    const double t_start = time_visits() ? visit_clock() : 0;
-    if (time_visits()) visit_started(t_start);
+    // kvpr auto times decode visits only (a prefill chunk's compute says nothing about a step's).
+    const bool timed = time_visits() && n == 1;
+    const double t_start = timed ? visit_clock() : 0;
+    if (timed) {
+      visit_started(t_start);
+    } else {
+      prev_visit_start_ = -1;
+    }
     const bool ready =
         !inflight_.empty() && inflight_.front().visit == visit && inflight_.front().epoch == epoch_ &&
         inflight_.front().seq == pass_seq_ && inflight_.front().unit.layer == u.layer &&
@@ -500,8 +506,8 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
         inflight_.front().rows == pos0 &&
         inflight_.front().first == std::min(first_row(u.layer, pos0), pos0) &&
         (kivi_.bits == 0 ||
-         inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0))) &&
-        inflight_.front().xrows == split_rows(u, inflight_.front().first, pos0);
+         inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0)));
+    // (kvpr: any split of the load is right; the visit recomputes what the load did not carry as K/V)
     int64_t xfirst = 0, xrows = 0;  // kvpr: the rows this visit recomputes
     if (ready) {
       engine_->wait(inflight_.front().ticket);
@@ -532,8 +538,12 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       payload_kv_bytes_ += static_cast<uint64_t>(pos0 - std::min(first_row(layer, pos0), pos0) - xrows) *
                            u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
     }
-    if (xrows > 0) recompute_unit(base, u, xfirst, xfirst + xrows);
-    if (time_visits()) prev_blocked_s_ = visit_clock() - t_start;  // waiting for the load, recomputing
+    // kvpr: the recomputed rows inside the pages the store writes back go first (the store reads them);
+    // the rest runs after the next visit's load is submitted, so that the link works meanwhile.
+    const int64_t xend = xfirst + xrows;
+    const int64_t x_mid = std::clamp(store_first_row(pos0), xfirst, xend);
+    if (x_mid < xend) recompute_unit(base, u, x_mid, xend);
+    if (timed) prev_blocked_s_ = visit_clock() - t_start;  // waiting for the load, recomputing
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
     // kvpr: the layer's first offloaded unit stores the new rows' inputs too.
     const bool store_inputs = kvpr() && !inputs_stored;
@@ -561,6 +571,11 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
                      {staging_.get(), buffer_slot(visit)});
     prefetch_ahead(visit);
+    if (xfirst < x_mid) {
+      const double t0 = timed ? visit_clock() : 0;
+      recompute_unit(base, u, xfirst, x_mid);
+      if (timed) prev_blocked_s_ += visit_clock() - t0;
+    }
     attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
   }
 }

@@ -129,6 +129,8 @@ class TieredKv final : public KvCache {
   // The I/O page of the inputs plane that row `pos` starts in, before that row (so that a store of
   // rows from `pos` on writes back loaded bytes around them).
   void add_xcontext(SeqId seq, uint32_t layer, uint8_t* xplane, int64_t pos, size_t& n);
+  // The first row whose K or V bytes a store of new rows from pos0 writes back (page-rounded).
+  int64_t store_first_row(int64_t pos0) const;
   // K/V of the unit's heads for rows [r0, r1) recomputed from the inputs plane into the K/V planes.
   void recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1);
   // kvpr auto: the steady clock (seconds), and the start of a unit visit (updates hidden_s_).
@@ -231,8 +233,8 @@ class TieredKv final : public KvCache {
   uint64_t sync_loads_ = 0;
   uint64_t recomputed_rows_ = 0;
   int64_t last_split_ = 0;
-  // kvpr auto: the compute between two unit visits besides waiting and recomputing (seconds, a moving
-  // average): the transfer it hides needs no recompute (policy::KvprSchedule::kPipelined's W).
+  // kvpr auto: the compute between two decode unit visits besides waiting and recomputing (seconds, a
+  // moving average): the transfer it hides needs no recompute (policy::KvprSchedule::kPipelined's W).
   bool time_visits() const { return kvpr() && opt_.knobs.recompute < 0; }
   double hidden_s_ = 0;
   double prev_visit_start_ = -1;  // steady clock of the last visit's start (-1: none yet)

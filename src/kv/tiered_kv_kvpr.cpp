@@ -117,6 +117,13 @@ void TieredKv::recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, 
   recomputed_rows_ += static_cast<uint64_t>(r1 - r0);
 }
 
+int64_t TieredKv::store_first_row(int64_t pos0) const {
+  const uint64_t a = home_->alignment();
+  const uint64_t rk = geo_.head_dim_k * esz_, rv = geo_.head_dim_v * esz_;
+  const auto p = static_cast<uint64_t>(pos0);
+  return static_cast<int64_t>(std::min(round_down(p * rk, a) / rk, round_down(p * rv, a) / rv));
+}
+
 void TieredKv::scatter_new_inputs(uint8_t* xp, uint32_t layer, int64_t pos0, int64_t n) {
   const int64_t bt = geo_.block_tokens;
   const uint64_t xr = geo_.act_row_bytes[layer];

@@ -233,13 +233,15 @@ int run_bench(BenchArgs a) {
     }
   }
   if (a.json) {
-    nlohmann::json j = {{"model", a.engine.model},
-                        {"threads", session_options(a.engine, model->config, max_p + a.gen).threads},
-                        {"chunk", first.chunk()},
-                        {"ctx", first.n_ctx()},
-                        {"isa", std::string(cpu::isa_name(first.isa()))},
-                        {"repeat", a.repeat},
-                        {"results", rows}};
+    nlohmann::json j = {
+        {"model", a.engine.model},
+        {"threads",
+         session_options(engine_for(a.engine, policies.front()), model->config, max_p + a.gen).threads},
+        {"chunk", first.chunk()},
+        {"ctx", first.n_ctx()},
+        {"isa", std::string(cpu::isa_name(first.isa()))},
+        {"repeat", a.repeat},
+        {"results", rows}};
     std::cout << j.dump() << "\n";
   }
   return 0;

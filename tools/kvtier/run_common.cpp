@@ -211,6 +211,7 @@ EngineArgs engine_for(const EngineArgs& a, const policy::KvPolicy& p) {
   e.kv_policy = p.spec();
   if (p.placement == policy::Placement::kResident) {
     e.kv_disk.clear();
+    e.link_gbps = 0;
     e.group = 0;
     e.static_heads = 0;
   }
