@@ -51,8 +51,11 @@ def main():
             sh(a.kvtier, "synth", "--preset", preset, "--layers", 1, "--type", typ, "--ctx", 4096, "-o", path)
         models.append((f"{preset} (1 layer, {typ})", path))
     models.append(("SmolLM2-135M (GQA 9/3, Q4_1)", pathlib.Path(a.smollm2)))
-    print(f"cpu: {sh('sh', '-c', 'grep -m1 \"model name\" /proc/cpuinfo').strip()}; 2 threads; prompt {a.prompt}, "
-          f"{a.gen} generated; medians of {a.rounds} rounds\n")
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    flags = next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), [])
+    isa = "avx512" if "avx512f" in flags else "avx2"
+    print(f"cpu: {cpu} ({isa} path); 2 threads; prompt {a.prompt}, {a.gen} generated; medians of {a.rounds} rounds")
+    print()
     print("| model | home, link | layer decode tok/s | kvpr decode tok/s | kvpr / layer (same run) |")
     print("|---|---|---|---|---|")
     for name, path in models:
