@@ -1,0 +1,39 @@
+#include "locret/capture_kv.h"
+
+#include "core/error.h"
+
+namespace kvtier::locret {
+
+kv::PassPositions CaptureKv::begin_pass(const kv::PassInfo& info) {
+  pass_ = inner_.begin_pass(info);
+  rows_ = {};
+  return pass_;
+}
+
+void CaptureKv::write(uint32_t layer, const kv::LayerRows& rows) {
+  KVTIER_ASSERT(rows.q_pre != nullptr && rows.k_pre != nullptr, "the model did not hand over pre-RoPE rows");
+  inner_.write(layer, rows);
+  rows_ = rows;
+  rows_layer_ = layer;
+}
+
+void CaptureKv::attend(uint32_t layer, const float* q, int64_t n_head, const kv::LayerAttention& la,
+                       float* o) {
+  KVTIER_ASSERT(rows_.k != nullptr && rows_layer_ == layer, "attend of layer {} before its write", layer);
+  inner_.attend(layer, q, n_head, la, o);
+  LayerCapture c;
+  c.layer = layer;
+  c.pos0 = pass_.pos0;
+  c.n = pass_.n;
+  c.n_head = n_head;
+  c.q = q;
+  c.k = rows_.k;
+  c.q_pre = rows_.q_pre;
+  c.k_pre = rows_.k_pre;
+  c.v = rows_.v;
+  c.attention = la;
+  observer_.on_layer(c);
+  rows_ = {};
+}
+
+}  // namespace kvtier::locret
