@@ -61,7 +61,16 @@ TrainResult train_loop(LocretTrainer& trainer, RetainingHeads& heads, OptimizerS
   if (o.checkpoint_every > 0 && o.checkpoint_path.empty())
     fail(ErrorKind::kInvalidArgument, "checkpoints need a path");
   TrainResult r;
-  if (!held_out.empty()) r.first_eval = evaluate(trainer, held_out);
+  if (!held_out.empty()) {
+    r.first_eval = evaluate(trainer, held_out);
+    if (progress) {
+      StepReport rep;
+      rep.initial = true;
+      rep.step = state.step;
+      rep.eval = r.first_eval;
+      progress(rep);
+    }
+  }
   while (state.step < o.steps) {
     if (o.stop && o.stop()) {
       r.stopped = true;

@@ -39,8 +39,9 @@ struct TrainLoopOptions {
 };
 
 struct StepReport {
-  int64_t step = 0;  // optimizer steps taken after this one
-  double lr = 0.0;   // the rate this step used
+  bool initial = false;  // the evaluation before the run's first step (no step taken)
+  int64_t step = 0;      // optimizer steps taken after this one
+  double lr = 0.0;       // the rate this step used
   SampleStats sample;
   double seconds = 0.0;           // wall time of the step
   std::optional<EvalStats> eval;  // when evaluated after this step
@@ -53,7 +54,7 @@ struct TrainResult {
 };
 
 // Trains from state.step to options.steps. The first evaluation runs before the first step of the
-// run (it is the "step 0" figure for a fresh run).
+// run (it is the "step 0" figure for a fresh run) and is reported with initial = true.
 TrainResult train_loop(LocretTrainer& trainer, RetainingHeads& heads, OptimizerState& state,
                        const std::vector<Sample>& train, const std::vector<Sample>& held_out,
                        const TrainLoopOptions& options, const HeadFileMeta& meta,
