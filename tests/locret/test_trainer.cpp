@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
 
 #include "common/temp_file.h"
 #include "kv/resident_kv.h"
 #include "locret/capture_kv.h"
+#include "locret/data_jsonl.h"
 #include "locret/head_file.h"
 #include "locret/labels.h"
 #include "locret/match_fixture.h"
@@ -254,6 +256,42 @@ TEST(LocretTrainLoop, SampleOrderIsASeededShufflePerEpoch) {
   for (int64_t s = 10; s < 20; ++s) next.push_back(sample_for_step(10, 5, s));
   EXPECT_NE(next, seen);  // a new order each epoch
   EXPECT_EQ(sample_for_step(10, 5, 13), next[3]);
+}
+
+}  // namespace
+}  // namespace kvtier::locret
+
+namespace kvtier::locret {
+namespace {
+
+TEST(LocretJsonl, ReadsSamplesSkipsLongOnesAndNamesBadLines) {
+  const test::TempFile f("locret_data", ".jsonl");
+  std::ofstream(f.path()) << "{\"prompt\": \"abc\", \"answer\": \"xy\", \"source\": \"t\"}\n\n"
+                          << "{\"prompt\": \"" << std::string(300, 'q') << "\", \"answer\": \"z\"}\n";
+  const auto& tok = *fixture().tokenizer;
+  JsonlStats st;
+  const auto s = read_jsonl_samples(f.str(), tok, std::nullopt, 100, &st);
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(st.lines, 3);
+  EXPECT_EQ(st.too_long, 1);
+  // Raw: the prompt's tokens (with the model's BOS), then " " + answer.
+  const auto p = tok.encode("abc");
+  const auto a = tok.encode(" xy", {.add_special = false});
+  EXPECT_EQ(s[0].n_prompt, static_cast<int64_t>(p.size()));
+  std::vector<int32_t> want = p;
+  want.insert(want.end(), a.begin(), a.end());
+  EXPECT_EQ(s[0].tokens, want);
+  for (const char* bad : {"[1, 2]", "{\"prompt\": \"p\"}", "{\"prompt\": \"p\", \"answer\": 3}",
+                          "{\"prompt\": \"p\", \"answer\": \"\"}", "not json"}) {
+    std::ofstream(f.path(), std::ios::trunc) << "{\"prompt\": \"p\", \"answer\": \"a\"}\n" << bad << "\n";
+    try {
+      read_jsonl_samples(f.str(), tok, std::nullopt, 100);
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidFile);
+      EXPECT_NE(std::string(e.what()).find("line 2"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

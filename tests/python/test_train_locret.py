@@ -87,3 +87,31 @@ def test_bad_input(fixture_model, tmp_path):
     p = run("train-locret", "-m", model("smollm2"), "-o", tmp_path / "x.gguf", "--data", bad, check=False)
     assert p.returncode == 1 and "line 2" in p.stderr
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_locret_data_builds_prompts_whose_answers_they_contain(tmp_path):
+    import json
+
+    out = tmp_path / "d.jsonl"
+    p = run("locret-data", "-m", model("smollm2"), "-o", out, "--samples", 10, "--lengths", "1k", "--tasks",
+            "passkey,niah,vt")
+    assert "5 from prose" in p.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 10
+    sources = [r["source"] for r in rows]
+    assert {s.split(":")[0] for s in sources[:5]} <= {"recall", "needle"}
+    assert sources[5:] == ["passkey", "niah", "vt", "passkey", "niah"]
+    for r in rows:
+        assert r["prompt"] and r["answer"]
+        if r["source"].startswith(("recall", "needle")):
+            assert r["answer"] in r["prompt"]  # the answer is a span of the prompt
+        assert len(r["prompt"]) > 2000  # about 1k tokens
+    # Deterministic, and train-locret reads it.
+    again = tmp_path / "e.jsonl"
+    run("locret-data", "-m", model("smollm2"), "-o", again, "--samples", 10, "--lengths", "1k", "--tasks",
+        "passkey,niah,vt")
+    assert again.read_bytes() == out.read_bytes()
+    p = run("locret-data", "-m", model("smollm2"), "-o", tmp_path / "f.jsonl", "--lengths", "256", "--tasks", "cwe",
+            "--prose-share", 0, check=False)
+    assert p.returncode == 1 and "cwe" in p.stderr
+    assert not (tmp_path / "f.jsonl").exists() and not (tmp_path / "f.jsonl.tmp").exists()

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   cli::add_serve(app, run);
   cli::add_train_locret(app, run);
   cli::add_locret_fixture(app, run);
+  cli::add_locret_data(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
