@@ -4,10 +4,12 @@
 
 namespace kvtier::locret {
 
-kv::PassPositions CaptureKv::begin_pass(const kv::PassInfo& info) {
-  pass_ = inner_.begin_pass(info);
+std::span<const kv::PassPositions> CaptureKv::begin_batch(std::span<const kv::PassInfo> seqs) {
+  KVTIER_ASSERT(seqs.size() == 1, "the capture decorator takes passes of one sequence, not {}", seqs.size());
+  const std::span<const kv::PassPositions> pp = inner_.begin_batch(seqs);
+  pass_ = pp[0];
   rows_ = {};
-  return pass_;
+  return pp;
 }
 
 void CaptureKv::write(uint32_t layer, const kv::LayerRows& rows) {

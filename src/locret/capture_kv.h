@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "kv/kv_cache.h"
 
@@ -42,7 +43,8 @@ class CaptureKv final : public kv::KvCache {
   int64_t positions(kv::SeqId seq) const override { return inner_.positions(seq); }
   uint32_t needs() const override { return inner_.needs() | kv::kNeedPreRope; }
   void set_compute(kv::KvCompute* compute) override { inner_.set_compute(compute); }
-  kv::PassPositions begin_pass(const kv::PassInfo& info) override;
+  // One sequence per pass (the trainer's).
+  std::span<const kv::PassPositions> begin_batch(std::span<const kv::PassInfo> seqs) override;
   void write(uint32_t layer, const kv::LayerRows& rows) override;
   void attend(uint32_t layer, const float* q, int64_t n_head, const kv::LayerAttention& la,
               float* o) override;
