@@ -1,5 +1,6 @@
 #include "locret/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
