@@ -35,6 +35,7 @@ apt_packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libpcre2-dev liburing-dev libcpp-httplib-dev
+  liblapacke-dev libopenblas-dev libxxhash-dev
   python3 python3-venv python3-pip
 )
 if [[ $do_apt == 1 ]]; then

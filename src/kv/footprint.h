@@ -22,13 +22,18 @@ struct KvOptions {
   policy::Selection selection = policy::Selection::kAll;
   policy::Representation representation = policy::Representation::kF16;  // kivi4 / kivi2: quantised
                                                                          // blocks (f16 rows otherwise)
-  policy::PolicyKnobs knobs;   // tuning of the approximate values (budget, sinks, window, ...)
-  uint32_t max_seqs = 1;       // sequences sharing the cache's pools
-  uint64_t kv_mem = 0;         // compute-local bytes for KV, staging and scratch; 0 = as needed
-  std::string disk_dir;        // home tier on disk in this directory; empty = host DRAM
-  int64_t max_new_rows = 0;    // largest pass (prefill chunk); sizes the new-row staging
-  DiskFaults disk_faults;      // tests
-  uint32_t copy_delay_us = 0;  // tests: random delay before each copy job
+  policy::PolicyKnobs knobs;    // tuning of the approximate values (budget, sinks, window, ...)
+  uint32_t max_seqs = 1;        // sequences sharing the cache's pools
+  uint64_t kv_mem = 0;          // compute-local bytes for KV, staging and scratch; 0 = as needed
+  std::string disk_dir;         // home tier on disk in this directory; empty = host DRAM
+  int64_t max_new_rows = 0;     // largest pass (prefill chunk); sizes the new-row staging
+  DiskFaults disk_faults;       // tests
+  uint32_t copy_delay_us = 0;   // tests: random delay before each copy job
+  double link_bytes_per_s = 0;  // measurement aid (--link-gbps): paces home-tier loads; 0 = not paced
+  // kvpr --recompute auto: the profiled home link (bytes/s) and one layer's K/V projection rate
+  // (tokens/s) the split-point scheduler weighs; 0 = not profiled (auto then recomputes nothing).
+  double kvpr_link_bytes_per_s = 0;
+  double kvpr_tokens_per_s = 0;
 };
 using TieredOptions = KvOptions;
 

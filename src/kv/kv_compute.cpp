@@ -15,4 +15,9 @@ void KvCompute::project_kv_encoded(uint32_t layer, const uint8_t* act, std::span
   fail(ErrorKind::kUnsupported, "this model hook cannot recompute K/V of layer {} from inputs (KVPR)", layer);
 }
 
+void KvCompute::project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q) {
+  (void)x, (void)positions, (void)q;
+  fail(ErrorKind::kUnsupported, "this model hook cannot project the queries of layer {} (InfiniGen)", layer);
+}
+
 }  // namespace kvtier::kv

@@ -23,6 +23,12 @@ class KvCompute {
   // within the cache: the queries that attend them are re-rotated):
   //   q_pre, out: [n, n_head, head_dim_k] f32 (q_pre: the rows LayerRows::q_pre carried)
   virtual void rope_q(uint32_t layer, const float* q_pre, int64_t n, int64_t position, float* out) = 0;
+  // The queries of `layer` for the tokens whose projection inputs are x, at the given positions: the
+  // pass's own code (bias, QK-norm, RoPE), n = positions.size() <= max_rows() tokens. InfiniGen's
+  // look-ahead feeds layer l-1's input through layer l's projection (spec infinigen.md §6.2):
+  //   x: [n, n_embd] f32    q: [n, n_head, head_dim_k] f32 after RoPE
+  // The default refuses: a hook that cannot project queries says so.
+  virtual void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q);
   virtual int64_t max_rows() const = 0;
 
   // KVPR keeps the K/V-projection inputs of a prefix of positions in the form the projections consume

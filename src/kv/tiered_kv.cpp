@@ -96,7 +96,7 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   copies_.resize(lay_.max_copies);
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, lay_.queue_slots, copies_.size(),
-                                             opt_.copy_delay_us);
+                                             opt_.copy_delay_us, LinkLimit{opt_.link_bytes_per_s, nullptr});
 }
 
 TieredKv::~TieredKv() {
@@ -330,7 +330,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
   // kvpr: the inputs of [first, first + xrows), K/V from there on.
-  const int64_t xrows = split_rows(first, rows);
+  const int64_t xrows = split_rows(u, first, rows);
   // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
   const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(seq, rows));
   size_t n_blocks = 0;
@@ -491,6 +491,8 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       continue;
     }
     const uint64_t visit = next_visit_++;
+    const double t_start = time_visits() ? visit_clock() : 0;
+    if (time_visits()) visit_started(t_start);
     const bool ready =
         !inflight_.empty() && inflight_.front().visit == visit && inflight_.front().epoch == epoch_ &&
         inflight_.front().seq == pass_seq_ && inflight_.front().unit.layer == u.layer &&
@@ -499,7 +501,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
         inflight_.front().first == std::min(first_row(u.layer, pos0), pos0) &&
         (kivi_.bits == 0 ||
          inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0))) &&
-        inflight_.front().xrows == split_rows(inflight_.front().first, pos0);
+        inflight_.front().xrows == split_rows(u, inflight_.front().first, pos0);
     int64_t xfirst = 0, xrows = 0;  // kvpr: the rows this visit recomputes
     if (ready) {
       engine_->wait(inflight_.front().ticket);
@@ -522,8 +524,16 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     KVTIER_ASSERT(staging_->pins(buffer_slot(visit)) == 0, "staging buffer {} is pinned by a transfer",
                   buffer_slot(visit));
     uint8_t* base = buffer(visit);
-    if (kvpr()) last_split_ = xrows;
+    if (kvpr()) {
+      last_split_ = xrows;
+      payload_x_bytes_ += static_cast<uint64_t>(xrows) * geo_.act_row_bytes[layer];
+    }
+    if (kivi_.bits == 0 && !streams(layer)) {  // the K/V rows of past positions the visit loaded
+      payload_kv_bytes_ += static_cast<uint64_t>(pos0 - std::min(first_row(layer, pos0), pos0) - xrows) *
+                           u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
+    }
     if (xrows > 0) recompute_unit(base, u, xfirst, xfirst + xrows);
+    if (time_visits()) prev_blocked_s_ = visit_clock() - t_start;  // waiting for the load, recomputing
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
     // kvpr: the layer's first offloaded unit stores the new rows' inputs too.
     const bool store_inputs = kvpr() && !inputs_stored;
@@ -677,6 +687,8 @@ TieredStats TieredKv::stats() const {
   s.sync_loads = sync_loads_;
   s.recomputed_rows = recomputed_rows_;
   s.last_split = last_split_;
+  s.payload_x_bytes = payload_x_bytes_;
+  s.payload_kv_bytes = payload_kv_bytes_;
   s.home = home_->describe();
   return s;
 }

@@ -45,7 +45,10 @@ struct TieredStats {
   uint64_t sync_loads = 0;       // loads that were not prefetched (first visit, group change, truncate)
   uint64_t recomputed_rows = 0;  // kvpr: K/V rows (per unit visit, all its heads) recomputed from inputs
   int64_t last_split = 0;        // kvpr: rows recomputed on the last unit visit
-  std::string home;              // where the home tier lives
+  // The bytes the unit visits used from their loads (rows, not page-rounded I/O; spec kvpr C4):
+  uint64_t payload_x_bytes = 0;   // kvpr: stored inputs of the recomputed rows
+  uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
+  std::string home;               // where the home tier lives
 };
 
 class TieredKv final : public KvCache {
@@ -118,7 +121,7 @@ class TieredKv final : public KvCache {
   void quantise_unit(uint8_t* base, const policy::Unit& u, int64_t p0, int64_t p1);
   // kvpr (tiered_kv_kvpr.cpp): inputs of positions [first, first + split) replace their K/V on a visit.
   bool kvpr() const { return lay_.xpage_bytes != 0; }
-  int64_t split_rows(int64_t first, int64_t rows) const;
+  int64_t split_rows(const policy::Unit& u, int64_t first, int64_t rows) const;
   uint64_t xpage_offset(uint32_t layer, uint32_t page) const;
   // Appends the copies of the inputs of rows [r0, r1) of `layer` (page-rounded bytes of each block)
   // between the home pages and the inputs plane at `xplane` (block b's page at b * xpage_bytes).
@@ -128,6 +131,9 @@ class TieredKv final : public KvCache {
   void add_xcontext(SeqId seq, uint32_t layer, uint8_t* xplane, int64_t pos, size_t& n);
   // K/V of the unit's heads for rows [r0, r1) recomputed from the inputs plane into the K/V planes.
   void recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1);
+  // kvpr auto: the steady clock (seconds), and the start of a unit visit (updates hidden_s_).
+  static double visit_clock();
+  void visit_started(double now);
   // The sequence's new inputs of this pass (rows [pos0, pos0 + n)) into the inputs plane.
   void scatter_new_inputs(uint8_t* xplane, uint32_t layer, int64_t pos0, int64_t n);
   uint8_t* xplane(uint8_t* base) const { return base + 2ull * layout_.group * layout_.pitch; }
@@ -225,6 +231,14 @@ class TieredKv final : public KvCache {
   uint64_t sync_loads_ = 0;
   uint64_t recomputed_rows_ = 0;
   int64_t last_split_ = 0;
+  // kvpr auto: the compute between two unit visits besides waiting and recomputing (seconds, a moving
+  // average): the transfer it hides needs no recompute (policy::KvprSchedule::kPipelined's W).
+  bool time_visits() const { return kvpr() && opt_.knobs.recompute < 0; }
+  double hidden_s_ = 0;
+  double prev_visit_start_ = -1;  // steady clock of the last visit's start (-1: none yet)
+  double prev_blocked_s_ = 0;     // its waiting and recomputing
+  uint64_t payload_x_bytes_ = 0;
+  uint64_t payload_kv_bytes_ = 0;
 };
 
 }  // namespace kvtier::kv

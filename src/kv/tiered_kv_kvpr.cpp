@@ -5,10 +5,12 @@
 // heads through the model hook into the staging planes, and attends as without kvpr. The hook gives
 // the very bits the pass wrote, so the outputs are identical to resident's.
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
 #include "kv/kv_row.h"
 #include "kv/tiered_kv.h"
+#include "policy/kvpr_schedule.h"
 
 namespace kvtier::kv {
 namespace {
@@ -22,12 +24,21 @@ uint64_t round_down(uint64_t v, uint64_t a) {
 
 }  // namespace
 
-int64_t TieredKv::split_rows(int64_t first, int64_t rows) const {
+int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows) const {
   if (!kvpr()) return 0;
   const int64_t visible = rows - first;
-  // --recompute N forces the split; auto (-1) recomputes nothing until a scheduler chooses.
-  const int64_t want = opt_.knobs.recompute < 0 ? 0 : opt_.knobs.recompute;
-  return std::clamp<int64_t>(want, 0, visible);
+  if (opt_.knobs.recompute >= 0) return std::min(opt_.knobs.recompute, visible);  // forced
+  if (opt_.kvpr_link_bytes_per_s <= 0 || opt_.kvpr_tokens_per_s <= 0) return 0;   // not profiled
+  // The scheduler (policy/kvpr_schedule.h) for this unit: its heads' share of the layer's projection,
+  // its heads' K/V rows and the layer's input row over the link, in the prefetch pipeline.
+  policy::KvprCosts c;
+  c.x_bytes = static_cast<double>(geo_.act_row_bytes[u.layer]);
+  c.kv_bytes = static_cast<double>(u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_);
+  c.recompute_flops = static_cast<double>(u.n_heads) / geo_.n_head_kv[u.layer];  // layer projections
+  c.v_com_x = c.v_com_kv = opt_.kvpr_link_bytes_per_s;
+  c.v_gpu = opt_.kvpr_tokens_per_s;
+  c.hidden_s = hidden_s_;
+  return policy::kvpr_split(c, policy::KvprSchedule::kPipelined, visible, visible);
 }
 
 uint64_t TieredKv::xpage_offset(uint32_t layer, uint32_t page) const {
@@ -59,6 +70,24 @@ void TieredKv::add_xcontext(SeqId seq, uint32_t layer, uint8_t* xp, int64_t pos,
   KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
   add_copy(xpage_offset(layer, e.slot) + lo, xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo,
            round_up(off, home_->alignment()) - lo, n);
+}
+
+double TieredKv::visit_clock() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void TieredKv::visit_started(double now) {
+  if (prev_visit_start_ >= 0) {
+    const double other = std::max(0.0, now - prev_visit_start_ - prev_blocked_s_);
+    // A moving average; an interval far beyond it (a pause between requests) is left out.
+    if (hidden_s_ == 0) {
+      hidden_s_ = other;
+    } else if (other < 10 * hidden_s_) {
+      hidden_s_ += 0.2 * (other - hidden_s_);
+    }
+  }
+  prev_visit_start_ = now;
+  prev_blocked_s_ = 0;
 }
 
 void TieredKv::recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1) {

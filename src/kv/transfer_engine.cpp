@@ -8,12 +8,13 @@
 namespace kvtier::kv {
 
 TransferEngine::TransferEngine(HomeStore& home, uint64_t home_block_bytes, size_t queue_slots,
-                               size_t max_copies, uint32_t delay_us)
+                               size_t max_copies, uint32_t delay_us, LinkLimit link)
     : home_(home),
       home_block_bytes_(home_block_bytes),
       home_pins_(home_block_bytes > 0 ? (home.size() + home_block_bytes - 1) / home_block_bytes : 0),
       slots_(queue_slots),
-      delay_us_(delay_us) {
+      delay_us_(delay_us),
+      pacer_(link.bytes_per_s, link.clock) {
   KVTIER_ASSERT(home_block_bytes > 0 && queue_slots > 0 && max_copies > 0);
   KVTIER_ASSERT(home_pins_.size() > 0, "home tier of {} bytes", home.size());
   for (auto& s : slots_) s.runs.resize(max_copies);
@@ -137,9 +138,16 @@ void TransferEngine::worker() {
     lk.unlock();
     const auto t0 = std::chrono::steady_clock::now();
     uint64_t bytes = 0;
+    double throttled = 0;
     std::exception_ptr err;
     if (!failed) {
       if (delay_us_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % delay_us_));
+      double deadline = 0;
+      if (s.dir == CopyDir::kLoad && pacer_.limited()) {
+        uint64_t job_bytes = 0;
+        for (size_t i = 0; i < s.n_runs; ++i) job_bytes += s.runs[i].bytes;
+        deadline = pacer_.reserve(job_bytes);
+      }
       try {
         for (size_t i = 0; i < s.n_runs; ++i) {
           const BlockCopy& r = s.runs[i];
@@ -153,11 +161,13 @@ void TransferEngine::worker() {
       } catch (...) {
         err = std::current_exception();
       }
+      if (s.dir == CopyDir::kLoad) throttled = pacer_.finish(deadline);
     }
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     unpin_runs(s);  // phase two: the job's blocks may be freed or rewritten again
     lk.lock();
     stats_.busy_seconds += dt;
+    stats_.throttle_seconds += throttled;
     ++stats_.jobs;
     (s.dir == CopyDir::kLoad ? stats_.bytes_loaded : stats_.bytes_stored) += bytes;
     if (err && !error_) error_ = err;

@@ -21,6 +21,11 @@
 // load of that unit (read-after-write across steps), and a buffer's store is done before a later load
 // overwrites that buffer. A failed job's error is rethrown by wait() (and by every later wait and
 // prepare: the engine stops); its pins are released all the same.
+//
+// Link throttle (a measurement aid, kvtier's --link-gbps): with LinkLimit::bytes_per_s > 0 every load
+// job (home -> compute) is paced by a LinkPacer so that loads move at most that many bytes per second
+// (plus a burst of LinkPacer::kDefaultBurst seconds' worth), whatever the home tier's real speed; the
+// throttle's sleeps count in busy_seconds and throttle_seconds. Stores are not paced.
 #pragma once
 
 #include <condition_variable>
@@ -33,6 +38,7 @@
 
 #include "kv/block_pool.h"
 #include "kv/home_store.h"
+#include "kv/link_pacer.h"
 #include "kv/pin_table.h"
 
 namespace kvtier::kv {
@@ -57,10 +63,17 @@ struct TransferStats {
   uint64_t bytes_loaded = 0;  // home -> compute
   uint64_t bytes_stored = 0;  // compute -> home
   uint64_t jobs = 0;
-  uint64_t blocks = 0;      // home blocks the prepared copies cover (counted per copy)
-  uint64_t runs = 0;        // I/O calls issued for them after coalescing
-  double wait_seconds = 0;  // time the compute thread spent blocked in wait()
-  double busy_seconds = 0;  // time the copy thread spent copying
+  uint64_t blocks = 0;          // home blocks the prepared copies cover (counted per copy)
+  uint64_t runs = 0;            // I/O calls issued for them after coalescing
+  double wait_seconds = 0;      // time the compute thread spent blocked in wait()
+  double busy_seconds = 0;      // time the copy thread spent copying (and, throttled, holding the link)
+  double throttle_seconds = 0;  // of busy_seconds: sleeps of the link throttle
+};
+
+// The link throttle of load jobs: 0 = none. clock null: the steady clock (tests inject a fake one).
+struct LinkLimit {
+  double bytes_per_s = 0;
+  LinkClock* clock = nullptr;
 };
 
 class TransferEngine {
@@ -70,8 +83,9 @@ class TransferEngine {
   // home_block_bytes: pin granularity of the home tier (block i = bytes [i * B, (i + 1) * B)).
   // queue_slots: jobs in flight at most (prepare blocks when full); max_copies: copies per job.
   // delay_us > 0 (tests): each job sleeps a random 0..delay_us microseconds first, to expose races.
+  // link: the throttle of load jobs (see above).
   TransferEngine(HomeStore& home, uint64_t home_block_bytes, size_t queue_slots, size_t max_copies,
-                 uint32_t delay_us = 0);
+                 uint32_t delay_us = 0, LinkLimit link = {});
   ~TransferEngine();
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
@@ -107,6 +121,7 @@ class TransferEngine {
   PinTable home_pins_;  // [ceil(home size / home_block_bytes)]
   std::vector<Slot> slots_;
   uint32_t delay_us_;
+  LinkPacer pacer_;  // used by the copy thread only
   mutable std::mutex mu_;
   std::condition_variable cv_work_;
   std::condition_variable cv_done_;

@@ -39,8 +39,9 @@ uint32_t ModelConfig::max_head_kv() const {
 }
 
 ModelConfig make_config(const Hparams& hp) {
-  if (hp.arch != Arch::kLlama && hp.arch != Arch::kQwen2 && hp.arch != Arch::kGemma3) {
-    fail(ErrorKind::kUnsupported, "architecture '{}' is not supported (supported: llama, qwen2, gemma3)",
+  if (hp.arch != Arch::kLlama && hp.arch != Arch::kQwen2 && hp.arch != Arch::kGemma3 &&
+      hp.arch != Arch::kOpt) {
+    fail(ErrorKind::kUnsupported, "architecture '{}' is not supported (supported: llama, qwen2, gemma3, opt)",
          hp.arch_name);
   }
   ModelConfig c;
@@ -52,12 +53,19 @@ ModelConfig make_config(const Hparams& hp) {
   c.head_dim_v = hp.head_dim_v;
   c.n_ff = hp.n_ff;
   c.n_vocab = hp.n_vocab;
-  c.n_rot = hp.rope_dim.value_or(hp.head_dim_k);
+  c.n_rot = hp.arch == Arch::kOpt ? 0 : hp.rope_dim.value_or(hp.head_dim_k);
   c.n_ctx_train = hp.n_ctx_train;
-  c.rms_eps = static_cast<float>(hp.rms_eps.value_or(hp.arch == Arch::kGemma3 ? 1e-6 : 1e-5));
+  c.rms_eps =
+      static_cast<float>(hp.arch == Arch::kOpt ? hp.norm_eps.value_or(1e-5)
+                                               : hp.rms_eps.value_or(hp.arch == Arch::kGemma3 ? 1e-6 : 1e-5));
   if (c.n_ff == 0) fail(ErrorKind::kInvalidFile, "'{}.feed_forward_length' is missing or 0", hp.arch_name);
   if (c.n_vocab == 0) fail(ErrorKind::kInvalidFile, "the vocabulary size is unknown");
-  if (c.n_rot == 0 || c.n_rot % 2 != 0 || c.n_rot > c.head_dim_k) {
+  if (hp.arch == Arch::kOpt) {
+    if (hp.rope_dim.value_or(0) != 0)
+      fail(ErrorKind::kInvalidFile, "an OPT model has learned positions, not RoPE");
+    if (c.n_ctx_train == 0)
+      fail(ErrorKind::kInvalidFile, "'opt.context_length' (the learned positions) is missing");
+  } else if (c.n_rot == 0 || c.n_rot % 2 != 0 || c.n_rot > c.head_dim_k) {
     fail(ErrorKind::kInvalidFile, "RoPE dimension {} for head dimension {}", c.n_rot, c.head_dim_k);
   }
   if (!hp.uniform_kv_heads() && hp.arch != Arch::kGemma3 && hp.arch != Arch::kLlama) {
@@ -98,6 +106,18 @@ ModelConfig make_config(const Hparams& hp) {
         c.layers[l] = sliding ? LayerConfig{hp.n_head_kv[l], true, window, base_swa, 1.0f, t_local}
                               : LayerConfig{hp.n_head_kv[l], false, 0, base, scale, t_global};
       }
+      break;
+    }
+    case Arch::kOpt: {
+      // Pre-LN decoder with biases everywhere, learned positions, ReLU FFN (HF OPTDecoderLayer with
+      // do_layer_norm_before); one table entry keeps the per-layer indexing uniform (n_rot = 0).
+      c.norm = NormKind::kLayer;
+      c.act = FfnActivation::kRelu;
+      c.qkv_bias = true;
+      c.out_ffn_bias = true;
+      c.learned_pos = true;
+      const int t = table_for(c, {10000.0f, 1.0f, false});
+      for (uint32_t l = 0; l < c.n_layer; ++l) c.layers[l] = {hp.n_head_kv[l], false, 0, 10000.0f, 1.0f, t};
       break;
     }
     case Arch::kOther:

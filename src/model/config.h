@@ -1,6 +1,6 @@
 // What the forward pass needs to know about an architecture, derived once from the hparams:
 // per-model switches (RoPE pairing, activation, norms, scalings) and per-layer attention settings.
-// Supported: llama (Llama-2/3, SmolLM2, Mistral), qwen2, gemma3. Anything else is an error naming it.
+// Supported: llama (Llama-2/3, SmolLM2, Mistral), qwen2, gemma3, opt. Anything else is an error naming it.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,16 @@
 
 namespace kvtier::model {
 
-enum class FfnActivation { kSilu, kGeluTanh };  // SwiGLU / GeGLU: act(gate) * up
+enum class FfnActivation {
+  kSilu,      // SwiGLU: silu(gate) * up
+  kGeluTanh,  // GeGLU: gelu_tanh(gate) * up
+  kRelu,      // OPT: relu(up + b_up), no gate
+};
+
+enum class NormKind {
+  kRms,    // RMSNorm with a weight
+  kLayer,  // LayerNorm with a weight and a bias (OPT)
+};
 
 struct LayerConfig {
   uint32_t n_head_kv = 0;
@@ -39,7 +48,8 @@ struct ModelConfig {
   uint32_t n_vocab = 0;
   uint32_t n_rot = 0;
   uint32_t n_ctx_train = 0;
-  float rms_eps = 1e-5f;
+  float rms_eps = 1e-5f;  // epsilon of every norm (RMSNorm or LayerNorm)
+  NormKind norm = NormKind::kRms;
   cpu::RopeMode rope_mode = cpu::RopeMode::kNormal;
   FfnActivation act = FfnActivation::kSilu;
   float embd_scale = 1.0f;                   // Gemma: sqrt(n_embd)
@@ -48,7 +58,10 @@ struct ModelConfig {
   float final_softcap = 0.0f;                // 0: none
   bool qk_norm = false;                      // Gemma-3: RMSNorm of each q and k head
   bool post_norms = false;                   // Gemma-3: norms after attention and after the FFN
-  bool qkv_bias = false;                     // Qwen2 (also taken when a llama file has the tensors)
+  bool qkv_bias = false;                     // Qwen2, OPT (also taken when a llama file has the tensors)
+  bool learned_pos = false;                  // OPT: position embeddings added to the token embeddings
+                                             // (n_rot = 0: no RoPE)
+  bool out_ffn_bias = false;                 // OPT: biases on attn_output, ffn_up and ffn_down
   std::vector<RopeTableConfig> rope_tables;  // distinct RoPE settings (1 or 2)
   std::vector<LayerConfig> layers;
 

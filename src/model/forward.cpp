@@ -37,7 +37,8 @@ ForwardBuffers forward_buffers(const ModelConfig& cfg, const ModelWeights& w, in
   b.att = T * cfg.n_head * cfg.head_dim_v;
   b.k = T * hk * cfg.head_dim_k;
   b.v = T * hk * cfg.head_dim_v;
-  b.gate = b.up = T * cfg.n_ff;
+  b.gate = T * cfg.n_ff;
+  b.up = cfg.act == FfnActivation::kRelu ? 0 : T * cfg.n_ff;  // an ungated FFN (OPT) needs one buffer
   b.cos = b.sin = tables * T * (cfg.n_rot / 2);
   if (kv_needs & kv::kNeedPreRope) {
     b.q_pre = b.q;
@@ -101,6 +102,14 @@ void Forward::matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, floa
   cpu::matmul(pool_, isa_, w, x, n, y, mm_scratch_);
 }
 
+void Forward::norm(const float* x, const float* w, const float* b, float* y) {
+  if (cfg_.norm == NormKind::kLayer) {
+    cpu::layer_norm(isa_, x, w, b, cfg_.rms_eps, cfg_.n_embd, y);
+  } else {
+    cpu::rms_norm(isa_, x, w, cfg_.rms_eps, cfg_.n_embd, y);
+  }
+}
+
 void Forward::for_tokens(int64_t n, const std::function<void(int64_t)>& fn) {
   if (n == 1 || pool_.size() == 1) {
     for (int64_t t = 0; t < n; ++t) fn(t);
@@ -122,7 +131,7 @@ void Forward::finish_q(const LayerWeights& L, float* q, const float* cos, const 
       cpu::rms_norm(isa_, q + h * dk, L.attn_q_norm, cfg_.rms_eps, dk, q + h * dk);
   }
   if (pre != nullptr) std::copy(q, q + H * dk, pre);
-  cpu::rope(isa_, q, H, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
+  if (cfg_.n_rot > 0) cpu::rope(isa_, q, H, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
 }
 
 void Forward::finish_kv(const LayerWeights& L, uint32_t l, float* k, float* v, const float* cos,
@@ -137,7 +146,7 @@ void Forward::finish_kv(const LayerWeights& L, uint32_t l, float* k, float* v, c
       cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
   }
   if (pre != nullptr) std::copy(k, k + hk * dk, pre);
-  cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
+  if (cfg_.n_rot > 0) cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
 }
 
 void Forward::project_kv(uint32_t l, const float* x, std::span<const int64_t> positions, float* k, float* v) {
@@ -226,7 +235,23 @@ void Forward::rope_q(uint32_t l, const float* q_pre, int64_t n, int64_t position
   for_tokens(n, [&](int64_t t) {
     float* q = out + t * H * dk;
     std::copy(q_pre + t * H * dk, q_pre + (t + 1) * H * dk, q);
-    cpu::rope(isa_, q, H, dk, cfg_.n_rot, c, sn, cfg_.rope_mode);
+    if (cfg_.n_rot > 0) cpu::rope(isa_, q, H, dk, cfg_.n_rot, c, sn, cfg_.rope_mode);
+  });
+}
+
+void Forward::project_q(uint32_t l, const float* x, std::span<const int64_t> positions, float* q) {
+  const auto n = static_cast<int64_t>(positions.size());
+  KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_q on a Forward built without KV needs");
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_q of layer {} for {} rows", l, n);
+  const LayerWeights& L = w_.layers[l];
+  const LayerConfig& lc = cfg_.layers[l];
+  const int64_t half = cfg_.n_rot / 2;
+  matmul(L.wq, x, n, q);
+  for_tokens(n, [&](int64_t t) {
+    float* c = hook_cos_.data() + t * half;
+    float* sn = hook_sin_.data() + t * half;
+    rope_angles_ext(positions[sz(t)], cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
+    finish_q(L, q + t * cfg_.n_head * cfg_.head_dim_k, c, sn, nullptr);
   });
 }
 
@@ -241,7 +266,7 @@ void Forward::finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_
     for (int64_t h = 0; h < hk; ++h)
       cpu::rms_norm(isa_, k + h * dk, L.attn_k_norm, cfg_.rms_eps, dk, k + h * dk);
   }
-  cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);
+  if (cfg_.n_rot > 0) cpu::rope(isa_, k, hk, dk, cfg_.n_rot, cos, sin, cfg_.rope_mode);  // OPT: none
 }
 
 void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
@@ -258,8 +283,7 @@ void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
   const bool pre_rope = (kv_needs_ & kv::kNeedPreRope) != 0;
 
   // Attention block.
-  for_tokens(
-      n, [&](int64_t t) { cpu::rms_norm(isa_, x_.data() + t * E, L.attn_norm, eps, E, xn_.data() + t * E); });
+  for_tokens(n, [&](int64_t t) { norm(x_.data() + t * E, L.attn_norm, L.attn_norm_b, xn_.data() + t * E); });
   matmul(L.wq, xn_.data(), n, q_.data());
   matmul(L.wk, xn_.data(), n, k_.data());
   matmul(L.wv, xn_.data(), n, v_.data());
@@ -284,28 +308,39 @@ void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
   matmul(L.wo, att_.data(), n, tmp_.data());
   for_tokens(n, [&](int64_t t) {
     float* a = tmp_.data() + t * E;
+    if (L.bo != nullptr) cpu::add(isa_, a, L.bo, E, a);
     if (L.post_attn_norm != nullptr) cpu::rms_norm(isa_, a, L.post_attn_norm, eps, E, a);
     float* x = x_.data() + t * E;
     cpu::add(isa_, x, a, E, x);
-    cpu::rms_norm(isa_, x, L.ffn_norm, eps, E, xn_.data() + t * E);
+    norm(x, L.ffn_norm, L.ffn_norm_b, xn_.data() + t * E);
   });
 
-  // Feed-forward block: act(gate) * up, then down.
+  // Feed-forward block: act(gate) * up (OPT: relu(up + b_up)) in gate_, then down.
   const int64_t F = cfg_.n_ff;
-  matmul(L.gate, xn_.data(), n, gate_.data());
-  matmul(L.up, xn_.data(), n, up_.data());
-  for_tokens(n, [&](int64_t t) {
-    float* g = gate_.data() + t * F;
-    if (cfg_.act == FfnActivation::kSilu) {
-      cpu::silu(isa_, g, F, g);
-    } else {
-      cpu::gelu_tanh(isa_, g, F, g);
-    }
-    cpu::mul(isa_, g, up_.data() + t * F, F, g);
-  });
+  if (cfg_.act == FfnActivation::kRelu) {
+    matmul(L.up, xn_.data(), n, gate_.data());
+    for_tokens(n, [&](int64_t t) {
+      float* g = gate_.data() + t * F;
+      if (L.b_up != nullptr) cpu::add(isa_, g, L.b_up, F, g);
+      cpu::relu(isa_, g, F, g);
+    });
+  } else {
+    matmul(L.gate, xn_.data(), n, gate_.data());
+    matmul(L.up, xn_.data(), n, up_.data());
+    for_tokens(n, [&](int64_t t) {
+      float* g = gate_.data() + t * F;
+      if (cfg_.act == FfnActivation::kSilu) {
+        cpu::silu(isa_, g, F, g);
+      } else {
+        cpu::gelu_tanh(isa_, g, F, g);
+      }
+      cpu::mul(isa_, g, up_.data() + t * F, F, g);
+    });
+  }
   matmul(L.down, gate_.data(), n, tmp_.data());
   for_tokens(n, [&](int64_t t) {
     float* f = tmp_.data() + t * E;
+    if (L.b_down != nullptr) cpu::add(isa_, f, L.b_down, E, f);
     if (L.post_ffn_norm != nullptr) cpu::rms_norm(isa_, f, L.post_ffn_norm, eps, E, f);
     cpu::add(isa_, x_.data() + t * E, f, E, x_.data() + t * E);
   });
@@ -338,6 +373,9 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
                 kv.needs(), kv_needs_);
   const int64_t E = cfg_.n_embd;
   const auto row_bytes = static_cast<int64_t>(*ggml_row_bytes(w_.tok_embd.type, static_cast<uint64_t>(E)));
+  const int64_t pos_row_bytes =
+      cfg_.learned_pos ? static_cast<int64_t>(*ggml_row_bytes(w_.pos_embd.type, static_cast<uint64_t>(E)))
+                       : 0;
   batch_.clear();
   part_row0_.clear();
   int64_t row = 0;
@@ -353,6 +391,13 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
   }
   const std::span<const kv::PassPositions> pp = kv.begin_batch(batch_);
   try {
+    if (cfg_.learned_pos) {
+      for (const kv::PassPositions& p : pp) {
+        if (p.n > 0 && p.position(p.n - 1) >= cfg_.n_ctx_train)
+          fail(ErrorKind::kInvalidArgument, "position {} is beyond the {} learned positions of this model",
+               p.position(p.n - 1), cfg_.n_ctx_train);
+      }
+    }
     // Embeddings and RoPE angles of the pass's positions (token t of the pass is token t - row0 of
     // its part).
     const int64_t half = cfg_.n_rot / 2;
@@ -363,6 +408,12 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
       cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + parts[b].tokens[sz(i)] * row_bytes, x, E);
       if (cfg_.embd_scale != 1.0f) {
         for (int64_t e = 0; e < E; ++e) x[e] *= cfg_.embd_scale;
+      }
+      if (cfg_.learned_pos) {  // OPT: + the learned embedding of the token's position
+        const int64_t pos = pp[b].position(i);
+        float* pe = tmp_.data() + t * E;
+        cpu::dequantize_row(w_.pos_embd.type, w_.pos_embd.data + pos * pos_row_bytes, pe, E);
+        cpu::add(isa_, x, pe, E, x);
       }
       for (size_t r = 0; r < cfg_.rope_tables.size(); ++r) {
         const int64_t off = (static_cast<int64_t>(r) * max_tokens_ + t) * half;
@@ -389,8 +440,7 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
   }
   if (m == 0) return;
   for_tokens(m, [&](int64_t t) {
-    cpu::rms_norm(isa_, x_.data() + logit_src_[sz(t)] * E, w_.output_norm, cfg_.rms_eps, E,
-                  xn_.data() + t * E);
+    norm(x_.data() + logit_src_[sz(t)] * E, w_.output_norm, w_.output_norm_b, xn_.data() + t * E);
   });
   matmul(w_.output, xn_.data(), m, logits);
   if (cfg_.final_softcap > 0.0f) {

@@ -90,6 +90,7 @@ class Forward final : public kv::KvCompute {
   void project_kv(uint32_t layer, const float* x, std::span<const int64_t> positions, float* k,
                   float* v) override;
   void rope_q(uint32_t layer, const float* q_pre, int64_t n, int64_t position, float* out) override;
+  void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q) override;
   int64_t max_rows() const override { return max_tokens_; }
   void encode_inputs(uint32_t layer, const float* x, int64_t n, uint8_t* out) override;
   void project_kv_encoded(uint32_t layer, const uint8_t* act, std::span<const int64_t> positions,
@@ -102,6 +103,8 @@ class Forward final : public kv::KvCompute {
 
  private:
   void matmul(const cpu::WeightMatrix& w, const float* x, int64_t n, float* y);
+  // The model's norm of one row [n_embd]: RMSNorm (w), or LayerNorm (w, b) for OPT.
+  void norm(const float* x, const float* w, const float* b, float* y);
   void layer(uint32_t l, int64_t n, kv::KvCache& kv);
   // Bias, QK-norm and RoPE of token t's q (H heads) or k (hk heads), in place; the pre-RoPE rows are
   // copied to pre (if not null) first. cos/sin: the token's angles.

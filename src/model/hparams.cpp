@@ -30,6 +30,7 @@ Arch arch_from_name(const std::string& name) {
   if (name == "llama") return Arch::kLlama;
   if (name == "qwen2") return Arch::kQwen2;
   if (name == "gemma3") return Arch::kGemma3;
+  if (name == "opt") return Arch::kOpt;
   return Arch::kOther;
 }
 
@@ -87,6 +88,7 @@ Hparams read_hparams(const gguf::File& f) {
   hp.rope_freq_base = f.opt_float(p + "rope.freq_base");
   hp.rope_dim = opt_u32(f, p + "rope.dimension_count");
   hp.rms_eps = f.opt_float(p + "attention.layer_norm_rms_epsilon");
+  hp.norm_eps = f.opt_float(p + "attention.layer_norm_epsilon");
   hp.sliding_window = opt_u32(f, p + "attention.sliding_window");
   hp.rope_scaling_type = f.opt_string(p + "rope.scaling.type");
   hp.rope_scaling_factor = f.opt_float(p + "rope.scaling.factor");

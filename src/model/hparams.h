@@ -13,7 +13,7 @@ namespace kvtier::model {
 
 // Architectures the engine knows by name. Whether the forward pass supports one is decided where
 // the model is built; inspecting a file works for any architecture.
-enum class Arch { kLlama, kQwen2, kGemma3, kOther };
+enum class Arch { kLlama, kQwen2, kGemma3, kOpt, kOther };
 
 Arch arch_from_name(const std::string& name);
 
@@ -32,6 +32,7 @@ struct Hparams {
   std::optional<double> rope_freq_base;
   std::optional<uint32_t> rope_dim;
   std::optional<double> rms_eps;
+  std::optional<double> norm_eps;  // "<arch>.attention.layer_norm_epsilon" (LayerNorm models: OPT)
   std::optional<uint32_t> sliding_window;
   // RoPE scaling ("<arch>.rope.scaling.type" / ".factor") and the base of sliding-window layers.
   std::optional<std::string> rope_scaling_type;  // "none", "linear", "yarn", ...

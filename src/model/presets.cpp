@@ -20,6 +20,18 @@ constexpr Preset kPresets[] = {
      1000000.0f, 1e-6f, false, true},
     {"mistral-7b", "llama", "Mistral-7B-v0.2 shape (GQA 32/8)", 32, 4096, 32, 8, 128, 14336, 32000, 32768,
      1000000.0f, 1e-5f, false, false},
+    // OPT (LayerNorm with biases, learned positions, ReLU FFN, MHA, tied embeddings): the KVPR paper's
+    // models. rope_freq_base is unused; rms_eps is the LayerNorm epsilon; ctx = the learned positions.
+    {"tiny-opt", "opt", "2-layer OPT toy (MHA 4/4), a few MB", 2, 64, 4, 4, 16, 128, 272, 2048, 10000.0f,
+     1e-5f, true, true},
+    {"opt-125m", "opt", "OPT-125M shape (MHA 12/12)", 12, 768, 12, 12, 64, 3072, 50272, 2048, 10000.0f, 1e-5f,
+     true, true},
+    {"opt-1.3b", "opt", "OPT-1.3B shape (MHA 32/32)", 24, 2048, 32, 32, 64, 8192, 50272, 2048, 10000.0f,
+     1e-5f, true, true},
+    {"opt-6.7b", "opt", "OPT-6.7B shape (MHA 32/32)", 32, 4096, 32, 32, 128, 16384, 50272, 2048, 10000.0f,
+     1e-5f, true, true},
+    {"opt-13b", "opt", "OPT-13B shape (MHA 40/40)", 40, 5120, 40, 40, 128, 20480, 50272, 2048, 10000.0f,
+     1e-5f, true, true},
 };
 
 }  // namespace

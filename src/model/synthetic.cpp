@@ -76,7 +76,48 @@ std::vector<std::string> synth_vocab(uint32_t n_vocab) {
   return v;
 }
 
+namespace {
+
+// OPT: pre-LN blocks with biases everywhere, learned positions, an ungated ReLU FFN.
+std::vector<SynthTensor> opt_tensors(const Preset& p, const SynthOptions& o) {
+  const uint32_t n_layer = o.n_layer ? o.n_layer : p.n_layer;
+  const uint32_t n_ctx = o.n_ctx ? o.n_ctx : p.n_ctx;
+  const uint64_t d = uint64_t{p.n_head} * p.head_dim;
+  auto w = [&](uint64_t fan_in) { return 1.0f / std::sqrt(static_cast<float>(fan_in)); };
+  const float b = 0.02f;
+  std::vector<SynthTensor> t;
+  t.push_back({"token_embd.weight", {p.n_embd, p.n_vocab}, o.type, SynthInit::kUniform, 1.0f});
+  t.push_back({"position_embd.weight", {p.n_embd, n_ctx}, o.type, SynthInit::kUniform, 0.1f});
+  for (uint32_t l = 0; l < n_layer; ++l) {
+    const std::string s = "blk." + std::to_string(l) + ".";
+    t.push_back({s + "attn_norm.weight", {p.n_embd}, GgmlType::kF32, SynthInit::kOnes, 1.0f});
+    t.push_back({s + "attn_norm.bias", {p.n_embd}, GgmlType::kF32, SynthInit::kUniform, b});
+    for (const char* m : {"attn_q", "attn_k", "attn_v"}) {
+      t.push_back({s + m + ".weight", {p.n_embd, d}, o.type, SynthInit::kUniform, w(p.n_embd)});
+      t.push_back({s + m + ".bias", {d}, GgmlType::kF32, SynthInit::kUniform, b});
+    }
+    t.push_back({s + "attn_output.weight", {d, p.n_embd}, o.type, SynthInit::kUniform, w(d)});
+    t.push_back({s + "attn_output.bias", {p.n_embd}, GgmlType::kF32, SynthInit::kUniform, b});
+    t.push_back({s + "ffn_norm.weight", {p.n_embd}, GgmlType::kF32, SynthInit::kOnes, 1.0f});
+    t.push_back({s + "ffn_norm.bias", {p.n_embd}, GgmlType::kF32, SynthInit::kUniform, b});
+    t.push_back({s + "ffn_up.weight", {p.n_embd, p.n_ff}, o.type, SynthInit::kUniform, w(p.n_embd)});
+    t.push_back({s + "ffn_up.bias", {p.n_ff}, GgmlType::kF32, SynthInit::kUniform, b});
+    t.push_back({s + "ffn_down.weight", {p.n_ff, p.n_embd}, o.type, SynthInit::kUniform, w(p.n_ff)});
+    t.push_back({s + "ffn_down.bias", {p.n_embd}, GgmlType::kF32, SynthInit::kUniform, b});
+  }
+  t.push_back({"output_norm.weight", {p.n_embd}, GgmlType::kF32, SynthInit::kOnes, 1.0f});
+  t.push_back({"output_norm.bias", {p.n_embd}, GgmlType::kF32, SynthInit::kUniform, b});
+  return t;  // the output projection is tied to token_embd
+}
+
+bool is_opt(const Preset& p) {
+  return p.arch == "opt";
+}
+
+}  // namespace
+
 std::vector<SynthTensor> synth_tensors(const Preset& p, const SynthOptions& o) {
+  if (is_opt(p)) return opt_tensors(p, o);
   const uint32_t n_layer = o.n_layer ? o.n_layer : p.n_layer;
   const uint64_t q_dim = uint64_t{p.n_head} * p.head_dim;
   const uint64_t kv_dim = uint64_t{p.n_head_kv} * p.head_dim;
@@ -157,9 +198,13 @@ gguf::Writer synth_writer(const Preset& p, const SynthOptions& o) {
   w.set(a + ".attention.head_count_kv", Value::u32(p.n_head_kv));
   w.set(a + ".attention.key_length", Value::u32(p.head_dim));
   w.set(a + ".attention.value_length", Value::u32(p.head_dim));
-  w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(p.rms_eps));
-  w.set(a + ".rope.freq_base", Value::f32(p.rope_freq_base));
-  w.set(a + ".rope.dimension_count", Value::u32(p.head_dim));
+  if (is_opt(p)) {  // LayerNorm, learned positions (context_length of them), no RoPE
+    w.set(a + ".attention.layer_norm_epsilon", Value::f32(p.rms_eps));
+  } else {
+    w.set(a + ".attention.layer_norm_rms_epsilon", Value::f32(p.rms_eps));
+    w.set(a + ".rope.freq_base", Value::f32(p.rope_freq_base));
+    w.set(a + ".rope.dimension_count", Value::u32(p.head_dim));
+  }
   w.set(a + ".vocab_size", Value::u32(p.n_vocab));
 
   std::vector<int32_t> types(p.n_vocab, kTokenUnused);

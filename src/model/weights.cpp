@@ -59,6 +59,9 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
   const uint64_t E = c.n_embd;
   w.tok_embd = ld.mat("token_embd.weight", c.n_vocab, E);
   w.output_norm = ld.vec("output_norm.weight", E);
+  const bool layer_norm = c.norm == NormKind::kLayer;
+  if (layer_norm) w.output_norm_b = ld.vec("output_norm.bias", E);
+  if (c.learned_pos) w.pos_embd = ld.mat("position_embd.weight", c.n_ctx_train, E);
   if (file.find_tensor("output.weight") != nullptr) {
     w.output = ld.mat("output.weight", c.n_vocab, E);
   } else {
@@ -80,7 +83,7 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
     L.wk = ld.mat(p + "attn_k.weight", k_rows, E);
     L.wv = ld.mat(p + "attn_v.weight", v_rows, E);
     L.wo = ld.mat(p + "attn_output.weight", E, uint64_t{c.n_head} * c.head_dim_v);
-    L.gate = ld.mat(p + "ffn_gate.weight", c.n_ff, E);
+    if (c.act != FfnActivation::kRelu) L.gate = ld.mat(p + "ffn_gate.weight", c.n_ff, E);
     L.up = ld.mat(p + "ffn_up.weight", c.n_ff, E);
     L.down = ld.mat(p + "ffn_down.weight", E, c.n_ff);
     if (c.qkv_bias) {
@@ -91,6 +94,15 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
       L.bq = ld.opt_vec(p + "attn_q.bias", q_rows);
       L.bk = ld.opt_vec(p + "attn_k.bias", k_rows);
       L.bv = ld.opt_vec(p + "attn_v.bias", v_rows);
+    }
+    if (layer_norm) {
+      L.attn_norm_b = ld.vec(p + "attn_norm.bias", E);
+      L.ffn_norm_b = ld.vec(p + "ffn_norm.bias", E);
+    }
+    if (c.out_ffn_bias) {
+      L.bo = ld.vec(p + "attn_output.bias", E);
+      L.b_up = ld.vec(p + "ffn_up.bias", c.n_ff);
+      L.b_down = ld.vec(p + "ffn_down.bias", E);
     }
     if (c.qk_norm) {
       L.attn_q_norm = ld.vec(p + "attn_q_norm.weight", c.head_dim_k);

@@ -13,6 +13,8 @@ namespace kvtier::model {
 
 struct LayerWeights {
   const float* attn_norm = nullptr;       // [n_embd] f32
+  const float* attn_norm_b = nullptr;     // [n_embd] f32 (LayerNorm bias, OPT)
+  const float* ffn_norm_b = nullptr;      // [n_embd] f32 (LayerNorm bias, OPT)
   const float* attn_q_norm = nullptr;     // [head_dim_k] f32 (Gemma-3)
   const float* attn_k_norm = nullptr;     // [head_dim_k] f32 (Gemma-3)
   const float* post_attn_norm = nullptr;  // [n_embd] f32 (Gemma-3)
@@ -25,15 +27,20 @@ struct LayerWeights {
   const float* bq = nullptr;              // [n_head * head_dim_k] f32 (Qwen2)
   const float* bk = nullptr;              // [n_head_kv * head_dim_k] f32
   const float* bv = nullptr;              // [n_head_kv * head_dim_v] f32
-  cpu::WeightMatrix gate;                 // [n_ff, n_embd]
+  const float* bo = nullptr;              // [n_embd] f32 (OPT)
+  cpu::WeightMatrix gate;                 // [n_ff, n_embd] (absent for an ungated FFN: OPT)
   cpu::WeightMatrix up;                   // [n_ff, n_embd]
   cpu::WeightMatrix down;                 // [n_embd, n_ff]
+  const float* b_up = nullptr;            // [n_ff] f32 (OPT)
+  const float* b_down = nullptr;          // [n_embd] f32 (OPT)
 };
 
 struct ModelWeights {
-  cpu::WeightMatrix tok_embd;          // [n_vocab, n_embd]
-  const float* output_norm = nullptr;  // [n_embd] f32
-  cpu::WeightMatrix output;            // [n_vocab, n_embd]: output.weight, or tok_embd when tied
+  cpu::WeightMatrix tok_embd;            // [n_vocab, n_embd]
+  const float* output_norm = nullptr;    // [n_embd] f32
+  const float* output_norm_b = nullptr;  // [n_embd] f32 (LayerNorm bias, OPT)
+  cpu::WeightMatrix pos_embd;            // [n_ctx_train, n_embd]: learned positions (OPT), row = position
+  cpu::WeightMatrix output;              // [n_vocab, n_embd]: output.weight, or tok_embd when tied
   bool tied_output = false;
   const float* rope_freqs = nullptr;  // [n_rot / 2] f32: Llama-3 frequency factors (optional)
   std::vector<LayerWeights> layers;

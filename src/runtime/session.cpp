@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kv/footprint.h"
 #include "kv/make_kv_cache.h"
+#include "runtime/profile_cache.h"
 
 namespace kvtier::runtime {
 
@@ -75,6 +76,22 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   weights_reservation_ =
       kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
+  kv::KvOptions& ko = opt_.kv_placement;
+  if (ko.representation == policy::Representation::kKvpr && ko.knobs.recompute < 0 &&
+      ko.placement.placement != policy::Placement::kResident &&
+      (ko.kvpr_link_bytes_per_s <= 0 || ko.kvpr_tokens_per_s <= 0)) {
+    // --recompute auto: the scheduler weighs the home link against the projection rate, profiled
+    // once per model and machine (and link throttle, disk directory).
+    ProfileOptions po;
+    po.threads = opt_.threads;
+    po.isa = isa_;
+    po.disk_dir = ko.disk_dir;
+    po.link_bytes_per_s = ko.link_bytes_per_s;
+    const Profile p = opt_.profile_cache.empty() ? measure_profile(model, po)
+                                                 : get_profile(opt_.profile_cache, model, po).profile;
+    ko.kvpr_link_bytes_per_s = kvpr_costs(p, !ko.disk_dir.empty()).v_com_kv;
+    ko.kvpr_tokens_per_s = p.proj_tokens_per_s;
+  }
   kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
                           isa_);
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));

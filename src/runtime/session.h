@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
@@ -35,6 +36,9 @@ struct SessionOptions {
   // KV placement (resident, layer, headinfer), retention, sequences, compute-local budget, home tier.
   kv::KvOptions kv_placement;
   uint64_t host_mem = 0;  // budget of the host tier (offloaded KV in DRAM); 0 = unlimited
+  // kvpr --recompute auto: the file of cached KVPR profiles (runtime/profile_cache.h) the split-point
+  // scheduler's rates come from (measured and stored on first use); empty: measured each time.
+  std::string profile_cache;
 };
 
 // Called after each prefill chunk: (tokens done, tokens total).

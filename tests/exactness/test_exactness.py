@@ -5,8 +5,8 @@ engine's own budget error; the smallest with the KV master copy on disk) and eac
 produces bit-identical logits at every position and identical tokens to `resident` with the same
 chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than its 512-token sliding
 window, so `+sliding` really frees blocks (and the test checks that it holds less KV).
-Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off) and a
-synthetic MHA model (4/4 heads). Approximate values join the matrix in their degenerate settings
+Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off), a
+synthetic MHA model (4/4 heads) and a synthetic OPT (MHA 4/4, LayerNorm, learned positions, ReLU FFN). Approximate values join the matrix in their degenerate settings
 (degenerate_configs), where they must be exact too."""
 import functools
 import json
@@ -221,6 +221,17 @@ def test_kivi_with_a_short_residual_window_is_approximate(tmp_path):
 def test_synthetic_mha(tmp_path, synthetic_mha):
     # Byte-level vocabulary: one token per byte, so a shorter text spans the same chunks.
     assert check_model(tmp_path, synthetic_mha, 4, PROMPT[:400]) >= 2 * 5 * 3
+
+
+@pytest.fixture(scope="module")
+def synthetic_opt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("syn") / "opt.gguf"
+    run("synth", "--preset", "tiny-opt", "--type", "q8_0", "-o", path)
+    return path
+
+
+def test_synthetic_opt(tmp_path, synthetic_opt):
+    assert check_model(tmp_path, synthetic_opt, 4, PROMPT[:400]) >= 2 * 5 * 3
 
 
 def test_budget_errors(tmp_path):

@@ -21,6 +21,15 @@ TEST(Presets, ParameterCountsMatchTheRealModels) {
             134515008ULL);  // SmolLM2-135M (the GGUF in models/)
 }
 
+// OPT: Hugging Face's facebook/opt-* count 2050 learned positions (positions are offset by 2); the
+// presets hold the 2048 usable ones, so they have 2 * n_embd parameters fewer.
+TEST(Presets, OptParameterCountsMatchTheRealModels) {
+  EXPECT_EQ(parameter_count(*find_preset("opt-125m")), 125239296ULL - 2 * 768);
+  EXPECT_EQ(parameter_count(*find_preset("opt-1.3b")), 1315758080ULL - 2 * 2048);
+  EXPECT_EQ(parameter_count(*find_preset("opt-6.7b")), 6658473984ULL - 2 * 4096);
+  EXPECT_EQ(parameter_count(*find_preset("opt-13b")), 12853473280ULL - 2 * 5120);
+}
+
 TEST(Presets, EveryPresetWritesAFileThatReadsBack) {
   for (const auto& p : all_presets()) {
     if (p.n_embd > 1024) continue;  // the 7B-class presets are covered by the shape test above

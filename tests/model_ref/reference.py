@@ -1,4 +1,4 @@
-"""A small NumPy reference of the llama / qwen2 / gemma3 forward pass, independent of kvtier's C++.
+"""A small NumPy reference of the llama / qwen2 / gemma3 / opt forward pass, independent of kvtier's C++.
 
 Weights come from the `gguf` package's dequantisation (gguf.quants.dequantize; the file is parsed by
 read_gguf below). The arithmetic follows the published model definitions (HF transformers /
@@ -10,6 +10,11 @@ llama.cpp graphs):
              o = softmax(q k^T * scale + causal/sliding mask) v; a = o Wo; [gemma3: post-norm]; x += a
              h = rmsnorm(x) * w; f = (act(h Wg) * (h Wu)) Wd; [gemma3: post-norm]; x += f
   logits = rmsnorm(x) * w  Wout
+
+OPT (HF OPTDecoderLayer, do_layer_norm_before): x = embed(tokens) + pos_embed(positions) (row p of
+position_embd is position p); per layer: h = layernorm(x) * w + b; q,k,v = h W + b (no RoPE);
+o = softmax(q k^T / sqrt(d) + causal mask) v; x += o Wo + bo; h = layernorm(x) * w + b;
+x += relu(h Wu + bu) Wd + bd; logits = (layernorm(x) * w + b) token_embd^T (tied).
 
 Two switches reproduce the storage choices an engine makes, so a tight tolerance can be used:
   act_quant: activations entering a quantised matmul are rounded to 8-bit blocks first, as GGML-style
@@ -141,7 +146,7 @@ class Model:
         r, tensors = read_gguf(path)
         self.act_quant, self.kv_f16 = act_quant, kv_f16
         arch = _field(r, "general.architecture")
-        if arch not in ("llama", "qwen2", "gemma3"):
+        if arch not in ("llama", "qwen2", "gemma3", "opt"):
             raise ValueError(f"unsupported architecture {arch}")
         self.arch = arch
         g = lambda k, d=None: _field(r, f"{arch}.{k}", d)  # noqa: E731
@@ -152,7 +157,8 @@ class Model:
         self.dk = int(g("attention.key_length", self.n_embd // self.n_head))
         self.dv = int(g("attention.value_length", self.dk))
         self.n_rot = int(g("rope.dimension_count", self.dk))
-        self.eps = float(g("attention.layer_norm_rms_epsilon", 1e-6 if arch == "gemma3" else 1e-5))
+        self.eps = float(g("attention.layer_norm_epsilon", 1e-5) if arch == "opt" else
+                         g("attention.layer_norm_rms_epsilon", 1e-6 if arch == "gemma3" else 1e-5))
         self.base = float(g("rope.freq_base", 10000.0))
         self.window = int(g("attention.sliding_window", 0) or 0)
         self.final_softcap = float(g("final_logit_softcapping", 0.0) or 0.0)
@@ -161,16 +167,19 @@ class Model:
         self.tok_embd = Matrix(tensors["token_embd.weight"])
         self.output = Matrix(tensors["output.weight"]) if "output.weight" in tensors else self.tok_embd
         self.output_norm = vec("output_norm.weight")
+        self.output_norm_b = vec("output_norm.bias") if "output_norm.bias" in tensors else None
+        self.pos_embd = Matrix(tensors["position_embd.weight"]) if arch == "opt" else None
         self.rope_freqs = vec("rope_freqs.weight") if "rope_freqs.weight" in tensors else None
         self.layers = []
         for i in range(self.n_layer):
             p = f"blk.{i}."
-            L = {n: Matrix(tensors[p + n + ".weight"]) for n in
-                 ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+            mats = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down") + (
+                () if arch == "opt" else ("ffn_gate",))
+            L = {n: Matrix(tensors[p + n + ".weight"]) for n in mats}
             for n in ("attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm"):
                 if p + n + ".weight" in tensors:
                     L[n] = vec(p + n + ".weight")
-            for n in ("attn_q", "attn_k", "attn_v"):
+            for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down", "attn_norm", "ffn_norm"):
                 if p + n + ".bias" in tensors:
                     L[n + ".bias"] = vec(p + n + ".bias")
             self.layers.append(L)
@@ -188,6 +197,15 @@ class Model:
         x64 = x.astype(np.float64)
         y = x64 / np.sqrt((x64 * x64).mean(axis=-1, keepdims=True) + self.eps)
         return (y * w).astype(np.float32)
+
+    def layernorm(self, x, w, b):
+        x64 = x.astype(np.float64)
+        mu = x64.mean(axis=-1, keepdims=True)
+        var = ((x64 - mu) ** 2).mean(axis=-1, keepdims=True)
+        return ((x64 - mu) / np.sqrt(var + self.eps) * w + b).astype(np.float32)
+
+    def norm(self, x, w, b):
+        return self.layernorm(x, w, b) if self.arch == "opt" else self.rmsnorm(x, w)
 
     def rope(self, x, pos, base):  # x: [n, heads, d]
         half = self.n_rot // 2
@@ -221,13 +239,15 @@ class Model:
         x = self.tok_embd.w[tokens].astype(np.float32)
         if self.arch == "gemma3":
             x = (x * np.float32(math.sqrt(self.n_embd))).astype(np.float32)
+        if self.arch == "opt":
+            x = (x + self.pos_embd.w[pos]).astype(np.float32)
         H, Hk, dk, dv = self.n_head, self.n_head_kv, self.dk, self.dv
         G = H // Hk
         scale = 1.0 / math.sqrt(dk)
         qp, kp = pos[:, None], pos[None, :]
         causal = kp <= qp
         for i, L in enumerate(self.layers):
-            h = self.rmsnorm(x, L["attn_norm"])
+            h = self.norm(x, L["attn_norm"], L.get("attn_norm.bias"))
             q = self.mm(L["attn_q"], h)
             k = self.mm(L["attn_k"], h)
             v = self.mm(L["attn_v"], h)
@@ -238,7 +258,8 @@ class Model:
                 q, k = self.rmsnorm(q, L["attn_q_norm"]), self.rmsnorm(k, L["attn_k_norm"])
             sliding = self.layer_is_sliding(i)
             base = 10000.0 if (self.arch == "gemma3" and sliding) else self.base
-            q, k = self.rope(q, pos, base), self.rope(k, pos, base)
+            if self.arch != "opt":  # OPT: learned positions, no RoPE
+                q, k = self.rope(q, pos, base), self.rope(k, pos, base)
             if self.kv_f16:
                 k, v = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
             mask = causal & ((qp - kp) < self.window) if sliding else causal
@@ -251,10 +272,17 @@ class Model:
                 p /= p.sum(axis=1, keepdims=True)
                 o[:, hh, :] = (p @ v[:, hh // G, :].astype(np.float64)).astype(np.float32)
             a = self.mm(L["attn_output"], o.reshape(n, H * dv))
+            if "attn_output.bias" in L:
+                a = (a + L["attn_output.bias"]).astype(np.float32)
             if "post_attention_norm" in L:
                 a = self.rmsnorm(a, L["post_attention_norm"])
             x = (x + a).astype(np.float32)
-            h = self.rmsnorm(x, L["ffn_norm"])
+            h = self.norm(x, L["ffn_norm"], L.get("ffn_norm.bias"))
+            if self.arch == "opt":
+                u = (self.mm(L["ffn_up"], h) + L["ffn_up.bias"]).astype(np.float32)
+                f = (self.mm(L["ffn_down"], np.maximum(u, 0)) + L["ffn_down.bias"]).astype(np.float32)
+                x = (x + f).astype(np.float32)
+                continue
             gt = self.mm(L["ffn_gate"], h).astype(np.float64)
             up = self.mm(L["ffn_up"], h).astype(np.float64)
             if self.arch == "gemma3":
@@ -267,7 +295,7 @@ class Model:
             x = (x + f).astype(np.float32)
         if last_only:
             x = x[-1:]
-        logits = self.mm(self.output, self.rmsnorm(x, self.output_norm))
+        logits = self.mm(self.output, self.norm(x, self.output_norm, self.output_norm_b))
         if self.final_softcap > 0:
             logits = (self.final_softcap * np.tanh(logits / self.final_softcap)).astype(np.float32)
         return logits

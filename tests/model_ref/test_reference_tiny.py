@@ -1,6 +1,7 @@
 """Exact structural check of the forward pass: tiny f32 models (llama GQA and MHA, Llama-3 RoPE
 frequency factors, Mistral sliding window, qwen2 biases, gemma3 with sliding windows and a global
-layer) against the NumPy reference. With f32 weights no activation
+layer, OPT with LayerNorm biases, learned positions and a ReLU FFN, written here and by `kvtier synth`)
+against the NumPy reference. With f32 weights no activation
 quantisation enters, and the reference rounds K/V to f16 as the engine's KV cache does, so the
 remaining differences are float summation order: max |logit difference| <= 1e-3."""
 import json
@@ -31,10 +32,12 @@ def models(tmp_path_factory):
         "gemma3": tiny_models.write_tiny(str(d / "gemma3.gguf"), llama, "gemma3"),
         "llama3": tiny_models.write_tiny(str(d / "llama3.gguf"), llama, "llama", variant="llama3"),
         "mistral": tiny_models.write_tiny(str(d / "mistral.gguf"), llama, "llama", variant="mistral"),
+        "opt": tiny_models.write_tiny(str(d / "opt.gguf"), llama, "opt"),
+        "opt-synth": tiny_models.synth_llama(kt.kvtier_bin(), str(d / "opt-synth.gguf"), "tiny-opt"),
     }
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-mha", "qwen2", "gemma3", "llama3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "llama-mha", "qwen2", "gemma3", "llama3", "mistral", "opt", "opt-synth"])
 @pytest.mark.parametrize("chunk", [5, 512])
 def test_tiny_logits_match_reference(models, arch, chunk, tmp_path):
     path = models[arch]

@@ -29,6 +29,7 @@ def _copy_tokenizer(src: GGUFReader, w: GGUFWriter) -> int:
 
 def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5, variant: str = "") -> str:
     """A 6-layer gemma3 (5 sliding-window layers of window 8, then a global one), a 2-layer qwen2,
+    a 2-layer opt (MHA, LayerNorm weights and biases, learned positions, ReLU FFN, all biases, tied output),
     or a 2-layer llama variant: "llama3" (rope_freqs frequency factors), "mistral" (window 8)."""
     rng = np.random.default_rng(seed)
     src = GGUFReader(tokenizer_src)
@@ -41,12 +42,19 @@ def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5, variant:
     w.add_embedding_length(E)
     w.add_feed_forward_length(F)
     w.add_head_count(H)
+    if arch == "opt":
+        Hk = H
     w.add_head_count_kv(Hk)
     w.add_key_length(D)
     w.add_value_length(D)
-    w.add_rope_dimension_count(D)
-    w.add_layer_norm_rms_eps(1e-6)
-    if arch == "gemma3":
+    if arch == "opt":
+        w.add_layer_norm_eps(1e-5)
+    else:
+        w.add_rope_dimension_count(D)
+        w.add_layer_norm_rms_eps(1e-6)
+    if arch == "opt":
+        pass
+    elif arch == "gemma3":
         w.add_rope_freq_base(1e6)
         w.add_sliding_window(8)
     else:
@@ -64,6 +72,9 @@ def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5, variant:
 
     t("token_embd.weight", n_vocab, E, scale=0.5)
     t("output_norm.weight", E, ones=True)
+    if arch == "opt":
+        t("position_embd.weight", 256, E, scale=0.5)
+        t("output_norm.bias", E, scale=0.3)
     if variant == "llama3":  # Llama-3 style factors: high frequencies 1, low ones up to 8
         w.add_tensor("rope_freqs.weight", np.geomspace(1.0, 8.0, D // 2).astype(np.float32),
                      raw_dtype=GGMLQuantizationType.F32)
@@ -75,7 +86,8 @@ def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5, variant:
         t(p + "attn_v.weight", Hk * D, E)
         t(p + "attn_output.weight", E, H * D)
         t(p + "ffn_norm.weight", E, ones=True)
-        t(p + "ffn_gate.weight", F, E)
+        if arch != "opt":
+            t(p + "ffn_gate.weight", F, E)
         t(p + "ffn_up.weight", F, E)
         t(p + "ffn_down.weight", E, F)
         if arch == "gemma3":
@@ -83,6 +95,10 @@ def write_tiny(path: str, tokenizer_src: str, arch: str, seed: int = 5, variant:
             t(p + "attn_k_norm.weight", D, ones=True)
             t(p + "post_attention_norm.weight", E, ones=True)
             t(p + "post_ffw_norm.weight", E, ones=True)
+        if arch == "opt":
+            for n, size in (("attn_norm", E), ("ffn_norm", E), ("attn_q", H * D), ("attn_k", H * D),
+                            ("attn_v", H * D), ("attn_output", E), ("ffn_up", F), ("ffn_down", E)):
+                t(p + n + ".bias", size, scale=0.3)
         if arch == "qwen2":
             t(p + "attn_q.bias", H * D, scale=0.3)
             t(p + "attn_k.bias", Hk * D, scale=0.3)

@@ -12,9 +12,11 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <tuple>
 #include <vector>
 
 #include "common/temp_file.h"
+#include "core/error.h"
 #include "kv/resident_kv.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
@@ -23,19 +25,21 @@
 namespace kvtier::runtime {
 namespace {
 
-// The tiny-llama synthetic model of `type`, written once per process (CTest runs this binary's
-// tests as parallel processes) and removed at exit.
-std::string synth_file(GgmlType type) {
-  static std::map<GgmlType, std::unique_ptr<::kvtier::test::TempFile>> files;
-  auto& f = files[type];
+// The synthetic model of `preset` (tiny-llama by default) and `type`, written once per process (CTest
+// runs this binary's tests as parallel processes) and removed at exit.
+std::string synth_file(GgmlType type, const std::string& preset = "tiny-llama", uint32_t n_ctx = 512) {
+  static std::map<std::tuple<GgmlType, std::string, uint32_t>, std::unique_ptr<::kvtier::test::TempFile>>
+      files;
+  auto& f = files[{type, preset, n_ctx}];
   if (!f) {
     f = std::make_unique<::kvtier::test::TempFile>(
-        "kvtier_test_tiny_llama_" + std::string(ggml_type_name(type)), ".gguf");
+        "kvtier_test_" + preset + "_" + std::string(ggml_type_name(type)) + "_" + std::to_string(n_ctx),
+        ".gguf");
     model::SynthOptions o;
     o.type = type;
     o.seed = 7;
-    o.n_ctx = 512;
-    model::synth_writer(*model::find_preset("tiny-llama"), o).write(f->str());
+    o.n_ctx = n_ctx;
+    model::synth_writer(*model::find_preset(preset), o).write(f->str());
   }
   return f->str();
 }
@@ -56,8 +60,8 @@ std::vector<float> all_logits(const LoadedModel& m, SessionOptions o, const std:
 
 class SyntheticForward : public ::testing::TestWithParam<GgmlType> {};
 
-TEST_P(SyntheticForward, ChunkThreadsGroupingAndDecodeGiveIdenticalLogits) {
-  const auto model = load_model(synth_file(GetParam()));
+void expect_chunk_threads_and_decode_invariant(const std::string& path) {
+  const auto model = load_model(path);
   const auto tokens = prompt(150);
   SessionOptions base;
   base.n_ctx = 256;
@@ -85,7 +89,34 @@ TEST_P(SyntheticForward, ChunkThreadsGroupingAndDecodeGiveIdenticalLogits) {
   }
 }
 
+TEST_P(SyntheticForward, ChunkThreadsGroupingAndDecodeGiveIdenticalLogits) {
+  expect_chunk_threads_and_decode_invariant(synth_file(GetParam()));
+}
+
+// OPT (LayerNorm with biases, learned positions, ReLU FFN) holds the same invariances.
+TEST_P(SyntheticForward, OptChunkThreadsAndDecodeGiveIdenticalLogits) {
+  expect_chunk_threads_and_decode_invariant(synth_file(GetParam(), "tiny-opt"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, SyntheticForward, ::testing::Values(GgmlType::kF32, GgmlType::kQ8_0));
+
+TEST(SyntheticForward, OptPositionsBeyondTheLearnedOnesAreAnError) {
+  const auto model = load_model(synth_file(GgmlType::kF32, "tiny-opt", 64));
+  SessionOptions o;
+  o.n_ctx = 128;
+  o.kv_block_tokens = 64;
+  o.chunk = 32;
+  Session s(*model, o);
+  s.prefill(prompt(60));
+  try {
+    s.prefill(prompt(10));  // positions 60..69
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("position 69 is beyond the 64 learned positions"), std::string::npos)
+        << e.what();
+  }
+}
 
 TEST(SyntheticForward, HeadGroupingDoesNotChangeLogits) {
   const auto model = load_model(synth_file(GgmlType::kF32));
@@ -153,8 +184,11 @@ class RecordingKv final : public kv::KvCache {
 };
 
 TEST(SyntheticForward, ComputeHookRecomputesTheBitsThePassWrote) {
-  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0}) {
-    const auto model = load_model(synth_file(type));
+  for (const auto& [type, preset] :
+       {std::pair{GgmlType::kF32, "tiny-llama"}, std::pair{GgmlType::kQ8_0, "tiny-llama"},
+        std::pair{GgmlType::kF32, "tiny-opt"}, std::pair{GgmlType::kQ8_0, "tiny-opt"}}) {
+    const bool rope = std::string(preset) != "tiny-opt";
+    const auto model = load_model(synth_file(type, preset));
     const auto& cfg = model->config;
     const auto tokens = prompt(40);
     ThreadPool pool(2);
@@ -176,12 +210,17 @@ TEST(SyntheticForward, ComputeHookRecomputesTheBitsThePassWrote) {
       fwd.project_kv(l, cache.x[l].data(), pos, k.data(), v.data());
       EXPECT_EQ(0, std::memcmp(k.data(), cache.k[l].data(), k.size() * sizeof(float))) << "layer " << l;
       EXPECT_EQ(0, std::memcmp(v.data(), cache.v[l].data(), v.size() * sizeof(float))) << "layer " << l;
-      // At other positions the keys differ (RoPE), the values do not.
+      // At other positions the keys differ (RoPE; OPT has none: its positions enter the layer input),
+      // the values do not.
       std::vector<int64_t> shifted(pos);
       for (auto& p : shifted) p += 5;
       std::vector<float> k2(k.size()), v2(v.size());
       fwd.project_kv(l, cache.x[l].data(), shifted, k2.data(), v2.data());
-      EXPECT_NE(k2, k) << "layer " << l;
+      if (rope) {
+        EXPECT_NE(k2, k) << "layer " << l;
+      } else {
+        EXPECT_EQ(k2, k) << "layer " << l;
+      }
       EXPECT_EQ(v2, v) << "layer " << l;
     }
   }

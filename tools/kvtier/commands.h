@@ -26,8 +26,12 @@ void add_compare(CLI::App& app, Runner& run);
 void add_plan(CLI::App& app, Runner& run);
 // Registers `kvtier policies` (KV policy presets, axes and values).
 void add_policies(CLI::App& app, Runner& run);
+// Registers `kvtier skew` (InfiniGen's skewing matrices).
+void add_skew(CLI::App& app, Runner& run);
 // Registers `kvtier serve` (OpenAI-compatible HTTP server).
 void add_serve(CLI::App& app, Runner& run);
+// Registers `kvtier profile` (KVPR's profiler: link bandwidth, projection rate; cached).
+void add_profile(CLI::App& app, Runner& run);
 // Registers `kvtier train-locret` (Locret retaining heads) and `locret-fixture` (its test model).
 void add_train_locret(CLI::App& app, Runner& run);
 void add_locret_fixture(CLI::App& app, Runner& run);

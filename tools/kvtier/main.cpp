@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   cli::add_plan(app, run);
   cli::add_policies(app, run);
   cli::add_serve(app, run);
+  cli::add_profile(app, run);
+  cli::add_skew(app, run);
   cli::add_train_locret(app, run);
   cli::add_locret_fixture(app, run);
   cli::add_locret_data(app, run);

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <random>
@@ -71,6 +72,15 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       "offloaded policies: keep the KV master copy in an unnamed file in this directory (O_DIRECT; "
       "removed at exit) instead of host memory");
   cmd->add_option("--host-mem", a.host_mem, "budget of host memory for offloaded KV, e.g. 8GiB");
+  cmd->add_option(
+         "--link-gbps", a.link_gbps,
+         "offloaded policies, a measurement aid: pace loads from the home tier to at most this many "
+         "GB/s, to reproduce a link that is slow relative to compute (the KVPR regime); 0: not paced")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--profile-cache", a.profile_cache,
+                  "kvpr --recompute auto: file of cached link and projection profiles (default: "
+                  "$KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json, else "
+                  "~/.cache/kvtier/profile.json)");
   cmd->add_option("--group", a.group, "headinfer: KV heads per offloaded unit (0: adaptive)")
       ->capture_default_str();
   cmd->add_option("--prefetch-depth", a.prefetch_depth, "offloaded policies: units loaded ahead")
@@ -107,6 +117,16 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams
   cmd->add_option("--repeat-last-n", a.p.penalty_last_n, "tokens the penalties look back (-1: all)")
       ->default_val(d.penalty_last_n);
   cmd->add_option("--seed", a.seed, "random seed (default: random; printed with --json)");
+}
+
+std::string profile_cache_path(const std::string& given) {
+  if (!given.empty()) return given;
+  if (const char* p = std::getenv("KVTIER_PROFILE_CACHE"); p != nullptr && *p != 0) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != 0)
+    return fmt::format("{}/kvtier/profile.json", x);
+  if (const char* h = std::getenv("HOME"); h != nullptr && *h != 0)
+    return fmt::format("{}/.cache/kvtier/profile.json", h);
+  return {};
 }
 
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
@@ -146,6 +166,12 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
     p.disk_faults.error = EIO;
   }
   p.copy_delay_us = a.debug_copy_delay_us;
+  p.link_bytes_per_s = a.link_gbps * 1e9;
+  if (a.link_gbps > 0 && p.placement.placement == policy::Placement::kResident)
+    fail(ErrorKind::kInvalidArgument,
+         "--link-gbps paces the home tier of offloaded policies; resident has none");
+  if (p.representation == policy::Representation::kKvpr)
+    o.profile_cache = profile_cache_path(a.profile_cache);
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
   return o;
 }
@@ -214,8 +240,10 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["copy_blocks"] = st->transfer.blocks;  // blocks the jobs named
   j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
-  j["recomputed_rows"] = st->recomputed_rows;  // kvpr: K/V rows recomputed from stored inputs
-  j["split"] = st->last_split;                 // kvpr: rows recomputed on the last unit visit
+  j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
+  j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
+  j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
+  j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
   return j;
 }
 

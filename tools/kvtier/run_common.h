@@ -33,6 +33,8 @@ struct EngineArgs {
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
   policy::PolicyKnobs knobs;  // the approximate values' tuning (--kv-budget, --sinks, ...)
+  double link_gbps = 0;       // --link-gbps: pace home-tier loads (a measurement aid)
+  std::string profile_cache;  // --profile-cache (kvpr auto); empty: the default location
   // Test hooks (hidden flags): inject a disk-tier write failure, delay every copy job.
   uint64_t debug_disk_fail_after = 0;
   uint32_t debug_copy_delay_us = 0;
@@ -53,6 +55,9 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams
 
 // Session options from the flags; `ctx_needed` is used when --ctx is not given (rounded up to a
 // block, capped by the model's training context when that is larger).
+// The KVPR profile cache: --profile-cache, else $KVTIER_PROFILE_CACHE, else
+// $XDG_CACHE_HOME/kvtier/profile.json, else $HOME/.cache/kvtier/profile.json; empty if none is set.
+std::string profile_cache_path(const std::string& given);
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed);
 // The KV policy `spec` names, --kv-type giving the representation it leaves out (a spec that names

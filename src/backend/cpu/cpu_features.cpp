@@ -1,5 +1,10 @@
 #include "backend/cpu/cpu_features.h"
 
+#include <cstring>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 namespace kvtier::cpu {
 namespace {
 
@@ -56,6 +61,25 @@ std::string_view isa_name(Isa isa) {
       return "avx512";
   }
   return "?";
+}
+
+std::string cpu_brand() {
+  std::string brand;
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned regs[12] = {};
+  unsigned max_leaf = __get_cpuid_max(0x80000000u, nullptr);
+  if (max_leaf >= 0x80000004u) {
+    for (unsigned i = 0; i < 3; ++i)
+      __get_cpuid(0x80000002u + i, &regs[4 * i], &regs[4 * i + 1], &regs[4 * i + 2], &regs[4 * i + 3]);
+    char text[sizeof(regs) + 1] = {};
+    std::memcpy(text, regs, sizeof(regs));
+    brand = text;
+  }
+#endif
+  const size_t b = brand.find_first_not_of(' ');
+  const size_t e = brand.find_last_not_of(' ');
+  if (b == std::string::npos) return "unknown";
+  return brand.substr(b, e - b + 1);
 }
 
 }  // namespace kvtier::cpu

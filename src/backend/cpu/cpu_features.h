@@ -3,6 +3,7 @@
 // called when the running CPU reports every feature its translation unit was compiled with.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 namespace kvtier::cpu {
@@ -30,5 +31,7 @@ bool isa_supported(Isa isa);
 // The widest supported path.
 Isa best_isa();
 std::string_view isa_name(Isa isa);
+// The processor's brand string (CPUID leaves 0x80000002..4, trimmed), "unknown" where there is none.
+std::string cpu_brand();
 
 }  // namespace kvtier::cpu

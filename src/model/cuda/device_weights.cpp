@@ -4,6 +4,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/weight_upload.h"
+#include "core/error.h"
 
 namespace kvtier::model_cuda {
 namespace {
@@ -82,6 +83,8 @@ uint64_t device_weight_bytes(const model::ModelConfig& cfg, const model::ModelWe
 
 DeviceWeights upload_weights(cuda::Context& ctx, const model::ModelConfig& cfg, const model::ModelWeights& w,
                              kv::MemoryLedger& ledger) {
+  if (cfg.arch == model::Arch::kOpt)
+    fail(ErrorKind::kUnsupported, "CUDA backend: architecture opt is not supported yet (CPU only)");
   DeviceWeights d;
   d.reservation =
       kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kWeights, device_weight_bytes(cfg, w));

@@ -46,6 +46,8 @@ ForwardCuda::ForwardCuda(cuda::Context& ctx, const model::ModelConfig& cfg, cons
       max_logit_rows_(max_logit_rows),
       s_(ctx.streams().compute.get()) {
   KVTIER_ASSERT(max_tokens > 0 && max_logit_rows > 0);
+  if (cfg.arch == model::Arch::kOpt)
+    fail(ErrorKind::kUnsupported, "CUDA forward: architecture opt is not supported yet (CPU only)");
   if (cfg.head_dim_k != cfg.head_dim_v) {
     fail(ErrorKind::kUnsupported, "CUDA forward: head_dim_k {} != head_dim_v {}", cfg.head_dim_k,
          cfg.head_dim_v);

@@ -31,6 +31,9 @@ model::Hparams preset_hparams(const model::Preset& p, const model::SynthOptions&
 
 DeviceWeights synth_device_weights(cuda::Context& ctx, const model::Preset& p, const model::SynthOptions& o,
                                    kv::MemoryLedger& ledger) {
+  if (model::arch_from_name(std::string(p.arch)) == model::Arch::kOpt)
+    fail(ErrorKind::kUnsupported, "preset {}: the CUDA backend has no OPT forward pass yet (CPU only)",
+         p.name);
   const std::vector<model::SynthTensor> tensors = model::synth_tensors(p, o);
   const uint32_t n_layer = o.n_layer ? o.n_layer : p.n_layer;
   uint64_t bytes = 0;

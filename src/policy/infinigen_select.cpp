@@ -1,0 +1,137 @@
+#include "policy/infinigen_select.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace kvtier::policy {
+
+void validate(const InfinigenParams& p) {
+  if (!(p.alpha > 0.0f))
+    fail(ErrorKind::kInvalidArgument, "--infinigen-alpha must be positive (got {})", p.alpha);
+  if (!(p.budget > 0.0 && p.budget <= 1.0))
+    fail(ErrorKind::kInvalidArgument, "the InfiniGen budget must be in (0, 1] (got {})", p.budget);
+  if (!(p.partial_ratio > 0.0 && p.partial_ratio <= 1.0))
+    fail(ErrorKind::kInvalidArgument, "the InfiniGen partial ratio must be in (0, 1] (got {})",
+         p.partial_ratio);
+}
+
+int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens) {
+  const int64_t base = final_tokens > 0 ? final_tokens : n_tokens;
+  const auto cap = static_cast<int64_t>(std::floor(budget * static_cast<double>(base)));
+  return std::max<int64_t>(cap, 1);
+}
+
+void speculate(const SpecInput& in, float alpha, SpecResult& out) {
+  const int64_t S = in.n_seq, H = in.n_head, Hk = in.n_head_kv, K = in.k_cols;
+  KVTIER_ASSERT(S >= 1 && Hk >= 1 && H >= Hk && H % Hk == 0 && K >= 1 && alpha > 0.0f);
+  KVTIER_ASSERT(in.pk.size() == static_cast<size_t>(S * Hk) && in.n_tokens.size() == static_cast<size_t>(S) &&
+                in.cap.size() == static_cast<size_t>(S));
+  const int64_t G = H / Hk;
+  int64_t t_max = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    KVTIER_ASSERT(in.n_tokens[s] >= 1 && in.cap[s] >= 1);
+    t_max = std::max(t_max, in.n_tokens[s]);
+  }
+  out.max.resize(static_cast<size_t>(S * Hk));
+  out.count.resize(static_cast<size_t>(S * Hk));
+  out.chosen.resize(static_cast<size_t>(S));
+  out.offset.resize(static_cast<size_t>(S * Hk + 1));
+  out.scores.resize(static_cast<size_t>(t_max));
+  out.order.resize(static_cast<size_t>(t_max));
+
+  // Scores of (s, g) into out.scores; returns their max.
+  auto group_scores = [&](int64_t s, int64_t g) {
+    const int64_t T = in.n_tokens[s];
+    const float* pk = in.pk[static_cast<size_t>(s * Hk + g)];
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < T; ++t) {
+      float best = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j < G; ++j) {
+        const float* q = in.qp + (s * H + g * G + j) * K;
+        const float* k = pk + t * K;
+        float dot = 0.0f;
+        for (int64_t c = 0; c < K; ++c) dot += q[c] * k[c];
+        best = std::max(best, in.scale * dot);
+      }
+      out.scores[static_cast<size_t>(t)] = best;
+      m = std::max(m, best);
+    }
+    return m;
+  };
+
+  // Pass 1: the per-(s,g) max and count, and the shared count.
+  int64_t total = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    for (int64_t g = 0; g < Hk; ++g) {
+      const float m = group_scores(s, g);
+      const float threshold = m - alpha;  // -inf for alpha = +inf: every row passes
+      int64_t c = 0;
+      for (int64_t t = 0; t < in.n_tokens[s]; ++t)
+        c += out.scores[static_cast<size_t>(t)] > threshold ? 1 : 0;
+      out.max[static_cast<size_t>(s * Hk + g)] = m;
+      out.count[static_cast<size_t>(s * Hk + g)] = c;
+      total += c;
+    }
+  }
+  // c >= 1 whenever m - alpha < m; a margin below the float spacing of m could give 0: keep one row.
+  out.n_sel = std::max<int64_t>(total / (S * Hk), 1);
+  int64_t n_idx = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t T = in.n_tokens[s];
+    out.chosen[static_cast<size_t>(s)] = T <= in.cap[s] ? T : std::min({out.n_sel, in.cap[s], T});
+    n_idx += out.chosen[static_cast<size_t>(s)] * Hk;
+  }
+  out.idx.resize(static_cast<size_t>(n_idx));
+
+  // Pass 2: the top rows of each (s,g) (scores recomputed: the same bits, no [S, Hk, T] buffer).
+  int64_t at = 0;
+  for (int64_t s = 0; s < S; ++s) {
+    const int64_t T = in.n_tokens[s];
+    const int64_t n = out.chosen[static_cast<size_t>(s)];
+    for (int64_t g = 0; g < Hk; ++g) {
+      out.offset[static_cast<size_t>(s * Hk + g)] = at;
+      int32_t* dst = out.idx.data() + at;
+      at += n;
+      if (n == T) {
+        for (int64_t t = 0; t < T; ++t) dst[t] = static_cast<int32_t>(t);
+        continue;
+      }
+      group_scores(s, g);
+      int32_t* ord = out.order.data();
+      for (int64_t t = 0; t < T; ++t) ord[t] = static_cast<int32_t>(t);
+      const float* sc = out.scores.data();
+      std::nth_element(ord, ord + n, ord + T,
+                       [sc](int32_t a, int32_t b) { return sc[a] > sc[b] || (sc[a] == sc[b] && a < b); });
+      std::copy(ord, ord + n, dst);
+      std::sort(dst, dst + n);
+    }
+  }
+  out.offset[static_cast<size_t>(S * Hk)] = at;
+}
+
+void partial_rows(const float* x, int64_t n, int64_t d, const float* b, int64_t k, float* out) {
+  for (int64_t r = 0; r < n; ++r) {
+    float* o = out + r * k;
+    std::fill(o, o + k, 0.0f);
+    for (int64_t i = 0; i < d; ++i) {
+      const float xi = x[r * d + i];
+      const float* bi = b + i * k;
+      for (int64_t c = 0; c < k; ++c) o[c] += xi * bi[c];
+    }
+  }
+}
+
+std::vector<float> partial_matrix(const float* a, int64_t d, std::span<const int32_t> cols) {
+  const auto k = static_cast<int64_t>(cols.size());
+  std::vector<float> b(static_cast<size_t>(d * k));
+  for (int64_t i = 0; i < d; ++i)
+    for (int64_t c = 0; c < k; ++c) {
+      KVTIER_ASSERT(cols[c] >= 0 && cols[c] < d);
+      b[static_cast<size_t>(i * k + c)] = a[i * d + cols[c]];
+    }
+  return b;
+}
+
+}  // namespace kvtier::policy

@@ -1,0 +1,65 @@
+// InfiniGen's bounded KV pool (spec infinigen.md §8, §15.13), pure decisions: the slots of one
+// (layer, sequence, KV head) pool of a fixed capacity, which slot a new token takes, and the use
+// counts that choose victims. The kv layer moves the bytes: a token's K, V and partial-key rows all
+// go to the slot insert() returns.
+//
+//   Counter (the paper's default): each fetch adds 1 to the slot's uint8 counter; when a counter at
+//           255 is fetched again, every counter of the pool is halved first. Victim: the smallest
+//           counter.
+//   FIFO:   victim: the oldest token (smallest position).
+//   LRU:    victim: the slot fetched least recently (a new token counts as used at its insert step).
+// Victims come from the older half only (position < new position / 2, as [R]), so a fresh token
+// with a zero count is not evicted at once; when no slot is that old, from all slots. Ties go to the
+// lowest slot.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace kvtier::policy {
+
+enum class PoolEviction { kCounter, kFifo, kLru };
+
+std::string_view pool_eviction_name(PoolEviction e);
+// Throws Error(kInvalidArgument) listing the known names.
+PoolEviction parse_pool_eviction(std::string_view name);
+
+// Slots per (layer, sequence, KV head) for a limit of `limit_bytes` of KV over n_layer layers,
+// n_seq sequences and n_head_kv heads of K and V rows of row_bytes each (§15.14); 0 when none fit.
+int64_t pool_slots(uint64_t limit_bytes, int64_t n_layer, int64_t n_seq, int64_t n_head_kv,
+                   uint64_t row_bytes);
+
+class PoolSlots {
+ public:
+  PoolSlots(int64_t capacity, PoolEviction eviction);
+
+  struct Insert {
+    int32_t slot = 0;
+    int64_t evicted = -1;  // the position whose rows the slot held, -1 for a free slot
+  };
+  // The slot for the token at `position` (positions increase), inserted at decode step `step`.
+  Insert insert(int64_t position, int64_t step);
+  // The slots fetched at `step` (distinct): counters and last use.
+  void touch(std::span<const int32_t> slots, int64_t step);
+
+  int64_t capacity() const { return capacity_; }
+  int64_t live() const { return live_; }
+  int64_t evictions() const { return evictions_; }
+  int64_t position(int32_t slot) const { return pos_[static_cast<size_t>(slot)]; }
+  uint8_t counter(int32_t slot) const { return counter_[static_cast<size_t>(slot)]; }
+
+ private:
+  int32_t victim(int64_t position) const;
+
+  int64_t capacity_;
+  PoolEviction eviction_;
+  int64_t live_ = 0;
+  int64_t evictions_ = 0;
+  std::vector<int64_t> pos_;        // [capacity] position of each slot's token
+  std::vector<uint8_t> counter_;    // [capacity] Counter
+  std::vector<int64_t> last_used_;  // [capacity] LRU: step of the last fetch (or insert)
+};
+
+}  // namespace kvtier::policy
