@@ -53,6 +53,7 @@ void transpose(const T* src, int64_t rows, int64_t cols, T* dst) {
 template <typename T>
 T activate(HeadActivation act, T z) {
   if (act == HeadActivation::kSilu) return z / (T(1) + std::exp(-z));
+  if (act == HeadActivation::kRelu) return z > T(0) ? z : T(0);
   const T c = T(0.7978845608028654);  // sqrt(2 / pi)
   return T(0.5) * z * (T(1) + std::tanh(c * (z + T(0.044715) * z * z * z)));
 }
@@ -63,6 +64,7 @@ T activate_grad(HeadActivation act, T z) {
     const T s = T(1) / (T(1) + std::exp(-z));
     return s * (T(1) + z * (T(1) - s));
   }
+  if (act == HeadActivation::kRelu) return z > T(0) ? T(1) : T(0);
   const T c = T(0.7978845608028654);
   const T th = std::tanh(c * (z + T(0.044715) * z * z * z));
   return T(0.5) * (T(1) + th) + T(0.5) * z * (T(1) - th * th) * c * (T(1) + T(3 * 0.044715) * z * z);

@@ -7,13 +7,23 @@
 namespace kvtier::locret {
 
 const char* activation_name(HeadActivation a) {
-  return a == HeadActivation::kSilu ? "silu" : "gelu_tanh";
+  switch (a) {
+    case HeadActivation::kSilu:
+      return "silu";
+    case HeadActivation::kGeluTanh:
+      return "gelu_tanh";
+    case HeadActivation::kRelu:
+      return "relu";
+  }
+  return "?";
 }
 
 HeadActivation activation_from_name(const char* name) {
   if (std::strcmp(name, "silu") == 0) return HeadActivation::kSilu;
   if (std::strcmp(name, "gelu_tanh") == 0) return HeadActivation::kGeluTanh;
-  fail(ErrorKind::kInvalidFile, "unknown retaining-head activation '{}' (expected silu or gelu_tanh)", name);
+  if (std::strcmp(name, "relu") == 0) return HeadActivation::kRelu;
+  fail(ErrorKind::kInvalidFile, "unknown retaining-head activation '{}' (expected silu, gelu_tanh or relu)",
+       name);
 }
 
 uint64_t HeadShapes::parameters(uint32_t l) const {
@@ -32,7 +42,17 @@ HeadShapes head_shapes(const model::ModelConfig& cfg, int64_t d_m) {
     fail(ErrorKind::kInvalidArgument, "retaining-head intermediate size must be positive, not {}", d_m);
   HeadShapes s;
   s.d_m = d_m;
-  s.act = cfg.act == model::FfnActivation::kSilu ? HeadActivation::kSilu : HeadActivation::kGeluTanh;
+  switch (cfg.act) {
+    case model::FfnActivation::kSilu:
+      s.act = HeadActivation::kSilu;
+      break;
+    case model::FfnActivation::kGeluTanh:
+      s.act = HeadActivation::kGeluTanh;
+      break;
+    case model::FfnActivation::kRelu:
+      s.act = HeadActivation::kRelu;
+      break;
+  }
   for (const auto& l : cfg.layers) {
     s.layers.push_back({cfg.n_head, l.n_head_kv, cfg.head_dim_k, cfg.head_dim_v});
   }

@@ -16,10 +16,10 @@
 
 namespace kvtier::locret {
 
-enum class HeadActivation { kSilu, kGeluTanh };
+enum class HeadActivation { kSilu, kGeluTanh, kRelu };
 
 const char* activation_name(HeadActivation a);
-// Throws Error(kInvalidFile) for an unknown name.
+// silu | gelu_tanh | relu. Throws Error(kInvalidFile) for an unknown name.
 HeadActivation activation_from_name(const char* name);
 
 struct LayerShape {

@@ -93,7 +93,8 @@ TEST_P(LocretGradCheck, HeadAndLossAgainstFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Activations, LocretGradCheck,
-                         ::testing::Values(HeadActivation::kSilu, HeadActivation::kGeluTanh));
+                         ::testing::Values(HeadActivation::kSilu, HeadActivation::kGeluTanh,
+                                           HeadActivation::kRelu));
 
 TEST(LocretLoss, FloatGradientsMatchDouble) {
   // The f32 path (cpu::matmul GEMMs) the trainer runs gives the fp64 gradients to f32 precision.
