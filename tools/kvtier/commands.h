@@ -32,5 +32,9 @@ void add_skew(CLI::App& app, Runner& run);
 void add_serve(CLI::App& app, Runner& run);
 // Registers `kvtier profile` (KVPR's profiler: link bandwidth, projection rate; cached).
 void add_profile(CLI::App& app, Runner& run);
+// Registers `kvtier train-locret` (Locret retaining heads) and `locret-fixture` (its test model).
+void add_train_locret(CLI::App& app, Runner& run);
+void add_locret_fixture(CLI::App& app, Runner& run);
+void add_locret_data(CLI::App& app, Runner& run);
 
 }  // namespace kvtier::cli

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   cli::add_serve(app, run);
   cli::add_profile(app, run);
   cli::add_skew(app, run);
+  cli::add_train_locret(app, run);
+  cli::add_locret_fixture(app, run);
+  cli::add_locret_data(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
