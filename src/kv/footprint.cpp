@@ -293,10 +293,12 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.head_region_bytes(l) + t.home_pages[l] * t.xpage_bytes;
   }
   // A job reads or writes at most the pages of one sequence's layer, one extent per page and plane
-  // (KIVI: its f16 and its quantised pages).
+  // (KIVI: its f16 and its quantised pages; kvpr: its inputs' pages, and a load one more extent for
+  // the I/O page of inputs around the rows the visit will store).
   t.max_copies =
       static_cast<uint32_t>(((t.kivi.bits == 0 ? 2ull : 3ull) * t.h_max + (t.xpage_bytes != 0 ? 1 : 0)) *
-                            static_cast<uint64_t>(most_blocks));
+                                static_cast<uint64_t>(most_blocks) +
+                            (t.xpage_bytes != 0 ? 1 : 0));  // kvpr: the inputs' page around the new rows
   uint64_t free_list = 0;
   for (uint32_t p : t.home_pages) free_list += uint64_t{p} * sizeof(uint32_t);
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);

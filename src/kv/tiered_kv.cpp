@@ -582,6 +582,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
 
 void TieredKv::end_pass() {
   pass_.end();
+  if (kvpr()) pass_splits_.push_back(last_split_);
   for (const SeqPass& sp : pass_.seqs()) {
     const SeqId seq = sp.seq;
     const int64_t end = sp.pos0 + sp.n;
@@ -702,6 +703,7 @@ TieredStats TieredKv::stats() const {
   s.sync_loads = sync_loads_;
   s.recomputed_rows = recomputed_rows_;
   s.last_split = last_split_;
+  s.pass_splits = pass_splits_;
   s.payload_x_bytes = payload_x_bytes_;
   s.payload_kv_bytes = payload_kv_bytes_;
   s.home = home_->describe();

@@ -42,9 +42,10 @@ struct TieredStats {
   TransferStats transfer;
   uint32_t group = 0;  // g of the last pass
   uint64_t passes = 0;
-  uint64_t sync_loads = 0;       // loads that were not prefetched (first visit, group change, truncate)
-  uint64_t recomputed_rows = 0;  // kvpr: K/V rows (per unit visit, all its heads) recomputed from inputs
-  int64_t last_split = 0;        // kvpr: rows recomputed on the last unit visit
+  uint64_t sync_loads = 0;           // loads that were not prefetched (first visit, group change, truncate)
+  uint64_t recomputed_rows = 0;      // kvpr: K/V rows (per unit visit, all its heads) recomputed from inputs
+  int64_t last_split = 0;            // kvpr: rows recomputed on the last unit visit
+  std::vector<int64_t> pass_splits;  // kvpr: of each pass, the rows its last unit visit recomputed
   // The bytes the unit visits used from their loads (rows, not page-rounded I/O; spec kvpr C4):
   uint64_t payload_x_bytes = 0;   // kvpr: stored inputs of the recomputed rows
   uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
@@ -233,6 +234,7 @@ class TieredKv final : public KvCache {
   uint64_t sync_loads_ = 0;
   uint64_t recomputed_rows_ = 0;
   int64_t last_split_ = 0;
+  std::vector<int64_t> pass_splits_;  // [passes] (kvpr)
   // kvpr auto: the compute between two decode unit visits besides waiting and recomputing (seconds, a
   // moving average): the transfer it hides needs no recompute (policy::KvprSchedule::kPipelined's W).
   bool time_visits() const { return kvpr() && opt_.knobs.recompute < 0; }

@@ -28,7 +28,16 @@ int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows)
   if (!kvpr()) return 0;
   const int64_t visible = rows - first;
   if (opt_.knobs.recompute >= 0) return std::min(opt_.knobs.recompute, visible);  // forced
-  if (opt_.kvpr_link_bytes_per_s <= 0 || opt_.kvpr_tokens_per_s <= 0) return 0;   // not profiled
+  if (opt_.knobs.recompute == policy::PolicyKnobs::kRecomputeRandom) {
+    // Tests: a split in [0, visible] that changes from visit to visit (a hash of the visit's unit and
+    // length, so that a run is reproducible).
+    uint64_t h = (uint64_t{u.layer} << 40) ^ (uint64_t{u.head0} << 32) ^ static_cast<uint64_t>(rows);
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdULL;
+    h ^= h >> 33;
+    return static_cast<int64_t>(h % static_cast<uint64_t>(visible + 1));
+  }
+  if (opt_.kvpr_link_bytes_per_s <= 0 || opt_.kvpr_tokens_per_s <= 0) return 0;  // not profiled
   // The scheduler (policy/kvpr_schedule.h) for this unit: its heads' share of the layer's projection,
   // its heads' K/V rows and the layer's input row over the link, in the prefetch pipeline.
   policy::KvprCosts c;

@@ -177,8 +177,9 @@ void check_knobs(const KvPolicy& p) {
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);
   if (p.selection == Selection::kQuest && k.quest_page < 1)
     fail(ErrorKind::kInvalidArgument, "--quest-page {}: must be >= 1", k.quest_page);
-  if (p.representation == Representation::kKvpr && k.recompute < -1)
-    fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto or a number of positions >= 0", k.recompute);
+  if (p.representation == Representation::kKvpr && k.recompute < PolicyKnobs::kRecomputeRandom)
+    fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto, random or a number of positions >= 0",
+         k.recompute);
   if (p.representation == Representation::kKivi4 || p.representation == Representation::kKivi2) {
     if (k.kivi_group < 1) fail(ErrorKind::kInvalidArgument, "--kivi-group {}: must be >= 1", k.kivi_group);
     if (k.kivi_residual < 0)

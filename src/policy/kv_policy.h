@@ -52,8 +52,11 @@ struct PolicyKnobs {
   int64_t quest_page = 16;      // --quest-page: tokens per Quest page
   int64_t kivi_group = 32;      // --kivi-group: tokens per key-quantisation group (per channel)
   int64_t kivi_residual = 128;  // --kivi-residual: recent tokens kept in full precision
-  int64_t recompute = -1;       // --recompute: kvpr's prefix of recomputed positions (-1: auto, the
-                                // scheduler's split; N: min(N, positions) on every visit)
+  // --recompute: kvpr's prefix of recomputed positions (kRecomputeAuto: the scheduler's split;
+  // kRecomputeRandom: a pseudo-random split per visit, for tests; N >= 0: min(N, positions))
+  static constexpr int64_t kRecomputeAuto = -1;
+  static constexpr int64_t kRecomputeRandom = -2;
+  int64_t recompute = kRecomputeAuto;
   bool operator==(const PolicyKnobs&) const = default;
 };
 

@@ -121,10 +121,13 @@ def kvpr_configs(n_kv_heads):
     """kvpr (exact): forced splits of none, one, a prefix inside the first block, a prefix that crosses
     a block boundary on the longer prompts (300 > 256-token blocks) and all positions; on layer and on
     headinfer (one head per unit, and with a static head), and with sliding retention (Gemma-3's
-    sliding layers free their first blocks: the split counts from the first visible row)."""
+    sliding layers free their first blocks: the split counts from the first visible row); and a
+    pseudo-random split on every visit (`--recompute random`)."""
     assert "kvpr" in exact_values("representation")
     out = [(["--kv-policy", "layer+kvpr", "--recompute", str(n)], True) for n in (0, 1, 100, 300, 1000000)]
     out.append((["--kv-policy", "headinfer+kvpr", "--group", "1", "--recompute", "300"], True))
+    out.append((["--kv-policy", "layer+kvpr", "--recompute", "random"], True))
+    out.append((["--kv-policy", "headinfer+kvpr", "--group", "1", "--recompute", "random"], True))
     if n_kv_heads > 1:
         out.append((["--kv-policy", "headinfer+kvpr", "--group", "1", "--static-heads", "1", "--recompute", "77"],
                     True))

@@ -67,6 +67,8 @@ def test_decode_bytes_follow_the_c4_formula(recompute):
     assert kv["payload_x_bytes"] == want_x, kv
     assert kv["payload_kv_bytes"] == want_kv, kv
     assert kv["split"] == min(recompute, n_prompt + n_steps - 1)
+    # the split of every pass: the prefill (no past) and each decode step
+    assert kv["splits"] == [0] + [min(recompute, n_prompt + i) for i in range(n_steps)], kv["splits"]
     assert kv["recomputed_rows"] == sum(len(x_row) * min(recompute, n_prompt + i) for i in range(n_steps))
 
 

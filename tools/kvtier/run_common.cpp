@@ -37,10 +37,12 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
   cmd->add_option("--kivi-residual", knobs.kivi_residual,
                   "kivi4, kivi2: recent tokens kept in full precision")
       ->default_val(k.kivi_residual);
-  cmd->add_option("--recompute", knobs.recompute,
-                  "kvpr: positions whose K/V are recomputed from stored inputs on each visit: auto (the "
-                  "scheduler's split) or N (min(N, positions); forces the split, for tests and sweeps)")
-      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}))
+  cmd->add_option(
+         "--recompute", knobs.recompute,
+         "kvpr: positions whose K/V are recomputed from stored inputs on each visit: auto (the "
+         "scheduler's split), N (min(N, positions): forces the split, for tests and sweeps) or random "
+         "(a pseudo-random split on every visit, for tests)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}, {"random", "-2"}}))
       ->default_str("auto");
 }
 
@@ -243,6 +245,7 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["sync_loads"] = st->sync_loads;
   j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
   j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
+  j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)
   j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
   j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
   return j;
