@@ -97,7 +97,7 @@ TEST(KvPolicy, KvprIsAPresetAloneAndARepresentationInACombination) {
   EXPECT_EQ(hi.spec(), "headinfer+kvpr");
   EXPECT_THROW((void)parse_kv_policy("kvpr+kivi4"), Error);  // two representations
   KvPolicy bad = alone;
-  bad.knobs.recompute = -2;
+  bad.knobs.recompute = -3;  // -1 auto, -2 random
   EXPECT_THROW(check_knobs(bad), Error);
 }
 
