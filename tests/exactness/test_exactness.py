@@ -118,13 +118,13 @@ def configs(n_kv_heads):
 
 
 def kvpr_configs(n_kv_heads):
-    """kvpr (exact): forced splits of none, one, a prefix inside the first block, a prefix that crosses
+    """kvpr (exact): forced splits of none, a prefix inside the first block, a prefix that crosses
     a block boundary on the longer prompts (300 > 256-token blocks) and all positions; on layer and on
     headinfer (one head per unit, and with a static head), and with sliding retention (Gemma-3's
     sliding layers free their first blocks: the split counts from the first visible row); and a
     pseudo-random split on every visit (`--recompute random`)."""
     assert "kvpr" in exact_values("representation")
-    out = [(["--kv-policy", "layer+kvpr", "--recompute", str(n)], True) for n in (0, 1, 100, 300, 1000000)]
+    out = [(["--kv-policy", "layer+kvpr", "--recompute", str(n)], True) for n in (0, 100, 300, 1000000)]
     out.append((["--kv-policy", "headinfer+kvpr", "--group", "1", "--recompute", "300"], True))
     out.append((["--kv-policy", "layer+kvpr", "--recompute", "random"], True))
     out.append((["--kv-policy", "headinfer+kvpr", "--group", "1", "--recompute", "random"], True))
@@ -150,11 +150,16 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
         ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
         assert ref_logits.shape[0] > 2 * chunk  # logits at every position of a prompt of several chunks
         for cfg, offloaded in configs(n_kv_heads):
+            # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
+            kvpr = "kvpr" in cfg[1]
+            if kvpr and chunk != CHUNKS[-1]:
+                continue
             budgets = [("unlimited", [])]
             if offloaded:
                 small = smallest_kv_mem(mdl, chunk, cfg)
-                budgets += [("smallest", ["--kv-mem", str(small)]),
-                            ("smallest+disk", ["--kv-mem", str(small), "--kv-disk", str(disk)])]
+                if not kvpr:
+                    budgets.append(("smallest", ["--kv-mem", str(small)]))
+                budgets.append(("smallest+disk", ["--kv-mem", str(small), "--kv-disk", str(disk)]))
             for budget, extra in budgets:
                 tag = f"{'_'.join(cfg)}_{budget}_{chunk}".replace("-", "")
                 tokens, logits = generate(tmp_path, mdl, chunk, cfg + extra, tag, prompt)
