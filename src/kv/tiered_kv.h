@@ -13,6 +13,9 @@
 // the store that read it; the FIFO transfer engine orders both. Every job pins its home blocks
 // (block_tokens rows of one head's K or V) and its staging buffer until it completes: truncate()
 // waits for the pins to drop, and the compute never writes into a pinned buffer (asserted).
+// With kvpr (tiered_kv_kvpr.cpp) a load carries the stored inputs of a prefix of rows instead of their
+// K/V; step 1 then recomputes them (the rows the store of step 3 writes back first, the rest after
+// step 4, into bytes no transfer touches, while the next load runs).
 // Buffer sizes come from tiered_layout() (kv/footprint.h), which planners use too. Attention sees the same
 // bytes at the same positions as the resident placement, tiled identically: outputs are bit-identical.
 #pragma once

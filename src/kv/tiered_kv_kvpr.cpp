@@ -47,7 +47,18 @@ int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows)
   c.v_com_x = c.v_com_kv = opt_.kvpr_link_bytes_per_s;
   c.v_gpu = opt_.kvpr_tokens_per_s;
   c.hidden_s = hidden_s_;
-  return policy::kvpr_split(c, policy::KvprSchedule::kPipelined, visible, visible);
+  // Recomputing even one row reads the unit's rows of W_K and W_V once: a fixed cost the linear model
+  // leaves out. On both default models and the 7B shapes it is about one row's projection (a decode
+  // matvec is bound by reading those weights); counted as two rows, a split is taken only when it
+  // beats l = 0 with that cost added.
+  const double fixed_s = 2 * c.recompute_flops / c.v_gpu;
+  policy::KvprCosts cf = c;
+  cf.hidden_s += fixed_s;
+  const int64_t l = policy::kvpr_split(cf, policy::KvprSchedule::kPipelined, visible, visible);
+  if (l == 0) return 0;
+  const double t_l = policy::kvpr_step_time(cf, policy::KvprSchedule::kPipelined, visible, l).total;
+  const double t_0 = policy::kvpr_step_time(c, policy::KvprSchedule::kPipelined, visible, 0).total;
+  return t_l < t_0 ? l : 0;
 }
 
 uint64_t TieredKv::xpage_offset(uint32_t layer, uint32_t page) const {
