@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "kv/home_store.h"
 #include "policy/kv_policy.h"
 #include "policy/placement.h"
+#include "skew/skew_file.h"
 
 namespace kvtier::kv {
 
@@ -34,6 +36,9 @@ struct KvOptions {
   // (tokens/s) the split-point scheduler weighs; 0 = not profiled (auto then recomputes nothing).
   double kvpr_link_bytes_per_s = 0;
   double kvpr_tokens_per_s = 0;
+  // selection infinigen: the model's skew file (runtime::load_skew_for); planners may leave it null and
+  // then predict the partial keys with floor(0.3 · head_dim) columns.
+  std::shared_ptr<const skew::SkewSet> skew;
 };
 using TieredOptions = KvOptions;
 
@@ -110,6 +115,12 @@ struct TieredLayout {
   uint64_t copy_list_bytes = 0;   // the transfer jobs' extent lists (host)
   uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
   uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
+  // infinigen (tiered_kv_infinigen.cpp): the partial key cache (compute-local KV), and the scratch of the
+  // look-ahead and of the attention over the chosen rows (compact planes of a unit).
+  int64_t ig_cols = 0;       // partial columns per head (0: not infinigen)
+  int64_t ig_rows = 0;       // rows a compact plane holds: the cap over the context, plus the new token
+  uint64_t ig_pk_bytes = 0;  // PartialKeys::bytes
+  uint64_t ig_scratch_bytes = 0;
 };
 // The planes of one staging buffer of `buffer_bytes` for units of `group` KV heads: head h's K and V
 // rows (f16 planes of `pitch` bytes, `rows` rows of the larger of a K and a V row) at

@@ -30,8 +30,9 @@ enum class Representation {
 };
 
 enum class Selection {
-  kAll,    // every stored token (sliding windows are applied by the attention mask)
-  kQuest,  // Quest: per-page key bounds, each head attends its top pages within --kv-budget
+  kAll,        // every stored token (sliding windows are applied by the attention mask)
+  kQuest,      // Quest: per-page key bounds, each head attends its top pages within --kv-budget
+  kInfinigen,  // InfiniGen: rows speculated one layer ahead from skewed partial q/k (offloaded placements)
 };
 
 enum class Retention {
@@ -57,6 +58,9 @@ struct PolicyKnobs {
   static constexpr int64_t kRecomputeAuto = -1;
   static constexpr int64_t kRecomputeRandom = -2;
   int64_t recompute = kRecomputeAuto;
+  double infinigen_alpha =
+      5.0;  // --infinigen-alpha: threshold margin (scaled logits; the paper's Llama value)
+  double infinigen_budget = 0.2;  // --infinigen-budget: cap on the rows fetched per KV head, share of T
   bool operator==(const PolicyKnobs&) const = default;
 };
 

@@ -68,12 +68,17 @@ def exact_values(axis):
 # to the same placement without them (the degenerate cases). Every approximate value the engine lists
 # needs an entry (test_every_approximate_value_has_a_degenerate_row).
 # value -> (knobs, the placements it runs on; None: every exact placement)
+SKEW = "@SKEW@"  # replaced by the model's skew file (skew_for)
 DEGENERATE = {
     "streaming": (["--sinks", "4", "--window", "1024"], None),  # the window covers --ctx
     "h2o": (["--kv-budget", "1024"], ["resident"]),  # the budget covers --ctx
     "quest": (["--kv-budget", "1024"], ["resident"]),  # every page selected
     "kivi4": (["--kivi-residual", "1024"], None),  # the residual window covers --ctx: nothing quantised
     "kivi2": (["--kivi-residual", "1024"], None),
+    # every row above the threshold and no cap: each decode step still speculates and loads the chosen
+    # rows one by one (selective loads), then attends them as the placement does; SKEW: the model's skew
+    # file, made per model by check_model
+    "infinigen": (["--infinigen-alpha", "inf", "--infinigen-budget", "1", "--skew", SKEW], ["layer", "headinfer"]),
 }
 
 
@@ -146,6 +151,14 @@ def synthetic_mha(tmp_path_factory):
     return path
 
 
+def skew_for(tmp_path, mdl):
+    """The model's skew file for infinigen (a short sample: the degenerate rows select every row anyway)."""
+    path = tmp_path / "model.skew.gguf"
+    if not path.exists():
+        run("skew", "-m", mdl, "-o", path, "--tokens", 96, "-t", 2)
+    return str(path)
+
+
 def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
     disk = tmp_path / "kvdisk"
     disk.mkdir()
@@ -153,7 +166,8 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
     for chunk in CHUNKS:
         ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
         assert len(ref_logits) > 2 * chunk  # logits at every position of a prompt of several chunks
-        for cfg, offloaded in configs(n_kv_heads):
+        for named, offloaded in configs(n_kv_heads):
+            cfg = [skew_for(tmp_path, mdl) if c == SKEW else c for c in named]
             # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
             kvpr = "kvpr" in cfg[1]
             if kvpr and chunk != CHUNKS[-1]:
@@ -165,7 +179,7 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
                     budgets.append(("smallest", ["--kv-mem", str(small)]))
                 budgets.append(("smallest+disk", ["--kv-mem", str(small), "--kv-disk", str(disk)]))
             for budget, extra in budgets:
-                tag = f"{'_'.join(cfg)}_{budget}_{chunk}".replace("-", "")
+                tag = f"{'_'.join(named)}_{budget}_{chunk}".replace("-", "").replace("@", "")
                 tokens, logits = generate(tmp_path, mdl, chunk, cfg + extra, tag, prompt)
                 what = f"{mdl.name} chunk={chunk} {' '.join(cfg)} budget={budget}"
                 assert tokens == ref_tokens, what
