@@ -4,12 +4,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/kv_quant.h"
 #include "kv/geometry.h"
 #include "kv/home_store.h"
+#include "kv/unit_scorer.h"
 #include "policy/kv_policy.h"
 #include "policy/placement.h"
 
@@ -34,6 +36,8 @@ struct KvOptions {
   // (tokens/s) the split-point scheduler weighs; 0 = not profiled (auto then recomputes nothing).
   double kvpr_link_bytes_per_s = 0;
   double kvpr_tokens_per_s = 0;
+  // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
+  std::shared_ptr<UnitScorer> scorer;
 };
 using TieredOptions = KvOptions;
 

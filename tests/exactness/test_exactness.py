@@ -70,7 +70,19 @@ DEGENERATE = {
     "quest": (["--kv-budget", "1024"], ["resident"]),  # every page selected
     "kivi4": (["--kivi-residual", "1024"], None),  # the residual window covers --ctx: nothing quantised
     "kivi2": (["--kivi-residual", "1024"], None),
+    # the budget covers --ctx: nothing is evicted, whatever the (untrained) heads score
+    "locret": (["--kv-budget", "1024", "--locret-heads", "{locret_heads}"], ["resident"]),
 }
+
+
+def with_model_files(cfg, mdl, tmp):
+    """Fills in the per-model files a row names: {locret_heads} is untrained heads for this model."""
+    if "{locret_heads}" not in cfg:
+        return cfg
+    heads = tmp / f"{mdl.stem}.locret.gguf"
+    if not heads.exists():
+        run("train-locret", "-m", mdl, "-o", heads, "--steps", 0, "--d-m", 16)
+    return [str(heads) if c == "{locret_heads}" else c for c in cfg]
 
 
 @functools.lru_cache(maxsize=None)
@@ -150,6 +162,7 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
         ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
         assert ref_logits.shape[0] > 2 * chunk  # logits at every position of a prompt of several chunks
         for cfg, offloaded in configs(n_kv_heads):
+            cfg = with_model_files(cfg, mdl, tmp_path)
             # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
             kvpr = "kvpr" in cfg[1]
             if kvpr and chunk != CHUNKS[-1]:
