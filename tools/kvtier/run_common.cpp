@@ -23,7 +23,8 @@ namespace kvtier::cli {
 void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
   const policy::PolicyKnobs k;
   cmd->add_option("--kv-budget", knobs.budget,
-                  "h2o, quest: KV tokens per sequence and layer kept (h2o) or attended (quest); streaming: "
+                  "h2o, quest, locret: KV tokens per sequence and layer kept (h2o; locret: per KV head) or "
+                  "attended (quest); streaming: "
                   "sinks + window when --window is not given")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sinks", knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
