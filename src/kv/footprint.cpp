@@ -1,6 +1,7 @@
 #include "kv/footprint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/error.h"
@@ -305,6 +306,30 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
   t.table_bytes =
       BlockTable::bytes(o.max_seqs, groups, t.max_blocks) * (t.kivi.bits == 0 ? 1 : 2) + free_list;
+  if (o.selection == policy::Selection::kInfinigen) {
+    // Partial keys: per (sequence, layer, KV head) a row of ig_cols f32 per position (PartialKeys).
+    t.ig_cols = o.skew ? int64_t{o.skew->partial_columns}
+                       : static_cast<int64_t>(std::floor(0.3 * static_cast<double>(geo.head_dim_k)));
+    t.ig_pk_bytes = uint64_t{o.max_seqs} * t.n_heads_total * static_cast<uint64_t>(capacity) *
+                    static_cast<uint64_t>(t.ig_cols) * sizeof(float);
+    // A decode step attends at most the cap's rows per KV head, plus its own.
+    const auto cap =
+        static_cast<int64_t>(std::floor(o.knobs.infinigen_budget * static_cast<double>(capacity)));
+    t.ig_rows = std::min(capacity, std::max<int64_t>(cap, 1)) + 1;
+    const uint64_t compact = 2ull * t.h_max * round_up(static_cast<uint64_t>(t.ig_rows) * row_max, 64);
+    // The look-ahead's queries and partial queries of a batch, the chosen rows, the scores of one head,
+    // one page of keys per head (the partial keys of a prompt are built from the home tier's keys).
+    const uint64_t n_head_all = uint64_t{o.max_seqs} * n_head;
+    const uint64_t look = n_head_all * (geo.head_dim_k + static_cast<uint64_t>(t.ig_cols)) * sizeof(float);
+    const uint64_t chosen =
+        uint64_t{o.max_seqs} * t.h_max * static_cast<uint64_t>(t.ig_rows) * sizeof(int32_t);
+    const uint64_t scores = static_cast<uint64_t>(capacity) * (sizeof(float) + sizeof(int32_t));
+    const uint64_t keys = uint64_t{geo.block_tokens} * t.h_max * geo.head_dim_k * (esz + sizeof(float));
+    t.ig_scratch_bytes = compact + look + chosen + scores + keys;
+    // A selective load moves one extent per chosen row and plane, and the I/O pages of the rows the
+    // visit's store writes back.
+    t.max_copies += static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(t.ig_rows + 2));
+  }
   t.queue_slots = 4 * t.n_buffers + 4;
   t.copy_list_bytes = uint64_t{t.queue_slots + 1} * t.max_copies * sizeof(BlockCopy);
   // Pin granularity: every page boundary of either plane is a multiple of it.
@@ -322,6 +347,8 @@ uint32_t kv_needs(const KvOptions& o) {
                        ? kNeedPreRope
                        : kNeedNone;
   if (o.representation == policy::Representation::kKvpr) needs |= kNeedLayerInput;
+  // infinigen: layer l-1's normed input is the look-ahead's input for layer l (write(l - 1) gets it).
+  if (o.selection == policy::Selection::kInfinigen) needs |= kNeedLayerInput;
   return needs;
 }
 
@@ -361,6 +388,22 @@ void check_placement_options(const TieredOptions& o) {
       o.retention != policy::Retention::kSliding) {
     fail(ErrorKind::kInvalidArgument,
          "quest selects among every stored token: combine it with retention none or sliding");
+  }
+  if (o.selection == policy::Selection::kInfinigen) {
+    if (o.placement.placement == policy::Placement::kResident) {
+      fail(ErrorKind::kInvalidArgument,
+           "infinigen selects which rows an offloaded placement loads: use --kv-policy infinigen "
+           "(layer+infinigen) or headinfer+infinigen, not resident+infinigen");
+    }
+    if (o.representation != policy::Representation::kF16 &&
+        o.representation != policy::Representation::kF32) {
+      fail(ErrorKind::kInvalidArgument, "infinigen gathers f16 or f32 rows, not {}",
+           policy::representation_name(o.representation));
+    }
+    if (o.retention != policy::Retention::kNone && o.retention != policy::Retention::kSliding) {
+      fail(ErrorKind::kInvalidArgument, "infinigen combines with retention none or sliding, not {}",
+           policy::retention_name(o.retention));
+    }
   }
   if (o.retention == policy::Retention::kLocret && (o.placement.placement != policy::Placement::kResident ||
                                                     kivi || o.selection != policy::Selection::kAll)) {
@@ -437,9 +480,9 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
     return f;
   }
   const TieredLayout t = tiered_layout(geo, capacity, n_head, threads, o);
-  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes;
+  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes + t.ig_pk_bytes;
   f.device_staging = t.staging_bytes;
-  f.device_scratch = t.scratch_bytes;
+  f.device_scratch = t.scratch_bytes + t.ig_scratch_bytes;
   (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;
   f.host_kv += t.home_pin_bytes + t.table_bytes + t.copy_list_bytes;
   return f;

@@ -33,6 +33,12 @@ constexpr AxisValue kValues[] = {
      "head, the pages with the largest bound on q.k, --kv-budget positions in all (prefill stays dense); "
      "resident placement",
      "--kv-budget --quest-page"},
+    {Axis::kSelection, "infinigen", false,
+     "InfiniGen: from layer l-1's input, layer l's partial query (SVD-skewed columns of the --skew file) "
+     "scores partial keys; each decode step loads and attends, per KV head, the rows scoring above "
+     "max - --infinigen-alpha, at most --infinigen-budget of them, plus the current token; layers 0-1, "
+     "sliding-window layers and prefill stay dense; offloaded placements (layer, headinfer)",
+     "--skew --infinigen-alpha --infinigen-budget"},
     {Axis::kRetention, "none", true, "every position is kept until the sequence is truncated (the default)",
      ""},
     {Axis::kRetention, "sliding", true,
@@ -62,6 +68,8 @@ constexpr Preset kPresets[] = {
     {"layer", "layer", "layer-wise offload (FlexGen / HF OffloadedCache)"},
     {"headinfer", "headinfer", "HeadInfer: head-wise offload with adaptive group size"},
     {"kvpr", "layer+kvpr", "KVPR: layer-wise offload with partial KV recomputation from stored inputs"},
+    {"infinigen", "layer+infinigen",
+     "InfiniGen: layer-wise offload loading only the rows speculated one layer ahead (approximate)"},
     {"locret", "resident+locret",
      "Locret: chunked prefill evicting to --kv-budget by trained retaining heads (--locret-heads)"},
 };
@@ -141,7 +149,15 @@ std::string_view representation_name(Representation r) {
 }
 
 std::string_view selection_name(Selection s) {
-  return s == Selection::kAll ? "all" : "quest";
+  switch (s) {
+    case Selection::kAll:
+      return "all";
+    case Selection::kQuest:
+      return "quest";
+    case Selection::kInfinigen:
+      return "infinigen";
+  }
+  return "?";
 }
 
 std::string_view retention_name(Retention r) {
@@ -203,6 +219,14 @@ void check_knobs(const KvPolicy& p) {
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);
   if (p.selection == Selection::kQuest && k.quest_page < 1)
     fail(ErrorKind::kInvalidArgument, "--quest-page {}: must be >= 1", k.quest_page);
+  if (p.selection == Selection::kInfinigen) {
+    if (!(k.infinigen_alpha > 0.0))  // +inf allowed (the degenerate case: every row above the threshold)
+      fail(ErrorKind::kInvalidArgument, "--infinigen-alpha {}: must be > 0 (inf selects every row)",
+           k.infinigen_alpha);
+    if (!(k.infinigen_budget > 0.0 && k.infinigen_budget <= 1.0))
+      fail(ErrorKind::kInvalidArgument,
+           "--infinigen-budget {}: the cap's share of the rows must be in (0, 1]", k.infinigen_budget);
+  }
   if (p.representation == Representation::kKvpr && k.recompute < PolicyKnobs::kRecomputeRandom)
     fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto, random or a number of positions >= 0",
          k.recompute);
@@ -284,7 +308,8 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
                                     representation_name);
         break;
       case Axis::kSelection:
-        p.selection = value_of(part, {Selection::kAll, Selection::kQuest}, selection_name);
+        p.selection =
+            value_of(part, {Selection::kAll, Selection::kQuest, Selection::kInfinigen}, selection_name);
         break;
       case Axis::kRetention:
         p.retention = value_of(part,

@@ -30,8 +30,9 @@ enum class Representation {
 };
 
 enum class Selection {
-  kAll,    // every stored token (sliding windows are applied by the attention mask)
-  kQuest,  // Quest: per-page key bounds, each head attends its top pages within --kv-budget
+  kAll,        // every stored token (sliding windows are applied by the attention mask)
+  kQuest,      // Quest: per-page key bounds, each head attends its top pages within --kv-budget
+  kInfinigen,  // InfiniGen: rows speculated one layer ahead from skewed partial q/k (offloaded placements)
 };
 
 enum class Retention {
@@ -61,6 +62,9 @@ struct PolicyKnobs {
   int64_t stabilizers = -1;  // --stabilizers: locret's n_s, the last units protected after a non-final
                              // prefill chunk (-1: --kv-budget / 4)
   int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
+  double infinigen_alpha =
+      5.0;  // --infinigen-alpha: threshold margin (scaled logits; the paper's Llama value)
+  double infinigen_budget = 0.2;  // --infinigen-budget: cap on the rows fetched per KV head, share of T
   bool operator==(const PolicyKnobs&) const = default;
 };
 

@@ -6,6 +6,7 @@
 #include "kv/footprint.h"
 #include "kv/make_kv_cache.h"
 #include "runtime/profile_cache.h"
+#include "runtime/skew_sample.h"
 
 namespace kvtier::runtime {
 
@@ -48,7 +49,9 @@ kv::KvGeometry kv_geometry(const LoadedModel& model, const SessionOptions& o) {
 
 kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& options) {
   const auto& cfg = model.config;
-  const SessionOptions o = resolve_session_options(cfg, options);
+  SessionOptions o = resolve_session_options(cfg, options);
+  if (o.kv_placement.selection == policy::Selection::kInfinigen && !o.kv_placement.skew)
+    o.kv_placement.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, o.skew_path));
   kv::MemoryLedger p;
   p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
   p.reserve(kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
@@ -92,6 +95,8 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
     ko.kvpr_link_bytes_per_s = kvpr_costs(p, !ko.disk_dir.empty()).v_com_kv;
     ko.kvpr_tokens_per_s = p.proj_tokens_per_s;
   }
+  if (ko.selection == policy::Selection::kInfinigen && !ko.skew)
+    ko.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, opt_.skew_path));
   kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
                           isa_);
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));

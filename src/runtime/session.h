@@ -39,6 +39,9 @@ struct SessionOptions {
   // kvpr --recompute auto: the file of cached KVPR profiles (runtime/profile_cache.h) the split-point
   // scheduler's rates come from (measured and stored on first use); empty: measured each time.
   std::string profile_cache;
+  // selection infinigen: the skew file (empty: the model's path with .skew.gguf), read unless
+  // kv_placement.skew holds it already (runtime/skew_sample.h, load_infinigen_skew).
+  std::string skew_path;
 };
 
 // Called after each prefill chunk: (tokens done, tokens total).

@@ -53,6 +53,14 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "(a pseudo-random split on every visit, for tests)")
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}, {"random", "-2"}}))
       ->default_str("auto");
+  cmd->add_option("--infinigen-alpha", knobs.infinigen_alpha,
+                  "infinigen: a row is loaded when its speculated score exceeds max - alpha (scaled logits; "
+                  "inf: every row)")
+      ->default_val(k.infinigen_alpha);
+  cmd->add_option(
+         "--infinigen-budget", knobs.infinigen_budget,
+         "infinigen: at most this share of a sequence's rows loaded per KV head and step (1: no cap)")
+      ->default_val(k.infinigen_budget);
 }
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
@@ -88,6 +96,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
          "offloaded policies, a measurement aid: pace loads from the home tier to at most this many "
          "GB/s, to reproduce a link that is slow relative to compute (the KVPR regime); 0: not paced")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--skew", a.skew,
+                  "infinigen: the model's skew file from `kvtier skew` (default: the model's path with "
+                  ".skew.gguf)");
   cmd->add_option("--profile-cache", a.profile_cache,
                   "kvpr --recompute auto: file of cached link and projection profiles (default: "
                   "$KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json, else "
@@ -189,6 +200,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   if (p.representation == policy::Representation::kKvpr)
     o.profile_cache = profile_cache_path(a.profile_cache);
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
+  o.skew_path = a.skew;
   return o;
 }
 
@@ -262,6 +274,36 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)
   j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
   j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
+  if (const kv::InfinigenStats& ig = st->infinigen; ig.layer_steps_of.size() > 0) {
+    // infinigen: the decode steps' speculations (layers >= 2 without a window of their own).
+    nlohmann::json g;
+    g["layer_steps"] = ig.layer_steps;
+    g["rows_total"] = ig.rows_total;      // per (sequence, KV head): positions before the current token
+    g["rows_fetched"] = ig.rows_fetched;  // of them loaded and attended
+    g["fetched_fraction"] =
+        ig.rows_total == 0 ? 0.0 : static_cast<double>(ig.rows_fetched) / static_cast<double>(ig.rows_total);
+    g["n_sel_min"] = ig.n_sel_min;
+    g["n_sel_max"] = ig.n_sel_max;
+    g["n_sel_mean"] = ig.layer_steps == 0 ? 0.0 : static_cast<double>(ig.n_sel_sum) / ig.layer_steps;
+    nlohmann::json layers = nlohmann::json::array();  // per layer: mean n_sel and fetched fraction
+    for (size_t l = 0; l < ig.layer_steps_of.size(); ++l) {
+      if (ig.layer_steps_of[l] == 0) continue;
+      layers.push_back({{"layer", l},
+                        {"steps", ig.layer_steps_of[l]},
+                        {"n_sel_mean", static_cast<double>(ig.layer_n_sel_sum[l]) / ig.layer_steps_of[l]},
+                        {"fetched_fraction", ig.layer_rows_total[l] == 0
+                                                 ? 0.0
+                                                 : static_cast<double>(ig.layer_rows_fetched[l]) /
+                                                       static_cast<double>(ig.layer_rows_total[l])}});
+    }
+    g["layers"] = layers;
+    g["speculation_s"] = ig.spec_seconds;
+    g["stall_s"] = st->transfer.wait_seconds;  // the compute thread waiting for loads (all layers)
+    g["partial_keys_build_s"] = ig.pk_build_seconds;
+    g["partial_keys_build_bytes"] = ig.pk_build_bytes;
+    g["selective_loads"] = ig.selective_loads;
+    j["infinigen"] = g;
+  }
   return j;
 }
 

@@ -23,6 +23,7 @@ struct EngineArgs {
   int64_t chunk = 0;    // 0: runtime::default_chunk
   int threads = 0;      // 0: all cores
   std::string kv_type;  // f16 | f32; empty: the policy's representation (f16 unless it names one)
+  std::string skew;     // --skew: infinigen's skew file (empty: next to the model)
   std::string isa;      // empty: best
   // KV placement.
   std::string kv_policy = "resident";  // a preset or a '+'-joined spec (policy/kv_policy.h)
