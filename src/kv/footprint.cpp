@@ -389,6 +389,18 @@ void check_placement_options(const TieredOptions& o) {
     fail(ErrorKind::kInvalidArgument,
          "quest selects among every stored token: combine it with retention none or sliding");
   }
+  if (o.retention == policy::Retention::kLocret && (o.placement.placement != policy::Placement::kResident ||
+                                                    kivi || o.selection != policy::Selection::kAll)) {
+    fail(ErrorKind::kInvalidArgument,
+         "locret keeps --kv-budget rows per layer and KV head in compute-local memory: it runs on the "
+         "resident "
+         "placement with f16 or f32 rows and selection all (--kv-policy locret); {}{} is not supported yet",
+         o.placement.placement != policy::Placement::kResident ? "offloading its bounded cache"
+         : kivi                                                ? "a KIVI representation"
+                                                               : "selection ",
+         o.placement.placement == policy::Placement::kResident && !kivi ? policy::selection_name(o.selection)
+                                                                        : "");
+  }
   if (o.selection == policy::Selection::kInfinigen) {
     if (o.placement.placement == policy::Placement::kResident) {
       fail(ErrorKind::kInvalidArgument,
@@ -404,16 +416,6 @@ void check_placement_options(const TieredOptions& o) {
       fail(ErrorKind::kInvalidArgument, "infinigen combines with retention none or sliding, not {}",
            policy::retention_name(o.retention));
     }
-  }
-  if (o.retention == policy::Retention::kLocret && (o.placement.placement != policy::Placement::kResident ||
-                                                    kivi || o.selection != policy::Selection::kAll)) {
-    fail(ErrorKind::kInvalidArgument,
-         "locret keeps --kv-budget rows per layer and KV head in compute-local memory: it runs on the "
-         "resident "
-         "placement with f16 or f32 rows and selection all (--kv-policy locret); {} is not supported yet",
-         o.placement.placement != policy::Placement::kResident ? "offloading its bounded cache"
-         : kivi                                                ? "a KIVI representation"
-                                                               : "quest selection");
   }
   if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {
     fail(ErrorKind::kInvalidArgument,

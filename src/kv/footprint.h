@@ -37,11 +37,11 @@ struct KvOptions {
   // (tokens/s) the split-point scheduler weighs; 0 = not profiled (auto then recomputes nothing).
   double kvpr_link_bytes_per_s = 0;
   double kvpr_tokens_per_s = 0;
-  // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
-  std::shared_ptr<UnitScorer> scorer;
   // selection infinigen: the model's skew file (runtime::load_skew_for); planners may leave it null and
   // then predict the partial keys with floor(0.3 · head_dim) columns.
   std::shared_ptr<const skew::SkewSet> skew;
+  // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
+  std::shared_ptr<UnitScorer> scorer;
 };
 using TieredOptions = KvOptions;
 

@@ -59,12 +59,12 @@ struct PolicyKnobs {
   static constexpr int64_t kRecomputeAuto = -1;
   static constexpr int64_t kRecomputeRandom = -2;
   int64_t recompute = kRecomputeAuto;
-  int64_t stabilizers = -1;  // --stabilizers: locret's n_s, the last units protected after a non-final
-                             // prefill chunk (-1: --kv-budget / 4)
-  int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
   double infinigen_alpha =
       5.0;  // --infinigen-alpha: threshold margin (scaled logits; the paper's Llama value)
   double infinigen_budget = 0.2;  // --infinigen-budget: cap on the rows fetched per KV head, share of T
+  int64_t stabilizers = -1;  // --stabilizers: locret's n_s, the last units protected after a non-final
+                             // prefill chunk (-1: --kv-budget / 4)
+  int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
   bool operator==(const PolicyKnobs&) const = default;
 };
 

@@ -75,17 +75,20 @@ DEGENERATE = {
     "quest": (["--kv-budget", "1024"], ["resident"]),  # every page selected
     "kivi4": (["--kivi-residual", "1024"], None),  # the residual window covers --ctx: nothing quantised
     "kivi2": (["--kivi-residual", "1024"], None),
-    # the budget covers --ctx: nothing is evicted, whatever the (untrained) heads score
-    "locret": (["--kv-budget", "1024", "--locret-heads", "{locret_heads}"], ["resident"]),
     # every row above the threshold and no cap: each decode step still speculates and loads the chosen
     # rows one by one (selective loads), then attends them as the placement does; SKEW: the model's skew
     # file, made per model by check_model
     "infinigen": (["--infinigen-alpha", "inf", "--infinigen-budget", "1", "--skew", SKEW], ["layer", "headinfer"]),
+    # the budget covers --ctx: nothing is evicted, whatever the (untrained) heads score
+    "locret": (["--kv-budget", "1024", "--locret-heads", "{locret_heads}"], ["resident"]),
 }
 
 
 def with_model_files(cfg, mdl, tmp):
-    """Fills in the per-model files a row names: {locret_heads} is untrained heads for this model."""
+    """Fills in the per-model files a row names: {locret_heads} is untrained heads for this model,
+    SKEW its infinigen skew file."""
+    if SKEW in cfg:
+        cfg = [skew_for(tmp, mdl) if c == SKEW else c for c in cfg]
     if "{locret_heads}" not in cfg:
         return cfg
     heads = tmp / f"{mdl.stem}.locret.gguf"
@@ -165,7 +168,7 @@ def synthetic_mha(tmp_path_factory):
 
 def skew_for(tmp_path, mdl):
     """The model's skew file for infinigen (a short sample: the degenerate rows select every row anyway)."""
-    path = tmp_path / "model.skew.gguf"
+    path = tmp_path / f"{mdl.stem}.skew.gguf"
     if not path.exists():
         run("skew", "-m", mdl, "-o", path, "--tokens", 96, "-t", 2)
     return str(path)
@@ -179,7 +182,7 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
         ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
         assert len(ref_logits) > 2 * chunk  # logits at every position of a prompt of several chunks
         for named, offloaded in configs(n_kv_heads):
-            cfg = with_model_files([skew_for(tmp_path, mdl) if c == SKEW else c for c in named], mdl, tmp_path)
+            cfg = with_model_files(named, mdl, tmp_path)
             # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
             kvpr = "kvpr" in cfg[1]
             if kvpr and chunk != CHUNKS[-1]:

@@ -1,10 +1,8 @@
 // kvtier run -m MODEL (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat] [--ctx N] [--chunk N] [--threads N]
-//            [--temp --top-k --top-p --min-p --seed ...] [--stop S]... [--json] [--dump-logits FILE]
-//            [--logits-digest]
+//            [--temp --top-k --top-p --min-p --seed ...] [--stop S]... [--json] [--dump-logits FILE] [--logits-digest]
 // Streams the generated text to stdout; --json prints one object at the end instead.
 #include <fmt/format.h>
 
-#include <xxhash.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -15,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <xxhash.h>
 
 #include "cli_util.h"
 #include "commands.h"
@@ -99,8 +98,7 @@ int run_run(const RunArgs& a) {
   g.stop = a.stop;
   g.ignore_eos = a.ignore_eos;
   g.interrupted = [] { return interrupted(); };
-  if (a.logits_digest && !a.json)
-    fail(ErrorKind::kInvalidArgument, "--logits-digest is printed in --json: give both");
+  if (a.logits_digest && !a.json) fail(ErrorKind::kInvalidArgument, "--logits-digest is printed in --json: give both");
   if (!a.dump_logits.empty()) dump = std::make_unique<NpyWriter>(a.dump_logits, model->config.n_vocab);
   std::vector<std::string> digests;  // [n_positions] XXH3-64 of each position's logits, hex
   if (dump || a.logits_digest) {
