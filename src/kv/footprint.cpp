@@ -8,6 +8,7 @@
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
 #include "kv/h2o_kv.h"
+#include "kv/locret_kv.h"
 #include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
@@ -342,7 +343,9 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
 uint32_t kv_needs(const KvOptions& o) {
   // streaming re-rotates the queries that attend the sinks (from q before RoPE); kvpr stores the
   // K/V-projection inputs.
-  uint32_t needs = o.retention == policy::Retention::kStreaming ? kNeedPreRope : kNeedNone;
+  uint32_t needs = o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kLocret
+                       ? kNeedPreRope
+                       : kNeedNone;
   if (o.representation == policy::Representation::kKvpr) needs |= kNeedLayerInput;
   // infinigen: layer l-1's normed input is the look-ahead's input for layer l (write(l - 1) gets it).
   if (o.selection == policy::Selection::kInfinigen) needs |= kNeedLayerInput;
@@ -385,6 +388,18 @@ void check_placement_options(const TieredOptions& o) {
       o.retention != policy::Retention::kSliding) {
     fail(ErrorKind::kInvalidArgument,
          "quest selects among every stored token: combine it with retention none or sliding");
+  }
+  if (o.retention == policy::Retention::kLocret && (o.placement.placement != policy::Placement::kResident ||
+                                                    kivi || o.selection != policy::Selection::kAll)) {
+    fail(ErrorKind::kInvalidArgument,
+         "locret keeps --kv-budget rows per layer and KV head in compute-local memory: it runs on the "
+         "resident "
+         "placement with f16 or f32 rows and selection all (--kv-policy locret); {}{} is not supported yet",
+         o.placement.placement != policy::Placement::kResident ? "offloading its bounded cache"
+         : kivi                                                ? "a KIVI representation"
+                                                               : "selection ",
+         o.placement.placement == policy::Placement::kResident && !kivi ? policy::selection_name(o.selection)
+                                                                        : "");
   }
   if (o.selection == policy::Selection::kInfinigen) {
     if (o.placement.placement == policy::Placement::kResident) {
@@ -434,6 +449,19 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
                          int threads) {
   check_placement_options(o);
   KvFootprint f;
+  if (o.retention == policy::Retention::kLocret) {
+    const LocretLayout h = locret_layout(geo, capacity, n_head, threads, o);
+    if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
+      fail(ErrorKind::kBudget,
+           "locret with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} "
+           "of scratch) but --kv-mem is {} bytes; lower --kv-budget, --local-tail or --chunk, or raise "
+           "--kv-mem",
+           o.knobs.budget, h.kv_bytes + h.scratch_bytes, h.kv_bytes, h.scratch_bytes, o.kv_mem);
+    }
+    f.device_kv = h.kv_bytes;
+    f.device_scratch = h.scratch_bytes;
+    return f;
+  }
   if (o.retention == policy::Retention::kH2o) {
     const H2oLayout h = h2o_layout(geo, capacity, n_head, threads, o);
     if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {

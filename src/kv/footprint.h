@@ -11,6 +11,7 @@
 #include "backend/cpu/kv_quant.h"
 #include "kv/geometry.h"
 #include "kv/home_store.h"
+#include "kv/unit_scorer.h"
 #include "policy/kv_policy.h"
 #include "policy/placement.h"
 #include "skew/skew_file.h"
@@ -39,6 +40,8 @@ struct KvOptions {
   // selection infinigen: the model's skew file (runtime::load_skew_for); planners may leave it null and
   // then predict the partial keys with floor(0.3 · head_dim) columns.
   std::shared_ptr<const skew::SkewSet> skew;
+  // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
+  std::shared_ptr<UnitScorer> scorer;
 };
 using TieredOptions = KvOptions;
 

@@ -395,6 +395,10 @@ void TieredKv::prefetch_ahead(uint64_t visit) {
     const uint64_t rel = v - pass_first_visit_;
     const uint64_t pass_ahead = rel / n_visits;
     if (pass_ahead > 1) break;  // two passes ahead: their lengths are unknown
+    // A unit's next-pass load needs this pass's store of that unit submitted first (the FIFO orders
+    // them): only the visits up to this unit's own next one qualify (a depth of at least the units
+    // per pass would otherwise load units this pass has not stored yet).
+    if (v > visit + n_visits) break;
     // The next pass is assumed to be the same batch (a decode step); a different one loads anew.
     const VisitSlot slot = visit_order_[rel % n_visits];
     const SeqPass& sp = pass_.seqs()[slot.b];

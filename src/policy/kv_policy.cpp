@@ -55,6 +55,12 @@ constexpr AxisValue kValues[] = {
      "the heavy hitters (most attention received so far), evicting after each pass; resident placement. "
      "Layers with a window of their own keep it",
      "--kv-budget --h2o-recent"},
+    {Axis::kRetention, "locret", false,
+     "Locret: prefill in chunks of --chunk; trained retaining heads (--locret-heads FILE) score every new "
+     "KV unit once, and after each chunk each (layer, KV head) keeps the --kv-budget best-scored units, "
+     "the last --stabilizers always among them; the prompt's last --local-tail tokens and decoded tokens "
+     "are not evicted; positions are renumbered compactly; resident placement",
+     "--kv-budget --locret-heads --stabilizers --local-tail"},
 };
 
 constexpr Preset kPresets[] = {
@@ -64,6 +70,8 @@ constexpr Preset kPresets[] = {
     {"kvpr", "layer+kvpr", "KVPR: layer-wise offload with partial KV recomputation from stored inputs"},
     {"infinigen", "layer+infinigen",
      "InfiniGen: layer-wise offload loading only the rows speculated one layer ahead (approximate)"},
+    {"locret", "resident+locret",
+     "Locret: chunked prefill evicting to --kv-budget by trained retaining heads (--locret-heads)"},
 };
 
 std::optional<AxisValue> find_value(std::string_view name) {
@@ -162,12 +170,18 @@ std::string_view retention_name(Retention r) {
       return "streaming";
     case Retention::kH2o:
       return "h2o";
+    case Retention::kLocret:
+      return "locret";
   }
   return "?";
 }
 
 int64_t streaming_window(const PolicyKnobs& k) {
   return k.window > 0 ? k.window : k.budget - k.sinks;
+}
+
+int64_t locret_stabilizers(const PolicyKnobs& k) {
+  return k.stabilizers >= 0 ? k.stabilizers : k.budget / 4;
 }
 
 void check_knobs(const KvPolicy& p) {
@@ -188,6 +202,18 @@ void check_knobs(const KvPolicy& p) {
       fail(ErrorKind::kInvalidArgument, "{} needs --kv-budget N (tokens per sequence and layer{})", spec,
            p.retention == Retention::kH2o ? " kept" : " attended");
     }
+  }
+  if (p.retention == Retention::kLocret) {
+    if (k.budget <= 0)
+      fail(ErrorKind::kInvalidArgument, "{} needs --kv-budget N (KV units kept per layer and KV head)", spec);
+    if (k.stabilizers < -1)
+      fail(ErrorKind::kInvalidArgument, "--stabilizers {}: must be >= 0", k.stabilizers);
+    if (locret_stabilizers(k) >= k.budget) {
+      fail(ErrorKind::kInvalidArgument,
+           "--stabilizers {} must be smaller than --kv-budget {} (spec: n_s < b)", locret_stabilizers(k),
+           k.budget);
+    }
+    if (k.local_tail < 0) fail(ErrorKind::kInvalidArgument, "--local-tail {}: must be >= 0", k.local_tail);
   }
   if (p.retention == Retention::kH2o && !(k.h2o_recent > 0.0 && k.h2o_recent < 1.0))
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);
@@ -286,9 +312,10 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
             value_of(part, {Selection::kAll, Selection::kQuest, Selection::kInfinigen}, selection_name);
         break;
       case Axis::kRetention:
-        p.retention =
-            value_of(part, {Retention::kNone, Retention::kSliding, Retention::kStreaming, Retention::kH2o},
-                     retention_name);
+        p.retention = value_of(part,
+                               {Retention::kNone, Retention::kSliding, Retention::kStreaming, Retention::kH2o,
+                                Retention::kLocret},
+                               retention_name);
         break;
     }
   }

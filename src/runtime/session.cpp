@@ -125,13 +125,18 @@ std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> 
                                         const ProgressFn& progress) {
   KVTIER_ASSERT(!tokens.empty(), "prefill of no tokens");
   const auto n = static_cast<int64_t>(tokens.size());
-  for (int64_t i = 0; i < n; i += opt_.chunk) {
-    const int64_t m = std::min(opt_.chunk, n - i);
+  // The policy's chunk schedule (chunks of --chunk unless it has its own, as locret does).
+  const std::vector<int64_t> passes = kv_->plan_prefill(seq, n, opt_.chunk);
+  int64_t i = 0;
+  for (const int64_t m : passes) {
+    KVTIER_ASSERT(m > 0 && m <= opt_.chunk && i + m <= n, "prefill pass of {} tokens at {} of {}", m, i, n);
     const bool last = i + m == n;
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
                   last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.data());
     if (progress) progress(i + m, n);
+    i += m;
   }
+  KVTIER_ASSERT(i == n, "the prefill plan covers {} of {} tokens", i, n);
   return {logits_.data(), model_.config.n_vocab};
 }
 
@@ -161,15 +166,19 @@ std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId>
   KVTIER_ASSERT(n > 0, "evaluation of no tokens");
   int64_t last_row = 0;
   const size_t V = model_.config.n_vocab;
-  for (int64_t i = 0; i < n; i += logit_rows_) {
-    const int64_t m = std::min(logit_rows_, n - i);
+  int64_t i = 0;
+  for (const int64_t m : kv_->plan_prefill(seq, n, logit_rows_)) {  // the policy's chunk schedule
+    KVTIER_ASSERT(m > 0 && m <= logit_rows_ && i + m <= n, "evaluation pass of {} tokens at {} of {}", m, i,
+                  n);
     const int64_t pos0 = kv_->positions(seq);
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
                   model::LogitRows::kAll, logits_.data());
     for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.data() + static_cast<size_t>(t) * V, V});
     last_row = m - 1;
     if (progress) progress(i + m, n);
+    i += m;
   }
+  KVTIER_ASSERT(i == n, "the evaluation plan covers {} of {} tokens", i, n);
   return {logits_.data() + static_cast<size_t>(last_row) * V, V};
 }
 

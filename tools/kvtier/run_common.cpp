@@ -15,6 +15,7 @@
 
 #include "cli_util.h"
 #include "core/error.h"
+#include "locret/head_scorer.h"
 #include "policy/placement.h"
 
 namespace kvtier::cli {
@@ -22,7 +23,8 @@ namespace kvtier::cli {
 void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
   const policy::PolicyKnobs k;
   cmd->add_option("--kv-budget", knobs.budget,
-                  "h2o, quest: KV tokens per sequence and layer kept (h2o) or attended (quest); streaming: "
+                  "h2o, quest, locret: KV tokens per sequence and layer kept (h2o; locret: per KV head) or "
+                  "attended (quest); streaming: "
                   "sinks + window when --window is not given")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sinks", knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
@@ -31,6 +33,13 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--h2o-recent", knobs.h2o_recent, "h2o: share of --kv-budget kept for the recent tokens")
       ->default_val(k.h2o_recent);
+  cmd->add_option("--stabilizers", knobs.stabilizers,
+                  "locret: the last units kept after each non-final prefill chunk (default: --kv-budget / 4)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--local-tail", knobs.local_tail,
+                  "locret: the prompt's last tokens, prefilled after the last eviction and never evicted")
+      ->default_val(k.local_tail)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
       ->default_val(k.kivi_group);
@@ -67,10 +76,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   if (with_policy) {
-    cmd->add_option(
-           "--kv-policy", a.kv_policy,
-           "KV policy: a preset (resident, layer, headinfer, kvpr) or axis values joined by '+', e.g. "
-           "layer+sliding; `kvtier policies` lists them all and which are exact")
+    cmd->add_option("--kv-policy", a.kv_policy,
+                    "KV policy: a preset (resident, layer, headinfer, kvpr, locret) or axis values joined by "
+                    "'+', e.g. "
+                    "layer+sliding; `kvtier policies` lists them all and which are exact")
         ->capture_default_str();
   }
   cmd->add_option(
@@ -102,6 +111,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
   add_knob_flags(cmd, a.knobs);
+  cmd->add_option("--locret-heads", a.locret_heads,
+                  "locret: retaining heads trained for this model (kvtier train-locret; "
+                  "scripts/train_locret_heads.sh MODEL OUT_DIR)");
   cmd->add_option("--backend", a.backend,
                   "compute backend: cpu (default), or cuda (an NVIDIA GPU; a CUDA build)")
       ->transform(CLI::CheckedTransformer(
@@ -169,6 +181,8 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   p.selection = kp.selection;
   p.representation = kp.representation;
   p.knobs = kp.knobs;
+  if (kp.retention == policy::Retention::kLocret)
+    p.scorer = locret::load_head_scorer(a.locret_heads, a.model, cfg);
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;
   p.placement.static_heads = a.static_heads;

@@ -34,6 +34,7 @@ struct EngineArgs {
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
   policy::PolicyKnobs knobs;  // the approximate values' tuning (--kv-budget, --sinks, ...)
+  std::string locret_heads;   // --locret-heads: the retaining heads the locret retention scores with
   double link_gbps = 0;       // --link-gbps: pace home-tier loads (a measurement aid)
   std::string profile_cache;  // --profile-cache (kvpr auto); empty: the default location
   // Test hooks (hidden flags): inject a disk-tier write failure, delay every copy job.
