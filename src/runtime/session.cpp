@@ -49,9 +49,9 @@ kv::KvGeometry kv_geometry(const LoadedModel& model, const SessionOptions& o) {
 
 kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& options) {
   const auto& cfg = model.config;
-  SessionOptions o = resolve_session_options(cfg, options);
-  if (o.kv_placement.selection == policy::Selection::kInfinigen && !o.kv_placement.skew)
-    o.kv_placement.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, o.skew_path));
+  // infinigen: a session predicts with its skew file's column count (kv_placement.skew); a planner
+  // without one gets floor(0.3 · head_dim) columns (kv::tiered_layout).
+  const SessionOptions o = resolve_session_options(cfg, options);
   kv::MemoryLedger p;
   p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
   p.reserve(kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);

@@ -187,6 +187,9 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
             kvpr = "kvpr" in cfg[1]
             if kvpr and chunk != CHUNKS[-1]:
                 continue
+            # infinigen's rows (its prefill is the placement's own) also run at one chunk size (CI time)
+            if "infinigen" in cfg[1] and chunk != CHUNKS[-1]:
+                continue
             budgets = [("unlimited", [])]
             if offloaded:
                 small = smallest_kv_mem(mdl, chunk, cfg)
