@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "policy/hybrid_plan.h"
+#include "policy/weight_plan.h"
 
 namespace kvtier::policy {
 namespace {
@@ -317,6 +318,45 @@ TEST(HybridAlgorithm2, RhoEdgeCases) {
   // Recommended: the weight share T_w·|S|/|Rq| counts on the link side.
   const double expect = (c.t_w / 3 + c.load.at(160)) / (c.fwd_per_request);
   EXPECT_DOUBLE_EQ(mb_rho(rq, {1}, c), expect);
+}
+
+}  // namespace
+}  // namespace kvtier::policy
+
+namespace kvtier::policy {
+namespace {
+
+TEST(WeightPlan, LeadingLayersThatFitBesideTwoSlots) {
+  WeightPlanInput in;
+  in.fixed_bytes = 100;
+  in.layer_bytes = {10, 10, 10, 10};
+  in.stage_bytes = {12, 12, 12, 12};
+  // Unlimited, or a budget that holds everything: all resident, no staging.
+  for (uint64_t budget : {uint64_t{0}, uint64_t{140}, uint64_t{1000}}) {
+    in.budget = budget;
+    const WeightPlan p = plan_weights(in);
+    EXPECT_EQ(p.resident_layers, 4u);
+    EXPECT_FALSE(p.streams());
+    EXPECT_EQ(p.device_bytes(), 140u);
+  }
+  in.budget = 139;  // 100 + 2 layers + 2 slots of 12 = 144 > 139: one layer resident (100 + 10 + 24)
+  WeightPlan p = plan_weights(in);
+  EXPECT_EQ(p.resident_layers, 1u);
+  EXPECT_EQ(p.staging_bytes, 24u);
+  EXPECT_EQ(p.streamed_bytes, 30u);
+  EXPECT_LE(p.device_bytes(), in.budget);
+  in.budget = 124;  // the smallest: nothing resident
+  p = plan_weights(in);
+  EXPECT_EQ(p.resident_layers, 0u);
+  EXPECT_EQ(p.device_bytes(), 124u);
+  in.budget = 123;
+  try {
+    plan_weights(in);
+    FAIL() << "a budget below the fixed weights and two slots";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kBudget);
+    EXPECT_NE(std::string(e.what()).find("124 bytes are needed at least"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

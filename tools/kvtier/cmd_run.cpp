@@ -128,6 +128,7 @@ int run_run(const RunArgs& a) {
         {"isa", std::string(cpu::isa_name(session.isa()))},
         {"peak_memory_bytes", memory_json(session.ledger())},
         {"kv", kv_json(session, a.engine)},
+        {"weights", weights_json(session)},
     };
     std::cout << j.dump() << "\n";
   } else {

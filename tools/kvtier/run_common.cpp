@@ -79,6 +79,17 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
          "offloaded policies, a measurement aid: pace loads from the home tier to at most this many "
          "GB/s, to reproduce a link that is slow relative to compute (the KVPR regime); 0: not paced")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--weights-mem", a.weights_mem,
+                  "compute-local memory for weights, e.g. 200MiB: the leading layers that fit stay resident "
+                  "beside two staging buffers, the others are streamed into them on every pass, layer l+1 "
+                  "while layer l computes (exact); default: all weights resident");
+  cmd->add_option("--weights-from", a.weights_from,
+                  "where streamed layers come from: host (a copy in host memory, counted against "
+                  "--host-mem) or file (read from the GGUF file on every pass, O_DIRECT where the file "
+                  "system allows it); --link-gbps paces these loads too")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, policy::WeightSource>{
+          {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
+      ->default_str("host");
   cmd->add_option("--profile-cache", a.profile_cache,
                   "kvpr --recompute auto: file of cached link and projection profiles (default: "
                   "$KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json, else "
@@ -169,9 +180,13 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   }
   p.copy_delay_us = a.debug_copy_delay_us;
   p.link_bytes_per_s = a.link_gbps * 1e9;
-  if (a.link_gbps > 0 && p.placement.placement == policy::Placement::kResident)
+  if (!a.weights_mem.empty()) o.weights.budget = parse_bytes(a.weights_mem, "--weights-mem");
+  o.weights.source = a.weights_from;
+  o.weights.link_bytes_per_s = a.link_gbps * 1e9;
+  if (a.link_gbps > 0 && p.placement.placement == policy::Placement::kResident && o.weights.budget == 0)
     fail(ErrorKind::kInvalidArgument,
-         "--link-gbps paces the home tier of offloaded policies; resident has none");
+         "--link-gbps paces the home tier of offloaded policies and streamed weights; resident with all "
+         "weights resident has neither");
   if (p.representation == policy::Representation::kKvpr)
     o.profile_cache = profile_cache_path(a.profile_cache);
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
@@ -218,6 +233,26 @@ EngineArgs engine_for(const EngineArgs& a, const policy::KvPolicy& p) {
     e.static_heads = 0;
   }
   return e;
+}
+
+nlohmann::json weights_json(const runtime::Session& session) {
+  const model::WeightStreamStats w = session.weight_stats();
+  const kv::MemoryLedger& l = session.ledger();
+  nlohmann::json j;
+  j["resident_layers"] = w.resident_layers;
+  j["streamed_layers"] = w.streamed_layers;
+  j["resident_bytes"] = w.resident_bytes;
+  j["staging_bytes"] = w.staging_bytes;
+  j["streamed_bytes"] = w.streamed_bytes;
+  j["source"] = w.streamed_layers == 0 ? "none" : w.source == policy::WeightSource::kHost ? "host" : "file";
+  j["direct_io"] = w.direct_io;
+  j["bytes_loaded"] = w.bytes_loaded;
+  j["layer_loads"] = w.layer_loads;
+  j["stall_s"] = w.wait_seconds;
+  j["bytes_by_tier"] = {{"device", l.peak(kv::Tier::kDevice, kv::Category::kWeights)},
+                        {"host", l.peak(kv::Tier::kHost, kv::Category::kWeights)},
+                        {"disk", l.peak(kv::Tier::kDisk, kv::Category::kWeights)}};
+  return j;
 }
 
 nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
