@@ -79,7 +79,16 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
   weights_ = std::make_unique<model::WeightStreamer>(*model.file, model.weights, opt_.weights, ledger_);
   kv::KvOptions& ko = opt_.kv_placement;
-  if (ko.representation == policy::Representation::kKvpr && ko.knobs.recompute < 0 &&
+  const bool hybrid_auto = ko.representation == policy::Representation::kHybrid &&
+                           ko.knobs.act_ratio == policy::PolicyKnobs::kActRatioAuto;
+  if (weights_->streams()) {  // hybrid auto: Algorithm 1's T_w, one streamed layer's load
+    const model::WeightStreamStats ws = weights_->stats();
+    ko.weight_load_s =
+        opt_.weights.link_bytes_per_s > 0
+            ? static_cast<double>(ws.streamed_bytes) / ws.streamed_layers / opt_.weights.link_bytes_per_s
+            : 0;
+  }
+  if (((ko.representation == policy::Representation::kKvpr && ko.knobs.recompute < 0) || hybrid_auto) &&
       ko.placement.placement != policy::Placement::kResident &&
       (ko.kvpr_link_bytes_per_s <= 0 || ko.kvpr_tokens_per_s <= 0)) {
     // --recompute auto: the scheduler weighs the home link against the projection rate, profiled

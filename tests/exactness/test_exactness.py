@@ -114,7 +114,7 @@ def configs(n_kv_heads):
                             True))
             else:
                 out.append((["--kv-policy", spec], True))
-    return out + kvpr_configs(n_kv_heads) + degenerate_configs(n_kv_heads)
+    return out + kvpr_configs(n_kv_heads) + hybrid_configs() + degenerate_configs(n_kv_heads)
 
 
 def kvpr_configs(n_kv_heads):
@@ -133,6 +133,14 @@ def kvpr_configs(n_kv_heads):
                     True))
     out.append((["--kv-policy", "layer+kvpr+sliding", "--recompute", "1000000"], True))
     return out
+
+
+def hybrid_configs():
+    """hybridserve (exact): the hybrid cache with forced ACT:KV block ratios 0 (all KV), 0.5 (KV, ACT,
+    KV, KV, ...), 1 (ACT, KV, ...) and auto (Algorithm 1 from the profiled rates). Run like kvpr's rows:
+    one chunk size, unlimited and smallest budget with the home on disk."""
+    assert "hybrid" in exact_values("representation")
+    return [(["--kv-policy", "hybridserve", "--act-ratio", r], True) for r in ("0", "0.5", "1", "auto")]
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +187,7 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT, weights=False):
         assert ref_logits.shape[0] > 2 * chunk  # logits at every position of a prompt of several chunks
         for cfg, offloaded in configs(n_kv_heads):
             # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
-            kvpr = "kvpr" in cfg[1]
+            kvpr = "kvpr" in cfg[1] or cfg[1] == "hybridserve"
             if kvpr and chunk != CHUNKS[-1]:
                 continue
             budgets = [("unlimited", [])]

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -44,6 +45,13 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "(a pseudo-random split on every visit, for tests)")
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}, {"random", "-2"}}))
       ->default_str("auto");
+  cmd->add_option(
+         "--act-ratio", knobs.act_ratio,
+         "hybrid (hybridserve): ACT:KV block ratio R of the hybrid cache (Eq. 11): auto (Algorithm 1 "
+         "from the profiled link, projection rate and streamed-weight load time) or R >= 0 (0: all "
+         "KV, inf: all activation checkpoints)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}))
+      ->default_str("auto");
 }
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
@@ -59,10 +67,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   if (with_policy) {
-    cmd->add_option(
-           "--kv-policy", a.kv_policy,
-           "KV policy: a preset (resident, layer, headinfer, kvpr) or axis values joined by '+', e.g. "
-           "layer+sliding; `kvtier policies` lists them all and which are exact")
+    cmd->add_option("--kv-policy", a.kv_policy,
+                    "KV policy: a preset (resident, layer, headinfer, kvpr, hybridserve) or axis values "
+                    "joined by '+', e.g. "
+                    "layer+sliding; `kvtier policies` lists them all and which are exact")
         ->capture_default_str();
   }
   cmd->add_option(
@@ -187,8 +195,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
     fail(ErrorKind::kInvalidArgument,
          "--link-gbps paces the home tier of offloaded policies and streamed weights; resident with all "
          "weights resident has neither");
-  if (p.representation == policy::Representation::kKvpr)
-    o.profile_cache = profile_cache_path(a.profile_cache);
+  if (policy::stores_inputs(p.representation)) o.profile_cache = profile_cache_path(a.profile_cache);
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
   return o;
 }
@@ -278,6 +285,9 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["copy_blocks"] = st->transfer.blocks;  // blocks the jobs named
   j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
+  if (a.kv_policy == "hybridserve" ||
+      kv_policy_of(a, a.kv_policy).representation == policy::Representation::kHybrid)
+    j["act_ratio"] = std::isinf(st->act_ratio) ? nlohmann::json("inf") : nlohmann::json(st->act_ratio);
   j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
   j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
   j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)
