@@ -9,7 +9,7 @@
 namespace kvtier::policy {
 
 // Where the streamed layers' weights come from.
-enum class WeightSource : uint8_t {
+enum class WeightSource {
   kHost,  // a copy in host memory (the paper's pinned host weights)
   kFile,  // read straight from the GGUF file on every pass (O_DIRECT where the file system allows)
 };

@@ -99,7 +99,8 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
           {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
       ->default_str("host");
   cmd->add_option("--profile-cache", a.profile_cache,
-                  "kvpr --recompute auto: file of cached link and projection profiles (default: "
+                  "kvpr --recompute auto, hybridserve --act-ratio auto: file of cached link and projection "
+                  "profiles (default: "
                   "$KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json, else "
                   "~/.cache/kvtier/profile.json)");
   cmd->add_option("--group", a.group, "headinfer: KV heads per offloaded unit (0: adaptive)")
