@@ -81,6 +81,14 @@ else
   say "openai client: present"
 fi
 
+# xxhash: the independent XXH3-64 that checks `kvtier run --logits-digest` (the exactness matrix's hashes).
+if ! "$vpy" -c 'import xxhash' 2>/dev/null; then
+  say "installing Python package: xxhash"
+  pip_install "xxhash==3.6.0"
+else
+  say "xxhash: present"
+fi
+
 # llama-cpp-python (optional): PyPI has only the sdist, so pip compiles llama.cpp (CPU only).
 llama_cpp_version="0.3.16"
 if [[ $do_llama_cpp == 1 ]]; then

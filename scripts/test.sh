@@ -68,7 +68,7 @@ fi
 if [[ $asan == 1 ]]; then
   echo "== asan build"
   cmake --preset asan >/dev/null
-  cmake --build --preset asan -j "$jobs"
+  cmake --build --preset asan -j "$jobs" --target unit_tests
   echo "== asan tests (unit)"
   run_ctest --preset asan -j "$jobs" -L unit
 fi

@@ -1,12 +1,14 @@
 #include "kv/footprint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "core/error.h"
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
 #include "kv/h2o_kv.h"
+#include "kv/locret_kv.h"
 #include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
@@ -304,6 +306,30 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
   t.table_bytes =
       BlockTable::bytes(o.max_seqs, groups, t.max_blocks) * (t.kivi.bits == 0 ? 1 : 2) + free_list;
+  if (o.selection == policy::Selection::kInfinigen) {
+    // Partial keys: per (sequence, layer, KV head) a row of ig_cols f32 per position (PartialKeys).
+    t.ig_cols = o.skew ? int64_t{o.skew->partial_columns}
+                       : static_cast<int64_t>(std::floor(0.3 * static_cast<double>(geo.head_dim_k)));
+    t.ig_pk_bytes = uint64_t{o.max_seqs} * t.n_heads_total * static_cast<uint64_t>(capacity) *
+                    static_cast<uint64_t>(t.ig_cols) * sizeof(float);
+    // A decode step attends at most the cap's rows per KV head, plus its own.
+    const auto cap =
+        static_cast<int64_t>(std::floor(o.knobs.infinigen_budget * static_cast<double>(capacity)));
+    t.ig_rows = std::min(capacity, std::max<int64_t>(cap, 1)) + 1;
+    const uint64_t compact = 2ull * t.h_max * round_up(static_cast<uint64_t>(t.ig_rows) * row_max, 64);
+    // The look-ahead's queries and partial queries of a batch, the chosen rows, the scores of one head,
+    // one page of keys per head (the partial keys of a prompt are built from the home tier's keys).
+    const uint64_t n_head_all = uint64_t{o.max_seqs} * n_head;
+    const uint64_t look = n_head_all * (geo.head_dim_k + static_cast<uint64_t>(t.ig_cols)) * sizeof(float);
+    const uint64_t chosen =
+        uint64_t{o.max_seqs} * t.h_max * static_cast<uint64_t>(t.ig_rows) * sizeof(int32_t);
+    const uint64_t scores = static_cast<uint64_t>(capacity) * (sizeof(float) + sizeof(int32_t));
+    const uint64_t keys = uint64_t{geo.block_tokens} * t.h_max * geo.head_dim_k * (esz + sizeof(float));
+    t.ig_scratch_bytes = compact + look + chosen + scores + keys;
+    // A selective load moves one extent per chosen row and plane, and the I/O pages of the rows the
+    // visit's store writes back.
+    t.max_copies += static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(t.ig_rows + 2));
+  }
   t.queue_slots = 4 * t.n_buffers + 4;
   t.copy_list_bytes = uint64_t{t.queue_slots + 1} * t.max_copies * sizeof(BlockCopy);
   // Pin granularity: every page boundary of either plane is a multiple of it.
@@ -317,8 +343,12 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
 uint32_t kv_needs(const KvOptions& o) {
   // streaming re-rotates the queries that attend the sinks (from q before RoPE); kvpr stores the
   // K/V-projection inputs.
-  uint32_t needs = o.retention == policy::Retention::kStreaming ? kNeedPreRope : kNeedNone;
+  uint32_t needs = o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kLocret
+                       ? kNeedPreRope
+                       : kNeedNone;
   if (policy::stores_inputs(o.representation)) needs |= kNeedLayerInput;
+  // infinigen: layer l-1's normed input is the look-ahead's input for layer l (write(l - 1) gets it).
+  if (o.selection == policy::Selection::kInfinigen) needs |= kNeedLayerInput;
   return needs;
 }
 
@@ -359,6 +389,34 @@ void check_placement_options(const TieredOptions& o) {
     fail(ErrorKind::kInvalidArgument,
          "quest selects among every stored token: combine it with retention none or sliding");
   }
+  if (o.retention == policy::Retention::kLocret && (o.placement.placement != policy::Placement::kResident ||
+                                                    kivi || o.selection != policy::Selection::kAll)) {
+    fail(ErrorKind::kInvalidArgument,
+         "locret keeps --kv-budget rows per layer and KV head in compute-local memory: it runs on the "
+         "resident "
+         "placement with f16 or f32 rows and selection all (--kv-policy locret); {}{} is not supported yet",
+         o.placement.placement != policy::Placement::kResident ? "offloading its bounded cache"
+         : kivi                                                ? "a KIVI representation"
+                                                               : "selection ",
+         o.placement.placement == policy::Placement::kResident && !kivi ? policy::selection_name(o.selection)
+                                                                        : "");
+  }
+  if (o.selection == policy::Selection::kInfinigen) {
+    if (o.placement.placement == policy::Placement::kResident) {
+      fail(ErrorKind::kInvalidArgument,
+           "infinigen selects which rows an offloaded placement loads: use --kv-policy infinigen "
+           "(layer+infinigen) or headinfer+infinigen, not resident+infinigen");
+    }
+    if (o.representation != policy::Representation::kF16 &&
+        o.representation != policy::Representation::kF32) {
+      fail(ErrorKind::kInvalidArgument, "infinigen gathers f16 or f32 rows, not {}",
+           policy::representation_name(o.representation));
+    }
+    if (o.retention != policy::Retention::kNone && o.retention != policy::Retention::kSliding) {
+      fail(ErrorKind::kInvalidArgument, "infinigen combines with retention none or sliding, not {}",
+           policy::retention_name(o.retention));
+    }
+  }
   if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {
     fail(ErrorKind::kInvalidArgument,
          "h2o keeps --kv-budget rows per layer in compute-local memory and runs on the resident placement "
@@ -391,6 +449,19 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
                          int threads) {
   check_placement_options(o);
   KvFootprint f;
+  if (o.retention == policy::Retention::kLocret) {
+    const LocretLayout h = locret_layout(geo, capacity, n_head, threads, o);
+    if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
+      fail(ErrorKind::kBudget,
+           "locret with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} "
+           "of scratch) but --kv-mem is {} bytes; lower --kv-budget, --local-tail or --chunk, or raise "
+           "--kv-mem",
+           o.knobs.budget, h.kv_bytes + h.scratch_bytes, h.kv_bytes, h.scratch_bytes, o.kv_mem);
+    }
+    f.device_kv = h.kv_bytes;
+    f.device_scratch = h.scratch_bytes;
+    return f;
+  }
   if (o.retention == policy::Retention::kH2o) {
     const H2oLayout h = h2o_layout(geo, capacity, n_head, threads, o);
     if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
@@ -411,9 +482,9 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
     return f;
   }
   const TieredLayout t = tiered_layout(geo, capacity, n_head, threads, o);
-  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes;
+  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes + t.ig_pk_bytes;
   f.device_staging = t.staging_bytes;
-  f.device_scratch = t.scratch_bytes;
+  f.device_scratch = t.scratch_bytes + t.ig_scratch_bytes;
   (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;
   f.host_kv += t.home_pin_bytes + t.table_bytes + t.copy_list_bytes;
   return f;

@@ -4,14 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/kv_quant.h"
 #include "kv/geometry.h"
 #include "kv/home_store.h"
+#include "kv/unit_scorer.h"
 #include "policy/kv_policy.h"
 #include "policy/placement.h"
+#include "skew/skew_file.h"
 
 namespace kvtier::kv {
 
@@ -37,6 +40,11 @@ struct KvOptions {
   // hybrid --act-ratio auto: one streamed layer's weight load time (Algorithm 1's T_w; 0 when the
   // weights are resident).
   double weight_load_s = 0;
+  // selection infinigen: the model's skew file (runtime::load_skew_for); planners may leave it null and
+  // then predict the partial keys with floor(0.3 · head_dim) columns.
+  std::shared_ptr<const skew::SkewSet> skew;
+  // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
+  std::shared_ptr<UnitScorer> scorer;
 };
 using TieredOptions = KvOptions;
 
@@ -113,6 +121,12 @@ struct TieredLayout {
   uint64_t copy_list_bytes = 0;   // the transfer jobs' extent lists (host)
   uint64_t home_block_bytes = 0;  // pin granularity of the home tier: block_tokens rows of a plane
   uint64_t home_pin_bytes = 0;    // the home tier's pin counts (host memory, whatever the home tier)
+  // infinigen (tiered_kv_infinigen.cpp): the partial key cache (compute-local KV), and the scratch of the
+  // look-ahead and of the attention over the chosen rows (compact planes of a unit).
+  int64_t ig_cols = 0;       // partial columns per head (0: not infinigen)
+  int64_t ig_rows = 0;       // rows a compact plane holds: the cap over the context, plus the new token
+  uint64_t ig_pk_bytes = 0;  // PartialKeys::bytes
+  uint64_t ig_scratch_bytes = 0;
 };
 // The planes of one staging buffer of `buffer_bytes` for units of `group` KV heads: head h's K and V
 // rows (f16 planes of `pitch` bytes, `rows` rows of the larger of a K and a V row) at

@@ -19,8 +19,10 @@
 // throws Error(kInternal) with a precise message, never undefined behaviour.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kv/geometry.h"
 
@@ -99,6 +101,16 @@ class KvCache {
   virtual void end_pass() = 0;
   // Drops an open pass (after a failure): the sequences are as before begin_batch. No-op without one.
   virtual void abort_pass() = 0;
+
+  // The passes (token counts, in order) in which to prefill the next n tokens of `seq`, given the
+  // session's chunk. A policy with its own chunk schedule (locret) plans it here and remembers where
+  // its evicting prefill ends. Default: chunks of `chunk`.
+  virtual std::vector<int64_t> plan_prefill(SeqId seq, int64_t n, int64_t chunk) {
+    (void)seq;
+    std::vector<int64_t> out;
+    for (int64_t i = 0; i < n; i += chunk) out.push_back(std::min(chunk, n - i));
+    return out;
+  }
 
   // Forgets the sequence's positions >= n (n <= positions(seq)); n = 0 frees the sequence. Not during
   // a pass. Throws Error(kInvalidArgument) when a retention policy already freed positions that the

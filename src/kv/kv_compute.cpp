@@ -21,3 +21,13 @@ void KvCompute::project_q(uint32_t layer, const float* x, std::span<const int64_
 }
 
 }  // namespace kvtier::kv
+
+namespace kvtier::kv {
+
+void KvCompute::rope_k_rows(uint32_t layer, const float* k_pre, std::span<const int64_t> positions,
+                            float* out) {
+  (void)k_pre, (void)positions, (void)out;
+  fail(ErrorKind::kUnsupported, "this model hook cannot re-rotate the keys of layer {} (Locret)", layer);
+}
+
+}  // namespace kvtier::kv

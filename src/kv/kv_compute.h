@@ -29,6 +29,13 @@ class KvCompute {
   //   x: [n, n_embd] f32    q: [n, n_head, head_dim_k] f32 after RoPE
   // The default refuses: a hook that cannot project queries says so.
   virtual void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q);
+  // Single KV-head key rows of `layer` rotated each to its own position: out[t] = RoPE(k_pre[t],
+  // positions[t]) with the model's RoPE of that layer (Locret renumbers retained keys compactly after
+  // an eviction), n = positions.size() <= max_rows():
+  //   k_pre, out: [n, head_dim_k] f32 (k_pre: rows of LayerRows::k_pre, one KV head each)
+  // The default refuses.
+  virtual void rope_k_rows(uint32_t layer, const float* k_pre, std::span<const int64_t> positions,
+                           float* out);
   virtual int64_t max_rows() const = 0;
 
   // KVPR keeps the K/V-projection inputs of a prefix of positions in the form the projections consume

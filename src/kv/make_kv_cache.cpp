@@ -3,6 +3,7 @@
 #include "core/error.h"
 #include "kv/footprint.h"
 #include "kv/h2o_kv.h"
+#include "kv/locret_kv.h"
 #include "kv/resident_kv.h"
 
 namespace kvtier::kv {
@@ -11,6 +12,8 @@ std::unique_ptr<KvCache> make_kv_cache(const TieredOptions& o, const KvGeometry&
                                        uint32_t n_head, MemoryLedger& ledger, ThreadPool& pool,
                                        cpu::Isa isa) {
   check_placement_options(o);
+  if (o.retention == policy::Retention::kLocret)
+    return std::make_unique<LocretKv>(geometry, capacity, n_head, ledger, pool, isa, o);
   if (o.retention == policy::Retention::kH2o)
     return std::make_unique<H2oKv>(geometry, capacity, n_head, ledger, pool, isa, o);
   if (o.placement.placement != policy::Placement::kResident) {

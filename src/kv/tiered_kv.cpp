@@ -109,6 +109,7 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
   engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, lay_.queue_slots, copies_.size(),
                                              opt_.copy_delay_us, LinkLimit{opt_.link_bytes_per_s, nullptr});
+  if (opt_.selection == policy::Selection::kInfinigen) infinigen_init(n_head, ledger);
 }
 
 TieredKv::~TieredKv() {
@@ -264,6 +265,7 @@ std::span<const PassPositions> TieredKv::begin_batch(std::span<const PassInfo> s
     int64_t s_kv = 0;
     for (const SeqPass& sp : pass_.seqs()) s_kv = std::max(s_kv, sp.pos0 + sp.n);
     plan(s_kv);
+    if (infinigen()) infinigen_begin();
     visit_order_.clear();
     for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
       for (uint32_t b = 0; b < pass_.seqs().size(); ++b) {
@@ -335,9 +337,10 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
                    new_v_.data() + static_cast<size_t>((t * hk + h) * dv) * esz_);
     }
   }
+  if (infinigen()) infinigen_write(layer, rows);
 }
 
-void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows) {
+void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows, bool this_pass) {
   const policy::Unit& u = plan_.units[unit_index];
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
@@ -353,7 +356,17 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
     drop = policy::streaming_free_blocks(rows, opt_.knobs.sinks, policy::streaming_window(opt_.knobs),
                                          geo_.block_tokens);
   }
-  for (uint32_t h = 0; h < u.n_heads; ++h) {
+  // infinigen: the rows speculated for this visit's layer in this pass, where they are known already.
+  const Speculation* spec = this_pass ? speculation(u.layer) : nullptr;
+  uint32_t spec_b = 0;
+  for (; spec != nullptr && pass_.seqs()[spec_b].seq != seq; ++spec_b) {
+  }
+  for (uint32_t h = 0; spec != nullptr && h < u.n_heads; ++h) {
+    add_chosen_rows(*spec, spec_b, seq, u.layer, u.head0 + h, base + 2ull * h * layout_.pitch,
+                    base + (2ull * h + 1) * layout_.pitch, rows, n_blocks);
+  }
+  if (spec != nullptr) ++ig_.selective_loads;
+  for (uint32_t h = 0; spec == nullptr && h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
       const int64_t f16_first = std::max(first + xrows, qend);  // kivi: f16 rows from qend on
@@ -392,6 +405,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   vis.qend = qend;
   vis.xrows = xrows;
   vis.epoch = epoch_;
+  vis.sel_pass = spec != nullptr ? spec->pass : 0;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
   // last read the buffer (a zero-byte job is still a FIFO fence).
   vis.ticket = engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
@@ -406,12 +420,16 @@ void TieredKv::prefetch_ahead(uint64_t visit) {
     const uint64_t rel = v - pass_first_visit_;
     const uint64_t pass_ahead = rel / n_visits;
     if (pass_ahead > 1) break;  // two passes ahead: their lengths are unknown
+    // A unit's next-pass load needs this pass's store of that unit submitted first (the FIFO orders
+    // them): only the visits up to this unit's own next one qualify (a depth of at least the units
+    // per pass would otherwise load units this pass has not stored yet).
+    if (v > visit + n_visits) break;
     // The next pass is assumed to be the same batch (a decode step); a different one loads anew.
     const VisitSlot slot = visit_order_[rel % n_visits];
     const SeqPass& sp = pass_.seqs()[slot.b];
     const int64_t rows = pass_ahead == 0 ? sp.pos0 : sp.pos0 + sp.n;
     if (rows + 1 > layout_.rows) break;  // the next pass will need another layout
-    submit_load(v, sp.seq, slot.unit, rows);
+    submit_load(v, sp.seq, slot.unit, rows, pass_ahead == 0);
   }
 }
 
@@ -476,6 +494,7 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
 
 void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
   pass_.attend(layer);
+  if (infinigen()) infinigen_observe(layer, q, la);
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
                 geo_.window_of(layer));
@@ -512,7 +531,11 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     if (u.is_static) {
       uint8_t* base = static_base(pass_seq_, layer);
       scatter_new_rows(base, lay_.static_pitch, u, pos0, n);
-      attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
+      if (const int64_t c = infinigen() ? compact_unit(base, lay_.static_pitch, u, pos0, n) : -1; c >= 0) {
+        attend_unit(compact_.data(), compact_pitch_, u, c, n, q, n_head, la, o);
+      } else {
+        attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
+      }
       continue;
     }
     const uint64_t visit = next_visit_++;
@@ -529,6 +552,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
         inflight_.front().seq == pass_seq_ && inflight_.front().unit.layer == u.layer &&
         inflight_.front().unit.head0 == u.head0 && inflight_.front().unit.n_heads == u.n_heads &&
         inflight_.front().rows == pos0 &&
+        (inflight_.front().sel_pass == 0 || inflight_.front().sel_pass == passes_) &&
         inflight_.front().first == std::min(first_row(u.layer, pos0), pos0) &&
         (kivi_.bits == 0 ||
          inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0)));
@@ -543,7 +567,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       // Not prefetched (first visit, after a truncation or a layout change): load now.
       engine_->drain();
       inflight_.clear();
-      submit_load(visit, pass_seq_, i, pos0);
+      submit_load(visit, pass_seq_, i, pos0, true);
       if (pos0 > 0) ++sync_loads_;
       engine_->wait(inflight_.front().ticket);
       xfirst = inflight_.front().first;
@@ -609,7 +633,12 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       recompute_act(base, u, xfirst, pos0, xfirst, store_first_row(pos0));
       if (timed) prev_blocked_s_ += visit_clock() - t0;
     }
-    attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
+    // infinigen: attention over the chosen rows (a load of this pass's speculation holds only those).
+    if (const int64_t c = infinigen() ? compact_unit(base, layout_.pitch, u, pos0, n) : -1; c >= 0) {
+      attend_unit(compact_.data(), compact_pitch_, u, c, n, q, n_head, la, o);
+    } else {
+      attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
+    }
   }
 }
 
@@ -702,6 +731,10 @@ void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
         seq, n_tokens, qend_[seq], qend_[seq]);
   }
   if (n_tokens == 0) qend_[seq] = 0;
+  if (infinigen() && n_tokens == 0) {  // the next prompt chooses its own columns
+    cols_chosen_[seq] = 0;
+    pk_->reset(seq);
+  }
   // Waits for every transfer in flight: their pins drop before rows are forgotten (a store of rows
   // being truncated lands first; prefetched loads of the old length are void after the epoch bump).
   engine_->drain();
@@ -741,6 +774,7 @@ TieredStats TieredKv::stats() const {
   s.payload_kv_bytes = payload_kv_bytes_;
   s.act_ratio = act_ratio_;
   s.home = home_->describe();
+  s.infinigen = ig_;
   return s;
 }
 

@@ -34,12 +34,34 @@
 #include "kv/kv_cache.h"
 #include "kv/kv_compute.h"
 #include "kv/ledger.h"
+#include "kv/partial_keys.h"
 #include "kv/pass_state.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
+#include "policy/infinigen_select.h"
 #include "policy/placement.h"
 
 namespace kvtier::kv {
+
+// infinigen (tiered_kv_infinigen.cpp): what the speculation chose, over the decode steps so far. A
+// "layer step" is one (decode pass, layer >= 2 without a window of its own); rows count per (sequence,
+// KV head).
+struct InfinigenStats {
+  uint64_t layer_steps = 0;   // speculations run
+  uint64_t rows_total = 0;    // sum of T (the positions before the current token)
+  uint64_t rows_fetched = 0;  // sum of the rows chosen (loaded and attended, the current token aside)
+  int64_t n_sel_min = 0;      // the shared count n_sel (before the caps) over the layer steps
+  int64_t n_sel_max = 0;
+  uint64_t n_sel_sum = 0;
+  std::vector<uint64_t> layer_rows_total;    // [n_layer] rows_total per layer
+  std::vector<uint64_t> layer_rows_fetched;  // [n_layer]
+  std::vector<uint64_t> layer_n_sel_sum;     // [n_layer]
+  std::vector<uint64_t> layer_steps_of;      // [n_layer]
+  double spec_seconds = 0;                   // look-ahead projection, partial scores and selection
+  double pk_build_seconds = 0;               // partial keys of the prompts, from the home tier's keys
+  uint64_t pk_build_bytes = 0;               // home-tier bytes read for them
+  uint64_t selective_loads = 0;              // unit loads that moved the chosen rows only
+};
 
 struct TieredStats {
   TransferStats transfer;
@@ -54,6 +76,7 @@ struct TieredStats {
   uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
   double act_ratio = 0;           // hybrid: R, the ACT:KV block ratio in use (+inf: every block ACT)
   std::string home;               // where the home tier lives
+  InfinigenStats infinigen;       // selection infinigen only
 };
 
 class TieredKv final : public KvCache {
@@ -91,6 +114,7 @@ class TieredKv final : public KvCache {
     int64_t xrows = 0;  // kvpr: rows [first, first + xrows) loaded as inputs, the rest as K/V
     uint64_t epoch = 0;
     TransferEngine::Ticket ticket = 0;
+    uint64_t sel_pass = 0;  // infinigen: the pass whose chosen rows it loaded (0: every row)
   };
   struct Layout {  // staging layout for one group size
     uint32_t group = 0;
@@ -170,7 +194,33 @@ class TieredKv final : public KvCache {
   // Appends the extent [home_offset, +bytes) <-> buf (one plane's rows: consecutive home blocks) to
   // copies_.
   void add_copy(uint64_t home_offset, uint8_t* buf, uint64_t bytes, size_t& n);
-  void submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows);
+  // this_pass: the visit belongs to the open pass (infinigen may then load its chosen rows only).
+  void submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows, bool this_pass);
+  // infinigen (tiered_kv_infinigen.cpp). Speculation runs on decode passes for layers >= 2 without a
+  // window of their own; layer l's runs in write(l - 1) from that layer's normed input (the look-ahead),
+  // before attend(l - 1) submits layer l's load.
+  struct Speculation {
+    uint64_t pass = 0;  // passes_ of the pass it was made for (0: none)
+    uint32_t layer = 0;
+    policy::SpecResult r;         // sequence s of the batch is r's sequence s
+    std::vector<int64_t> n_past;  // [batch] T of each sequence
+  };
+  bool infinigen() const { return pk_ != nullptr; }
+  bool speculates(uint32_t layer) const { return infinigen() && layer >= 2 && geo_.window_of(layer) == 0; }
+  void infinigen_init(uint32_t n_head, MemoryLedger& ledger);
+  void infinigen_begin();  // begin_batch: the columns and partial keys of prompts that end now
+  void infinigen_write(uint32_t layer, const LayerRows& rows);
+  void infinigen_observe(uint32_t layer, const float* q, const LayerAttention& la);
+  void build_partial_keys(SeqId seq, int64_t rows);
+  // The open pass's speculation for `layer`, or null.
+  const Speculation* speculation(uint32_t layer) const;
+  // Appends the loads of the chosen rows of KV head `head` (index g of the speculation) of batch entry
+  // b, and of the rows the visit's store will write back around the new rows.
+  void add_chosen_rows(const Speculation& s, uint32_t b, SeqId seq, uint32_t layer, uint32_t head,
+                       uint8_t* base_k, uint8_t* base_v, int64_t rows, size_t& n);
+  // The unit's chosen rows and the pass's new row of batch entry b in compact planes; returns how
+  // many chosen rows (-1: every row is chosen, attend the buffer as it is).
+  int64_t compact_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n);
   // The units of `layer` for the batch's sequence `sp` (pass_seq_, pass_pos0_, pass_n_ set to it).
   void attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o);
   void prefetch_ahead(uint64_t visit);
@@ -260,6 +310,26 @@ class TieredKv final : public KvCache {
   double prev_blocked_s_ = 0;     // its waiting and recomputing
   uint64_t payload_x_bytes_ = 0;
   uint64_t payload_kv_bytes_ = 0;
+
+  // infinigen
+  std::unique_ptr<PartialKeys> pk_;
+  Reservation ig_reservation_;        // the scratch below (tiered_layout's ig_scratch_bytes)
+  std::vector<uint8_t> cols_chosen_;  // [n_seqs] the prompt's columns are chosen (decoding)
+  std::vector<float> layer_scale_;    // [n_layer] the attention scale a layer was last attended with
+  Speculation spec_[2];               // layers l and l + 1 of the open pass (index layer % 2)
+  const float* new_k_f32_ = nullptr;  // the open layer's new keys: [n, n_head_kv, head_dim_k] f32
+  std::vector<float> la_q_;           // [batch, n_head, head_dim_k] f32 the look-ahead's queries
+  std::vector<float> la_qp_;          // [batch, n_head, ig_cols] f32 their partial queries
+  std::vector<int64_t> la_pos_;       // [batch]
+  std::vector<const float*> la_pk_;   // [batch * n_head_kv]
+  std::vector<int64_t> la_cap_;       // [batch]
+  std::vector<uint8_t> compact_;      // [2 * h_max][ig_rows rows] KV dtype: a unit's chosen rows
+  uint64_t compact_pitch_ = 0;
+  std::unique_ptr<uint8_t, FreeDeleter>
+      key_page_;                // [h_max][page] one block of keys per head (4 KiB-aligned)
+  std::vector<float> key_f32_;  // [block_tokens, n_head_kv, head_dim_k] f32
+  uint32_t ig_n_head_ = 0;      // query heads
+  InfinigenStats ig_;
 };
 
 }  // namespace kvtier::kv

@@ -239,6 +239,24 @@ void Forward::rope_q(uint32_t l, const float* q_pre, int64_t n, int64_t position
   });
 }
 
+void Forward::rope_k_rows(uint32_t l, const float* k_pre, std::span<const int64_t> positions, float* out) {
+  const auto n = static_cast<int64_t>(positions.size());
+  KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "rope_k_rows on a Forward built without KV needs");
+  KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "rope_k_rows of layer {} for {} rows", l, n);
+  const LayerConfig& lc = cfg_.layers[l];
+  const int64_t dk = cfg_.head_dim_k;
+  const int64_t half = cfg_.n_rot / 2;
+  for_tokens(n, [&](int64_t t) {
+    float* k = out + t * dk;
+    std::copy(k_pre + t * dk, k_pre + (t + 1) * dk, k);
+    if (cfg_.n_rot == 0) return;
+    float* c = hook_cos_.data() + t * half;
+    float* sn = hook_sin_.data() + t * half;
+    rope_angles_ext(positions[sz(t)], cfg_.rope_tables[sz(lc.rope_table)], cfg_.n_rot, w_.rope_freqs, c, sn);
+    cpu::rope(isa_, k, 1, dk, cfg_.n_rot, c, sn, cfg_.rope_mode);
+  });
+}
+
 void Forward::project_q(uint32_t l, const float* x, std::span<const int64_t> positions, float* q) {
   const auto n = static_cast<int64_t>(positions.size());
   KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_q on a Forward built without KV needs");

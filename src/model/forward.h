@@ -92,6 +92,8 @@ class Forward final : public kv::KvCompute {
                   float* v) override;
   void rope_q(uint32_t layer, const float* q_pre, int64_t n, int64_t position, float* out) override;
   void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q) override;
+  void rope_k_rows(uint32_t layer, const float* k_pre, std::span<const int64_t> positions,
+                   float* out) override;
   int64_t max_rows() const override { return max_tokens_; }
   void encode_inputs(uint32_t layer, const float* x, int64_t n, uint8_t* out) override;
   void project_kv_encoded(uint32_t layer, const uint8_t* act, std::span<const int64_t> positions,

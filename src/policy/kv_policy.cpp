@@ -38,6 +38,12 @@ constexpr AxisValue kValues[] = {
      "head, the pages with the largest bound on q.k, --kv-budget positions in all (prefill stays dense); "
      "resident placement",
      "--kv-budget --quest-page"},
+    {Axis::kSelection, "infinigen", false,
+     "InfiniGen: from layer l-1's input, layer l's partial query (SVD-skewed columns of the --skew file) "
+     "scores partial keys; each decode step loads and attends, per KV head, the rows scoring above "
+     "max - --infinigen-alpha, at most --infinigen-budget of them, plus the current token; layers 0-1, "
+     "sliding-window layers and prefill stay dense; offloaded placements (layer, headinfer)",
+     "--skew --infinigen-alpha --infinigen-budget"},
     {Axis::kRetention, "none", true, "every position is kept until the sequence is truncated (the default)",
      ""},
     {Axis::kRetention, "sliding", true,
@@ -54,6 +60,12 @@ constexpr AxisValue kValues[] = {
      "the heavy hitters (most attention received so far), evicting after each pass; resident placement. "
      "Layers with a window of their own keep it",
      "--kv-budget --h2o-recent"},
+    {Axis::kRetention, "locret", false,
+     "Locret: prefill in chunks of --chunk; trained retaining heads (--locret-heads FILE) score every new "
+     "KV unit once, and after each chunk each (layer, KV head) keeps the --kv-budget best-scored units, "
+     "the last --stabilizers always among them; the prompt's last --local-tail tokens and decoded tokens "
+     "are not evicted; positions are renumbered compactly; resident placement",
+     "--kv-budget --locret-heads --stabilizers --local-tail"},
 };
 
 constexpr Preset kPresets[] = {
@@ -64,6 +76,10 @@ constexpr Preset kPresets[] = {
     {"hybridserve", "layer+hybrid",
      "HybridServe: layer-wise offload of a hybrid cache of KV blocks and activation checkpoints "
      "(recomputed to KV); with --weights-mem, weights streamed too"},
+    {"infinigen", "layer+infinigen",
+     "InfiniGen: layer-wise offload loading only the rows speculated one layer ahead (approximate)"},
+    {"locret", "resident+locret",
+     "Locret: chunked prefill evicting to --kv-budget by trained retaining heads (--locret-heads)"},
 };
 
 std::optional<AxisValue> find_value(std::string_view name) {
@@ -143,7 +159,15 @@ std::string_view representation_name(Representation r) {
 }
 
 std::string_view selection_name(Selection s) {
-  return s == Selection::kAll ? "all" : "quest";
+  switch (s) {
+    case Selection::kAll:
+      return "all";
+    case Selection::kQuest:
+      return "quest";
+    case Selection::kInfinigen:
+      return "infinigen";
+  }
+  return "?";
 }
 
 std::string_view retention_name(Retention r) {
@@ -156,12 +180,18 @@ std::string_view retention_name(Retention r) {
       return "streaming";
     case Retention::kH2o:
       return "h2o";
+    case Retention::kLocret:
+      return "locret";
   }
   return "?";
 }
 
 int64_t streaming_window(const PolicyKnobs& k) {
   return k.window > 0 ? k.window : k.budget - k.sinks;
+}
+
+int64_t locret_stabilizers(const PolicyKnobs& k) {
+  return k.stabilizers >= 0 ? k.stabilizers : k.budget / 4;
 }
 
 void check_knobs(const KvPolicy& p) {
@@ -183,10 +213,30 @@ void check_knobs(const KvPolicy& p) {
            p.retention == Retention::kH2o ? " kept" : " attended");
     }
   }
+  if (p.retention == Retention::kLocret) {
+    if (k.budget <= 0)
+      fail(ErrorKind::kInvalidArgument, "{} needs --kv-budget N (KV units kept per layer and KV head)", spec);
+    if (k.stabilizers < -1)
+      fail(ErrorKind::kInvalidArgument, "--stabilizers {}: must be >= 0", k.stabilizers);
+    if (locret_stabilizers(k) >= k.budget) {
+      fail(ErrorKind::kInvalidArgument,
+           "--stabilizers {} must be smaller than --kv-budget {} (spec: n_s < b)", locret_stabilizers(k),
+           k.budget);
+    }
+    if (k.local_tail < 0) fail(ErrorKind::kInvalidArgument, "--local-tail {}: must be >= 0", k.local_tail);
+  }
   if (p.retention == Retention::kH2o && !(k.h2o_recent > 0.0 && k.h2o_recent < 1.0))
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);
   if (p.selection == Selection::kQuest && k.quest_page < 1)
     fail(ErrorKind::kInvalidArgument, "--quest-page {}: must be >= 1", k.quest_page);
+  if (p.selection == Selection::kInfinigen) {
+    if (!(k.infinigen_alpha > 0.0))  // +inf allowed (the degenerate case: every row above the threshold)
+      fail(ErrorKind::kInvalidArgument, "--infinigen-alpha {}: must be > 0 (inf selects every row)",
+           k.infinigen_alpha);
+    if (!(k.infinigen_budget > 0.0 && k.infinigen_budget <= 1.0))
+      fail(ErrorKind::kInvalidArgument,
+           "--infinigen-budget {}: the cap's share of the rows must be in (0, 1]", k.infinigen_budget);
+  }
   if (p.representation == Representation::kKvpr && k.recompute < PolicyKnobs::kRecomputeRandom)
     fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto, random or a number of positions >= 0",
          k.recompute);
@@ -272,12 +322,14 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
                                     representation_name);
         break;
       case Axis::kSelection:
-        p.selection = value_of(part, {Selection::kAll, Selection::kQuest}, selection_name);
+        p.selection =
+            value_of(part, {Selection::kAll, Selection::kQuest, Selection::kInfinigen}, selection_name);
         break;
       case Axis::kRetention:
-        p.retention =
-            value_of(part, {Retention::kNone, Retention::kSliding, Retention::kStreaming, Retention::kH2o},
-                     retention_name);
+        p.retention = value_of(part,
+                               {Retention::kNone, Retention::kSliding, Retention::kStreaming, Retention::kH2o,
+                                Retention::kLocret},
+                               retention_name);
         break;
     }
   }

@@ -38,8 +38,9 @@ inline bool stores_inputs(Representation r) {
 }
 
 enum class Selection {
-  kAll,    // every stored token (sliding windows are applied by the attention mask)
-  kQuest,  // Quest: per-page key bounds, each head attends its top pages within --kv-budget
+  kAll,        // every stored token (sliding windows are applied by the attention mask)
+  kQuest,      // Quest: per-page key bounds, each head attends its top pages within --kv-budget
+  kInfinigen,  // InfiniGen: rows speculated one layer ahead from skewed partial q/k (offloaded placements)
 };
 
 enum class Retention {
@@ -47,6 +48,7 @@ enum class Retention {
   kSliding,    // free blocks that a sliding-window layer can no longer see (exact)
   kStreaming,  // StreamingLLM: attention sinks + a recent window, the rest freed
   kH2o,        // H2O: recent tokens + heavy hitters by accumulated attention, within --kv-budget
+  kLocret,     // Locret: chunked prefill evicting to --kv-budget by trained retaining heads' scores
 };
 
 // Tuning of the approximate values (each field names the flag that sets it). Exact values ignore
@@ -69,6 +71,12 @@ struct PolicyKnobs {
   // R >= 0 forced; +inf: every block ACT)
   static constexpr double kActRatioAuto = -1;
   double act_ratio = kActRatioAuto;
+  double infinigen_alpha =
+      5.0;  // --infinigen-alpha: threshold margin (scaled logits; the paper's Llama value)
+  double infinigen_budget = 0.2;  // --infinigen-budget: cap on the rows fetched per KV head, share of T
+  int64_t stabilizers = -1;       // --stabilizers: locret's n_s, the last units protected after a non-final
+                                  // prefill chunk (-1: --kv-budget / 4)
+  int64_t local_tail = 100;       // --local-tail: locret's n_loc, the prompt's last tokens never evicted
   bool operator==(const PolicyKnobs&) const = default;
 };
 
@@ -121,6 +129,8 @@ std::vector<KvPolicy> parse_kv_policy_list(std::string_view list, const KvPolicy
 void check_knobs(const KvPolicy& p);
 // Tokens of streaming's recent window under these knobs (--window, else --kv-budget - --sinks).
 int64_t streaming_window(const PolicyKnobs& k);
+// Locret's stabilizer length n_s under these knobs (--stabilizers, else --kv-budget / 4).
+int64_t locret_stabilizers(const PolicyKnobs& k);
 
 // Does the spec name a value of this axis itself (rather than leaving it to the defaults)?
 bool spec_names_axis(std::string_view spec, Axis axis);

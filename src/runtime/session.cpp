@@ -6,6 +6,7 @@
 #include "kv/footprint.h"
 #include "kv/make_kv_cache.h"
 #include "runtime/profile_cache.h"
+#include "runtime/skew_sample.h"
 
 namespace kvtier::runtime {
 
@@ -48,7 +49,9 @@ kv::KvGeometry kv_geometry(const LoadedModel& model, const SessionOptions& o) {
 
 kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& options) {
   const auto& cfg = model.config;
-  const SessionOptions o = resolve_session_options(cfg, options);
+  SessionOptions o = resolve_session_options(cfg, options);
+  if (o.kv_placement.selection == policy::Selection::kInfinigen && !o.kv_placement.skew)
+    o.kv_placement.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, o.skew_path));
   kv::MemoryLedger p;
   p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
   const model::WeightFootprint wf = model::weight_footprint(*model.file, model.weights, o.weights);
@@ -103,6 +106,8 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
     ko.kvpr_link_bytes_per_s = kvpr_costs(p, !ko.disk_dir.empty()).v_com_kv;
     ko.kvpr_tokens_per_s = p.proj_tokens_per_s;
   }
+  if (ko.selection == policy::Selection::kInfinigen && !ko.skew)
+    ko.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, opt_.skew_path));
   kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
                           isa_);
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
@@ -132,13 +137,18 @@ std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> 
                                         const ProgressFn& progress) {
   KVTIER_ASSERT(!tokens.empty(), "prefill of no tokens");
   const auto n = static_cast<int64_t>(tokens.size());
-  for (int64_t i = 0; i < n; i += opt_.chunk) {
-    const int64_t m = std::min(opt_.chunk, n - i);
+  // The policy's chunk schedule (chunks of --chunk unless it has its own, as locret does).
+  const std::vector<int64_t> passes = kv_->plan_prefill(seq, n, opt_.chunk);
+  int64_t i = 0;
+  for (const int64_t m : passes) {
+    KVTIER_ASSERT(m > 0 && m <= opt_.chunk && i + m <= n, "prefill pass of {} tokens at {} of {}", m, i, n);
     const bool last = i + m == n;
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
                   last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.data());
     if (progress) progress(i + m, n);
+    i += m;
   }
+  KVTIER_ASSERT(i == n, "the prefill plan covers {} of {} tokens", i, n);
   return {logits_.data(), model_.config.n_vocab};
 }
 
@@ -168,15 +178,19 @@ std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId>
   KVTIER_ASSERT(n > 0, "evaluation of no tokens");
   int64_t last_row = 0;
   const size_t V = model_.config.n_vocab;
-  for (int64_t i = 0; i < n; i += logit_rows_) {
-    const int64_t m = std::min(logit_rows_, n - i);
+  int64_t i = 0;
+  for (const int64_t m : kv_->plan_prefill(seq, n, logit_rows_)) {  // the policy's chunk schedule
+    KVTIER_ASSERT(m > 0 && m <= logit_rows_ && i + m <= n, "evaluation pass of {} tokens at {} of {}", m, i,
+                  n);
     const int64_t pos0 = kv_->positions(seq);
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
                   model::LogitRows::kAll, logits_.data());
     for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.data() + static_cast<size_t>(t) * V, V});
     last_row = m - 1;
     if (progress) progress(i + m, n);
+    i += m;
   }
+  KVTIER_ASSERT(i == n, "the evaluation plan covers {} of {} tokens", i, n);
   return {logits_.data() + static_cast<size_t>(last_row) * V, V};
 }
 

@@ -42,6 +42,9 @@ struct SessionOptions {
   // Weight placement (--weights-mem, --weights-from): resident layers under a budget, the others
   // streamed from host memory or the GGUF file (model/weight_stream.h).
   model::WeightStreamOptions weights;
+  // selection infinigen: the skew file (empty: the model's path with .skew.gguf), read unless
+  // kv_placement.skew holds it already (runtime/skew_sample.h, load_infinigen_skew).
+  std::string skew_path;
 };
 
 // Called after each prefill chunk: (tokens done, tokens total).

@@ -1,5 +1,7 @@
 #include "runtime/skew_sample.h"
 
+#include <filesystem>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -194,6 +196,33 @@ skew::SkewSet load_skew_for(const LoadedModel& model, const std::string& path) {
       fail(ErrorKind::kInvalidFile, "{}: layer {} has {} KV heads, the model {}", path, l,
            set.layers[l].n_head_kv, cfg.layers[l].n_head_kv);
   return set;
+}
+
+std::string infinigen_skew_path(const LoadedModel& model, const std::string& path) {
+  if (!path.empty()) return path;
+  std::string p = model.file->path();
+  constexpr std::string_view kExt = ".gguf";
+  if (p.size() >= kExt.size() && p.compare(p.size() - kExt.size(), kExt.size(), kExt) == 0)
+    p.resize(p.size() - kExt.size());
+  return p + ".skew.gguf";
+}
+
+skew::SkewSet load_infinigen_skew(const LoadedModel& model, const std::string& path) {
+  const std::string file = infinigen_skew_path(model, path);
+  const std::string make = fmt::format("kvtier skew -m {} -o {}", model.file->path(), file);
+  if (!std::filesystem::exists(file)) {
+    fail(ErrorKind::kInvalidArgument,
+         "selection infinigen needs the model's skew file, and {} does not exist{}; make it once with\n  {}\n"
+         "(then pass --skew {} if it is not the default path)",
+         file,
+         path.empty() ? " (the default: the model's path with .skew.gguf; --skew FILE names another)" : "",
+         make, file);
+  }
+  try {
+    return load_skew_for(model, file);
+  } catch (const Error& e) {
+    fail(e.kind(), "{}\nmake the skew file for this model with\n  {}", e.what(), make);
+  }
 }
 
 std::vector<LayerCheck> check_skew(const skew::SkewSet& set, const std::vector<LayerSamples>& held_out,

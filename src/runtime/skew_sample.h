@@ -58,6 +58,13 @@ skew::SkewSet compute_skew(const LoadedModel& model, const std::vector<LayerSamp
 // layers, KV heads and head size. Throws Error(kInvalidFile) naming the file and the mismatch.
 skew::SkewSet load_skew_for(const LoadedModel& model, const std::string& path);
 
+// The skew file the selection infinigen runs with: `path`, or by default the model's path with ".gguf"
+// replaced by ".skew.gguf" (infinigen_skew_path). A missing, foreign or corrupt file is an error that
+// names it and gives the `kvtier skew` command that makes the right one; nothing is built on the fly
+// (the SVD pass over sample text takes a while and its sample is the user's choice).
+std::string infinigen_skew_path(const LoadedModel& model, const std::string& path);
+skew::SkewSet load_infinigen_skew(const LoadedModel& model, const std::string& path);
+
 struct LayerCheck {
   double a1_error = 0.0;       // max over KV heads of max|Q K^T - Q~ K~^T| / max|Q K^T|
   double share_plain = 0.0;    // share of sum |Q| + |K| in the top floor(r·d) columns, unskewed

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from kvtier_testlib import model, run  # noqa: E402
-from test_exactness import configs  # noqa: E402
+from test_exactness import configs, with_model_files  # noqa: E402
 import re  # noqa: E402
 
 N_GEN = 6
@@ -52,6 +52,7 @@ def check(tmp_path, mdl, n_kv_heads, prompt_tokens, chunk):
     rows = [(["--kv-policy", "resident"], False)] + configs(n_kv_heads)
     n = 0
     for cfg, offloaded in rows:
+        cfg = with_model_files(cfg, mdl, tmp_path)
         budgets = [[]]
         if offloaded:
             budgets.append(["--kv-mem", str(smallest_kv_mem(mdl, prompt_tokens, chunk, cfg)), "--kv-disk", str(disk)])

@@ -9,8 +9,12 @@
 #include <random>
 #include <vector>
 
+#include <memory>
+#include "core/half.h"
+#include "core/thread_pool.h"
 #include "kv/partial_keys.h"
 #include "kv/row_gather.h"
+#include "kv/tiered_kv.h"
 #include "policy/infinigen_select.h"
 #include "skew/skew_math.h"
 
@@ -152,6 +156,158 @@ TEST(RowGather, A7GatheredRowsAreThePoolRowsBitForBitAndTheCurrentTokenIsAttende
   const std::vector<int32_t> some = {2, 7, 9};
   attention_rows(some, 5, rows);  // a reused slot in the middle
   EXPECT_EQ(rows, (std::vector<int32_t>{2, 5, 7, 9}));
+}
+
+// The executor (TieredKv with selection infinigen): a decode step's layers >= 2 attend exactly the rows
+// policy::speculate chooses from the look-ahead query (here a fake model hook's) against the partial
+// keys of the prompt's stored (f16) keys, plus the current token; layers 0-1 attend every row.
+class LookaheadCompute final : public KvCompute {
+ public:
+  std::vector<std::vector<float>> q;  // [layer] -> [n_head, d] the look-ahead's query of that layer
+  void project_kv(uint32_t, const float*, std::span<const int64_t>, float*, float*) override {
+    FAIL() << "not used";
+  }
+  void rope_q(uint32_t, const float*, int64_t, int64_t, float*) override { FAIL() << "not used"; }
+  void project_q(uint32_t layer, const float*, std::span<const int64_t> positions, float* out) override {
+    ASSERT_EQ(positions.size(), 1u);
+    std::copy(q[layer].begin(), q[layer].end(), out);
+  }
+  int64_t max_rows() const override { return 1 << 20; }
+};
+
+float f16_round(float x) {
+  return f16_to_f32(f32_to_f16(x));
+}
+
+// Softmax attention of one query head over the given key rows (f16-rounded K and V, [n_rows, d]).
+std::vector<float> attend_rows(const float* q, const std::vector<const float*>& ks,
+                               const std::vector<const float*>& vs, float scale) {
+  std::vector<double> s(ks.size());
+  double m = -1e300;
+  for (size_t j = 0; j < ks.size(); ++j) {
+    double dot = 0;
+    for (int64_t i = 0; i < kD; ++i) dot += double{q[i]} * f16_round(ks[j][i]);
+    s[j] = dot * scale;
+    m = std::max(m, s[j]);
+  }
+  double z = 0;
+  for (double& x : s) z += (x = std::exp(x - m));
+  std::vector<float> o(kD, 0.0f);
+  for (int64_t i = 0; i < kD; ++i) {
+    double acc = 0;
+    for (size_t j = 0; j < ks.size(); ++j) acc += s[j] / z * f16_round(vs[j][i]);
+    o[static_cast<size_t>(i)] = static_cast<float>(acc);
+  }
+  return o;
+}
+
+TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
+  constexpr uint32_t L = 4;
+  constexpr int64_t kPrompt = 200, kCap = 128;
+  constexpr float kScale = 0.25f;
+  std::mt19937 rng(3);
+  auto skew = std::make_shared<skew::SkewSet>();
+  skew->head_dim = kD;
+  skew->partial_ratio = 0.25f;
+  skew->partial_columns = 4;
+  for (uint32_t l = 0; l < L; ++l) {
+    skew::LayerSkew Ls;
+    Ls.n_head_kv = kHk;
+    for (int64_t g = 0; g < kHk; ++g) {
+      const auto a = skew::skew_matrix(random_rows(rng, 50 * kD), 50, kD);
+      Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
+      Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
+      for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
+    }
+    skew->layers.push_back(std::move(Ls));
+  }
+  KvGeometry geo;
+  geo.n_head_kv.assign(L, kHk);
+  geo.head_dim_k = geo.head_dim_v = kD;
+  geo.block_tokens = 128;  // 128 rows x 32 bytes: one 4 KiB page
+  KvOptions o;
+  o.placement.placement = policy::Placement::kLayer;
+  o.selection = policy::Selection::kInfinigen;
+  o.knobs.infinigen_alpha = 1.0;
+  o.knobs.infinigen_budget = 0.25;
+  o.skew = skew;
+  ThreadPool pool(2);
+  MemoryLedger ledger;
+  TieredKv kv(geo, 256, kHeads, ledger, pool, cpu::best_isa(), o);
+  LookaheadCompute hook;
+  kv.set_compute(&hook);
+  std::vector<std::vector<float>> q(L), k(L), v(L);  // [layer] prompt + decode token rows
+  const LayerAttention la{kScale, 0.0f, 0};
+  std::vector<float> x(4, 0.0f);  // the layer input the look-ahead would project (the fake ignores it)
+  std::vector<std::vector<float>> out(L);
+  for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
+  for (int64_t pass_n : {kPrompt, int64_t{1}}) {
+    kv.begin_pass({0, pass_n});
+    for (uint32_t l = 0; l < L; ++l) {
+      const auto qn = random_rows(rng, pass_n * kHeads * kD), kn = random_rows(rng, pass_n * kHk * kD),
+                 vn = random_rows(rng, pass_n * kHk * kD);
+      q[l].insert(q[l].end(), qn.begin(), qn.end());
+      k[l].insert(k[l].end(), kn.begin(), kn.end());
+      v[l].insert(v[l].end(), vn.begin(), vn.end());
+      LayerRows rows;
+      rows.k = kn.data();
+      rows.v = vn.data();
+      rows.x = x.data();
+      kv.write(l, rows);
+      out[l].assign(static_cast<size_t>(pass_n * kHeads * kD), 0.0f);
+      kv.attend(l, qn.data(), kHeads, la, out[l].data());
+    }
+    kv.end_pass();
+  }
+  // The reference speculation: the partial keys of the prompt's f16 keys, columns from its q and k.
+  MemoryLedger ref_ledger;
+  PartialKeys pk(*skew, PartialKeysShape{kHeads, 256, 1, 64}, ref_ledger);
+  for (uint32_t l = 2; l < L; ++l) pk.observe(0, l, q[l].data(), k[l].data(), kPrompt);
+  pk.choose_columns(0);
+  const InfinigenStats st = kv.stats().infinigen;
+  EXPECT_EQ(st.layer_steps, 2u);
+  uint64_t fetched = 0;
+  for (uint32_t l = 0; l < L; ++l) {
+    std::vector<float> k16(k[l].begin(), k[l].begin() + kPrompt * kHk * kD);
+    for (float& e : k16) e = f16_round(e);
+    pk.write(0, l, 0, k16.data(), kPrompt);
+    std::vector<float> qp(kHeads * 4);
+    for (int64_t h = 0; h < kHeads; ++h)
+      policy::partial_rows(hook.q[l].data() + h * kD, 1, kD,
+                           pk.projection(0, l, static_cast<uint32_t>(h / 3)), 4, qp.data() + h * 4);
+    const float* pks[kHk] = {pk.rows(0, l, 0), pk.rows(0, l, 1)};
+    const int64_t T[1] = {kPrompt};
+    const int64_t cap[1] = {policy::speculation_cap(0.25, kPrompt)};
+    ASSERT_LT(cap[0], kCap);
+    policy::SpecInput in{1, kHeads, kHk, 4, kScale, qp.data(), pks, T, cap};
+    policy::SpecResult r;
+    policy::speculate(in, 1.0f, r);
+    if (l >= 2) {
+      EXPECT_LT(r.chosen[0], kPrompt) << "layer " << l << ": the selection must drop rows here";
+      fetched += static_cast<uint64_t>(r.chosen[0] * kHk);
+    }
+    for (int64_t h = 0; h < kHeads; ++h) {
+      const int64_t g = h / 3;
+      std::vector<const float*> ks, vs;
+      auto add = [&](int64_t row) {
+        ks.push_back(k[l].data() + (row * kHk + g) * kD);
+        vs.push_back(v[l].data() + (row * kHk + g) * kD);
+      };
+      if (l >= 2) {
+        for (int32_t row : r.rows(0, g, kHk)) add(row);
+      } else {
+        for (int64_t row = 0; row < kPrompt; ++row) add(row);
+      }
+      add(kPrompt);  // the current token
+      const auto ref = attend_rows(q[l].data() + (kPrompt * kHeads + h) * kD, ks, vs, kScale);
+      for (int64_t i = 0; i < kD; ++i)
+        EXPECT_NEAR(out[l][static_cast<size_t>(h * kD + i)], ref[static_cast<size_t>(i)], 2e-5f)
+            << "layer " << l << " head " << h << " element " << i;
+    }
+  }
+  EXPECT_EQ(st.rows_fetched, fetched);
+  EXPECT_EQ(st.rows_total, 2u * kPrompt * kHk);
+  EXPECT_EQ(st.selective_loads, 2u);
 }
 
 }  // namespace

@@ -113,6 +113,10 @@ TEST(TieredKv, EveryConfigurationMatchesResidentBitForBit) {
           {policy::Placement::kHeadInfer, 1, 3, 0, true, 200},
           {policy::Placement::kHeadInfer, 1, 1, 3, false, 0},
           {policy::Placement::kHeadInfer, 1, 2, 5, true, 100},
+          // deeper than the units of a pass (2 or 3 layers): prefetches stop at each unit's own next
+          // visit, after this pass's store of it (the fuzzer found loads of unstored pages)
+          {policy::Placement::kLayer, 0, 4, 0, false, 200},
+          {policy::Placement::kLayer, 0, 3, 0, true, 0},
       };
       for (const auto& cf : configs) {
         if (cf.group > 1 && c.n_head_kv[1] % cf.group != 0) continue;

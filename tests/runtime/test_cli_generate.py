@@ -98,3 +98,17 @@ def test_ids_prompt_scores_a_given_sequence(tiny, tmp_path):
     assert by_ids["prompt_tokens"] == text["prompt_tokens"]
     a, b = np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")
     assert a.shape == b.shape and a.shape[0] == len(text["prompt_tokens"]) and (a == b).all()
+
+
+def test_logits_digest_is_xxh3_of_each_dumped_row(tiny, tmp_path):
+    """--logits-digest (what the exactness matrix compares): per evaluated position, XXH3-64 of the
+    logits' bytes, checked against the xxhash package on the rows --dump-logits writes."""
+    import xxhash
+    j = kt.run_json("run", "-m", tiny, "-p", "abc abd", "-n", 3, "--ignore-eos", "--json", "--logits-digest",
+                    "--dump-logits", tmp_path / "a.npy")
+    rows = np.load(tmp_path / "a.npy")
+    assert rows.dtype == np.float32 and len(j["logits_digest"]) == rows.shape[0] == len(j["prompt_tokens"]) + 2
+    assert j["logits_digest"] == [f"{xxhash.xxh3_64_intdigest(r.tobytes()):016x}" for r in rows]
+    assert len(set(j["logits_digest"])) == rows.shape[0]  # distinct positions, distinct hashes
+    p = kt.run("run", "-m", tiny, "-p", "abc", "-n", 1, "--logits-digest", check=False)
+    assert p.returncode != 0 and "--json" in p.stderr

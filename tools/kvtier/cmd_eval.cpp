@@ -21,6 +21,7 @@
 #include "eval/runner.h"
 #include "eval/text.h"
 #include "eval_common.h"
+#include "locret/head_scorer.h"
 #include "policy/placement.h"
 #include "run_common.h"
 #include "runtime/generate.h"
@@ -68,6 +69,11 @@ class ModelEngine final : public eval::Engine {
     o.kv_placement.placement.placement = kp.placement;
     o.kv_placement.retention = kp.retention;
     o.kv_placement.representation = kp.representation;
+    if (kp.retention == policy::Retention::kLocret) {  // the heads, loaded once for every locret cell
+      if (!locret_scorer_)
+        locret_scorer_ = locret::load_head_scorer(engine_.locret_heads, engine_.model, model_.config);
+      o.kv_placement.scorer = locret_scorer_;
+    }
     o.kv_dtype = kp.representation == policy::Representation::kF32 ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
     if (kp.placement == policy::Placement::kResident) {
       o.kv_placement.disk_dir.clear();  // placement options of the offloaded policies do not apply
@@ -102,6 +108,7 @@ class ModelEngine final : public eval::Engine {
   EngineArgs engine_;
   std::optional<tokenizer::ChatTemplate> tmpl_;
   std::unique_ptr<runtime::Session> session_;
+  std::shared_ptr<kv::UnitScorer> locret_scorer_;
 };
 
 // The command that reproduces the run (every option that changes results, spelled out).

@@ -1,8 +1,10 @@
 // kvtier run -m MODEL (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat] [--ctx N] [--chunk N] [--threads N]
 //            [--temp --top-k --top-p --min-p --seed ...] [--stop S]... [--json] [--dump-logits FILE]
+//            [--logits-digest]
 // Streams the generated text to stdout; --json prints one object at the end instead.
 #include <fmt/format.h>
 
+#include <xxhash.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +44,7 @@ struct RunArgs {
   bool ignore_eos = false;
   bool json = false;
   std::string dump_logits;
+  bool logits_digest = false;
 };
 
 // The prompt's token ids: raw text, or a one-turn conversation in the model's chat template.
@@ -59,6 +62,12 @@ std::vector<runtime::TokenId> prompt_tokens(const tokenizer::Tokenizer& tok, con
   const std::string eos = v.special.eos != tokenizer::kNoToken ? v.text[v.special.eos] : "";
   const std::string formatted = tokenizer::format_chat(tmpl, msgs, true, bos, eos);
   return tok.encode(formatted, {.add_special = !tokenizer::template_writes_bos(tmpl), .parse_special = true});
+}
+
+// XXH3-64 of one position's logits, as 16 hex digits: equal digests mean equal bits (up to hash
+// collisions, 2^-64 per pair).
+std::string logits_digest(std::span<const float> row) {
+  return fmt::format("{:016x}", XXH3_64bits(row.data(), row.size_bytes()));
 }
 
 int run_run(const RunArgs& a) {
@@ -90,9 +99,15 @@ int run_run(const RunArgs& a) {
   g.stop = a.stop;
   g.ignore_eos = a.ignore_eos;
   g.interrupted = [] { return interrupted(); };
-  if (!a.dump_logits.empty()) {
-    dump = std::make_unique<NpyWriter>(a.dump_logits, model->config.n_vocab);
-    g.on_logits = [&](int64_t, std::span<const float> row) { dump->append(row); };
+  if (a.logits_digest && !a.json)
+    fail(ErrorKind::kInvalidArgument, "--logits-digest is printed in --json: give both");
+  if (!a.dump_logits.empty()) dump = std::make_unique<NpyWriter>(a.dump_logits, model->config.n_vocab);
+  std::vector<std::string> digests;  // [n_positions] XXH3-64 of each position's logits, hex
+  if (dump || a.logits_digest) {
+    g.on_logits = [&](int64_t, std::span<const float> row) {
+      if (dump) dump->append(row);
+      if (a.logits_digest) digests.push_back(logits_digest(row));
+    };
   }
   ProgressBar bar("prefill", stderr_is_tty() && static_cast<int64_t>(prompt.size()) > session.chunk());
   std::vector<runtime::TokenId> history;
@@ -130,6 +145,7 @@ int run_run(const RunArgs& a) {
         {"kv", kv_json(session, a.engine)},
         {"weights", weights_json(session)},
     };
+    if (a.logits_digest) j["logits_digest"] = digests;
     std::cout << j.dump() << "\n";
   } else {
     std::fputc('\n', stdout);
@@ -160,6 +176,9 @@ void add_run(CLI::App& app, Runner& run) {
   cmd->add_flag("--json", a->json, "print one JSON object at the end (text, ids, speeds, peak memory)");
   cmd->add_option("--dump-logits", a->dump_logits,
                   "write the logits of every evaluated position to a .npy file [n_positions, n_vocab]");
+  cmd->add_flag("--logits-digest", a->logits_digest,
+                "with --json: a 64-bit hash (XXH3) of the logits' bytes at every evaluated position, in "
+                "\"logits_digest\" (bit-identity checks without writing the logits)");
   cmd->callback([&run, a] { run = [a] { return run_run(*a); }; });
 }
 

@@ -62,9 +62,22 @@ std::string provenance_value(const locret::HeadFileMeta& m, const std::string& k
 }
 
 int run_train_locret(const TrainLocretArgs& a) {
+  if (a.steps == 0) {  // untrained heads (seeded N(0, 0.02)): for tests and the degenerate runs
+    const auto model = runtime::load_model(a.model);
+    locret::HeadFileMeta meta;
+    meta.model_hash = locret::model_fingerprint(a.model);
+    meta.model_name =
+        model->file->opt_string("general.name").value_or(std::filesystem::path(a.model).filename());
+    meta.provenance = {{"trainer", "kvtier train-locret --steps 0"},
+                       {"config", fmt::format("untrained: N(0, 0.02) seed={} d_m={}", a.seed, a.d_m)}};
+    locret::save_heads(
+        a.out, locret::RetainingHeads::random(locret::head_shapes(model->config, a.d_m), a.seed), meta);
+    std::fprintf(stderr, "wrote untrained heads to %s\n", a.out.c_str());
+    return 0;
+  }
   if (a.data.empty() == (a.fixture_samples == 0))
     fail(ErrorKind::kInvalidArgument, "give training data: --data FILE.jsonl or --fixture-samples N");
-  if (a.steps < 1) fail(ErrorKind::kInvalidArgument, "--steps must be at least 1");
+  if (a.steps < 1) fail(ErrorKind::kInvalidArgument, "--steps must be at least 1 (0: write untrained heads)");
   const int64_t warmup = a.warmup >= 0 ? a.warmup : a.steps * 2 / 3;
   const auto model = runtime::load_model(a.model);
   std::fprintf(stderr, "hashing %s ...\n", a.model.c_str());
@@ -223,7 +236,9 @@ void add_train_locret(CLI::App& app, Runner& run) {
   cmd->add_option("--fixture-samples", a->fixture_samples,
                   "train on N generated match-fixture samples instead (for `kvtier locret-fixture` models)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--steps", a->steps, "optimizer steps (one sample each)")->capture_default_str();
+  cmd->add_option("--steps", a->steps,
+                  "optimizer steps (one sample each); 0 writes untrained heads (seeded N(0, 0.02), no data)")
+      ->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "warmup steps of the linear schedule (default: 2/3 of --steps)");
   cmd->add_option("--lr", a->lr, "peak learning rate")->capture_default_str();
   cmd->add_option("--d-m", a->d_m, "intermediate size of each head (the paper: 1024)")

@@ -16,6 +16,7 @@
 
 #include "cli_util.h"
 #include "core/error.h"
+#include "locret/head_scorer.h"
 #include "policy/placement.h"
 
 namespace kvtier::cli {
@@ -23,7 +24,8 @@ namespace kvtier::cli {
 void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
   const policy::PolicyKnobs k;
   cmd->add_option("--kv-budget", knobs.budget,
-                  "h2o, quest: KV tokens per sequence and layer kept (h2o) or attended (quest); streaming: "
+                  "h2o, quest, locret: KV tokens per sequence and layer kept (h2o; locret: per KV head) or "
+                  "attended (quest); streaming: "
                   "sinks + window when --window is not given")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--sinks", knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
@@ -32,6 +34,13 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--h2o-recent", knobs.h2o_recent, "h2o: share of --kv-budget kept for the recent tokens")
       ->default_val(k.h2o_recent);
+  cmd->add_option("--stabilizers", knobs.stabilizers,
+                  "locret: the last units kept after each non-final prefill chunk (default: --kv-budget / 4)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--local-tail", knobs.local_tail,
+                  "locret: the prompt's last tokens, prefilled after the last eviction and never evicted")
+      ->default_val(k.local_tail)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
       ->default_val(k.kivi_group);
@@ -52,6 +61,14 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "KV, inf: all activation checkpoints)")
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}))
       ->default_str("auto");
+  cmd->add_option("--infinigen-alpha", knobs.infinigen_alpha,
+                  "infinigen: a row is loaded when its speculated score exceeds max - alpha (scaled logits; "
+                  "inf: every row)")
+      ->default_val(k.infinigen_alpha);
+  cmd->add_option(
+         "--infinigen-budget", knobs.infinigen_budget,
+         "infinigen: at most this share of a sequence's rows loaded per KV head and step (1: no cap)")
+      ->default_val(k.infinigen_budget);
 }
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
@@ -68,8 +85,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   if (with_policy) {
     cmd->add_option("--kv-policy", a.kv_policy,
-                    "KV policy: a preset (resident, layer, headinfer, kvpr, hybridserve) or axis values "
-                    "joined by '+', e.g. "
+                    "KV policy: a preset (resident, layer, headinfer, kvpr, hybridserve, locret) or axis "
+                    "values joined by "
+                    "'+', e.g. "
                     "layer+sliding; `kvtier policies` lists them all and which are exact")
         ->capture_default_str();
   }
@@ -98,6 +116,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, policy::WeightSource>{
           {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
       ->default_str("host");
+  cmd->add_option("--skew", a.skew,
+                  "infinigen: the model's skew file from `kvtier skew` (default: the model's path with "
+                  ".skew.gguf)");
   cmd->add_option("--profile-cache", a.profile_cache,
                   "kvpr --recompute auto, hybridserve --act-ratio auto: file of cached link and projection "
                   "profiles (default: "
@@ -111,6 +132,9 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("--static-heads", a.static_heads, "headinfer: first KV heads (layer-major) kept resident")
       ->capture_default_str();
   add_knob_flags(cmd, a.knobs);
+  cmd->add_option("--locret-heads", a.locret_heads,
+                  "locret: retaining heads trained for this model (kvtier train-locret; "
+                  "scripts/train_locret_heads.sh MODEL OUT_DIR)");
   cmd->add_option("--backend", a.backend,
                   "compute backend: cpu (default), or cuda (an NVIDIA GPU; a CUDA build)")
       ->transform(CLI::CheckedTransformer(
@@ -178,6 +202,8 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   p.selection = kp.selection;
   p.representation = kp.representation;
   p.knobs = kp.knobs;
+  if (kp.retention == policy::Retention::kLocret)
+    p.scorer = locret::load_head_scorer(a.locret_heads, a.model, cfg);
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;
   p.placement.static_heads = a.static_heads;
@@ -198,6 +224,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
          "weights resident has neither");
   if (policy::stores_inputs(p.representation)) o.profile_cache = profile_cache_path(a.profile_cache);
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
+  o.skew_path = a.skew;
   return o;
 }
 
@@ -294,6 +321,36 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)
   j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
   j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
+  if (const kv::InfinigenStats& ig = st->infinigen; ig.layer_steps_of.size() > 0) {
+    // infinigen: the decode steps' speculations (layers >= 2 without a window of their own).
+    nlohmann::json g;
+    g["layer_steps"] = ig.layer_steps;
+    g["rows_total"] = ig.rows_total;      // per (sequence, KV head): positions before the current token
+    g["rows_fetched"] = ig.rows_fetched;  // of them loaded and attended
+    g["fetched_fraction"] =
+        ig.rows_total == 0 ? 0.0 : static_cast<double>(ig.rows_fetched) / static_cast<double>(ig.rows_total);
+    g["n_sel_min"] = ig.n_sel_min;
+    g["n_sel_max"] = ig.n_sel_max;
+    g["n_sel_mean"] = ig.layer_steps == 0 ? 0.0 : static_cast<double>(ig.n_sel_sum) / ig.layer_steps;
+    nlohmann::json layers = nlohmann::json::array();  // per layer: mean n_sel and fetched fraction
+    for (size_t l = 0; l < ig.layer_steps_of.size(); ++l) {
+      if (ig.layer_steps_of[l] == 0) continue;
+      layers.push_back({{"layer", l},
+                        {"steps", ig.layer_steps_of[l]},
+                        {"n_sel_mean", static_cast<double>(ig.layer_n_sel_sum[l]) / ig.layer_steps_of[l]},
+                        {"fetched_fraction", ig.layer_rows_total[l] == 0
+                                                 ? 0.0
+                                                 : static_cast<double>(ig.layer_rows_fetched[l]) /
+                                                       static_cast<double>(ig.layer_rows_total[l])}});
+    }
+    g["layers"] = layers;
+    g["speculation_s"] = ig.spec_seconds;
+    g["stall_s"] = st->transfer.wait_seconds;  // the compute thread waiting for loads (all layers)
+    g["partial_keys_build_s"] = ig.pk_build_seconds;
+    g["partial_keys_build_bytes"] = ig.pk_build_bytes;
+    g["selective_loads"] = ig.selective_loads;
+    j["infinigen"] = g;
+  }
   return j;
 }
 

@@ -24,6 +24,7 @@ struct EngineArgs {
   int64_t chunk = 0;    // 0: runtime::default_chunk
   int threads = 0;      // 0: all cores
   std::string kv_type;  // f16 | f32; empty: the policy's representation (f16 unless it names one)
+  std::string skew;     // --skew: infinigen's skew file (empty: next to the model)
   std::string isa;      // empty: best
   // KV placement.
   std::string kv_policy = "resident";  // a preset or a '+'-joined spec (policy/kv_policy.h)
@@ -34,6 +35,7 @@ struct EngineArgs {
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
   policy::PolicyKnobs knobs;  // the approximate values' tuning (--kv-budget, --sinks, ...)
+  std::string locret_heads;   // --locret-heads: the retaining heads the locret retention scores with
   double link_gbps = 0;       // --link-gbps: pace home-tier loads (a measurement aid)
   std::string profile_cache;  // --profile-cache (kvpr auto); empty: the default location
   // Test hooks (hidden flags): inject a disk-tier write failure, delay every copy job.

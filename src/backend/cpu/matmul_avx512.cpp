@@ -47,7 +47,6 @@ struct PairRow {
   __m512i q;      // the two blocks' quants (pair_quants)
   __m512i start;  // VPDPBUSD start value: -128 * each lane's 4 weights (signed types), else 0
   __m512 dw;      // weight scales, 8 lanes per block
-  float m0, m1;   // q4_1 mins
 };
 
 // As vec_dot_avx512's dot_legacy per (row, token): two blocks per 16-lane FMA step, an odd last block
@@ -68,15 +67,17 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
   const int64_t nb = k / kQK;
-  __m512 acc[NG][R][4];   // [group][row][token in group]
-  __m128 acc_min[NG][R];  // [group][row] lane t: q4_1's min chain of token t of the group
+  static_assert(R <= 4, "the min chains hold R rows x 4 tokens in the 16 lanes of one vector");
+  __m512 acc[NG][R][4];  // [group][row][token in group]
+  __m512 acc_min[NG];    // [group] lane 4 r + t: q4_1's min chain of row r, token t of the group
   for (int g = 0; g < NG; ++g) {
-    for (int r = 0; r < R; ++r) {
-      acc_min[g][r] = _mm_setzero_ps();
+    acc_min[g] = _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r)
       for (int t = 0; t < 4; ++t) acc[g][r][t] = _mm512_setzero_ps();
-    }
   }
   PairRow prep[kPairs][R];
+  __m512 mins16[kPairs][2];  // q4_1: [pair][block of the pair] lane 4 r + t: row r's min (each row 4 times)
+  const __m512i row_of_lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
   for (int64_t b0 = 0; b0 + 2 <= nb; b0 += 2 * kPairs) {
     const int64_t n_pairs = std::min(kPairs, (nb - b0) / 2);
     for (int64_t p = 0; p < n_pairs; ++p) {
@@ -92,9 +93,12 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
           pr.start = _mm512_sub_epi32(pr.start, _mm512_dpbusd_epi32(pr.start, _mm512_set1_epi8(-128), pr.q));
         }
         pr.dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
-        if constexpr (kMin) {
-          pr.m0 = f16(x[r][b].m);
-          pr.m1 = f16(x[r][b + 1].m);
+      }
+      if constexpr (kMin) {
+        for (int h = 0; h < 2; ++h) {
+          alignas(16) float m[4] = {0, 0, 0, 0};  // [row] the block's min
+          for (int r = 0; r < R; ++r) m[r] = f16(x[r][b + h].m);
+          mins16[p][h] = _mm512_permutexvar_ps(row_of_lane, _mm512_castps128_ps512(_mm_load_ps(m)));
         }
       }
     }
@@ -103,6 +107,7 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
       __m512 ac[R][4];
       for (int r = 0; r < R; ++r)
         for (int t = 0; t < 4; ++t) ac[r][t] = acc[g][r][t];
+      __m512 am = acc_min[g];
       for (int64_t p = 0; p < n_pairs; ++p) {
         const int64_t b = b0 + 2 * p;
         __m512i av[4];
@@ -112,8 +117,8 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
           if constexpr (kSigned) av[t] = _mm512_xor_si512(av[t], _mm512_set1_epi8(-128));
           da[t] = join_ps(ag[t][b].d, ag[t][b + 1].d);
         }
-        // q4_1: [token] da and asum of both blocks, for the min chains
-        __m128 da4[2] = {_mm_setzero_ps(), _mm_setzero_ps()}, asum4[2] = {_mm_setzero_ps(), _mm_setzero_ps()};
+        // q4_1: the min chains of all R x 4 outputs of the group in one vector, block b then block
+        // b + 1: lane 4 r + t adds (m_r * da_t) * asum_t, the products of vec_dot in its order.
         if constexpr (kMin) {
           for (int h = 0; h < 2; ++h) {
             __m128i ds[4];  // [token] raw (da, asum) words of block b + h
@@ -121,8 +126,9 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
               ds[t] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&ag[t][b + h]));
             const __m128i lo = _mm_unpacklo_epi32(ds[0], ds[1]);  // da0 da1 asum0 asum1
             const __m128i hi = _mm_unpacklo_epi32(ds[2], ds[3]);
-            da4[h] = _mm_castsi128_ps(_mm_unpacklo_epi64(lo, hi));
-            asum4[h] = _mm_cvtepi32_ps(_mm_unpackhi_epi64(lo, hi));
+            const __m512 da16 = _mm512_broadcast_f32x4(_mm_castsi128_ps(_mm_unpacklo_epi64(lo, hi)));
+            const __m512 asum16 = _mm512_broadcast_f32x4(_mm_cvtepi32_ps(_mm_unpackhi_epi64(lo, hi)));
+            am = _mm512_add_ps(am, _mm512_mul_ps(_mm512_mul_ps(mins16[p][h], da16), asum16));
           }
         }
         for (int r = 0; r < R; ++r) {
@@ -132,23 +138,19 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
                                          : _mm512_dpbusd_epi32(pr.start, pr.q, av[t]);
             ac[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(pr.dw, da[t]), ac[r][t]);
           }
-          if constexpr (kMin) {  // (m * da) * asum per token, block b then block b + 1
-            acc_min[g][r] =
-                _mm_add_ps(acc_min[g][r], _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(pr.m0), da4[0]), asum4[0]));
-            acc_min[g][r] =
-                _mm_add_ps(acc_min[g][r], _mm_mul_ps(_mm_mul_ps(_mm_set1_ps(pr.m1), da4[1]), asum4[1]));
-          }
         }
       }
       for (int r = 0; r < R; ++r)
         for (int t = 0; t < 4; ++t) acc[g][r][t] = ac[r][t];
+      acc_min[g] = am;
     }
   }
   const int64_t b = nb & ~int64_t{1};  // odd block count: the last block on 256 bits
   for (int g = 0; g < NG; ++g) {
+    alignas(64) float mins16_out[16];  // lane 4 r + t
+    _mm512_store_ps(mins16_out, acc_min[g]);
     for (int r = 0; r < R; ++r) {
-      float mins[4];
-      _mm_storeu_ps(mins, acc_min[g][r]);
+      const float* mins = mins16_out + 4 * r;
       for (int t = 0; t < 4; ++t) {
         const ActQ8_32* at = a[4 * g + t];
         float s = reduce_add(acc[g][r][t]);

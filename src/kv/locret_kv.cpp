@@ -1,0 +1,352 @@
+#include "kv/locret_kv.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/half.h"
+#include "kv/kv_row.h"
+
+namespace kvtier::kv {
+namespace {
+
+uint64_t row_bytes(const KvGeometry& geo) {
+  return static_cast<uint64_t>(2 * geo.head_dim_k + geo.head_dim_v) * cpu::kv_dtype_bytes(geo.dtype) +
+         sizeof(int64_t) + sizeof(float);
+}
+
+int64_t max_q_per_kv(const KvGeometry& geo, uint32_t n_head) {
+  int64_t m = 1;
+  for (uint32_t l = 0; l < geo.n_layer(); ++l) m = std::max<int64_t>(m, n_head / geo.n_head_kv[l]);
+  return m;
+}
+
+int64_t max_head_kv(const KvGeometry& geo) {
+  int64_t m = 1;
+  for (uint32_t l = 0; l < geo.n_layer(); ++l) m = std::max<int64_t>(m, geo.n_head_kv[l]);
+  return m;
+}
+
+void load_row(cpu::KvDtype dt, const uint8_t* src, int64_t n, float* dst) {
+  if (dt == cpu::KvDtype::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  const auto* h = reinterpret_cast<const uint16_t*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
+}
+
+}  // namespace
+
+int64_t locret_rows(int64_t capacity, const KvOptions& o) {
+  return std::min(capacity, o.knobs.budget + o.knobs.local_tail + max_new_rows(capacity, o));
+}
+
+LocretLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                           const KvOptions& o) {
+  geo.validate();
+  if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
+  if (o.knobs.budget <= 0)
+    fail(ErrorKind::kInvalidArgument, "locret needs --kv-budget N (KV units kept per layer and KV head)");
+  const auto rows = static_cast<uint64_t>(locret_rows(capacity, o));
+  LocretLayout r;
+  for (uint32_t l = 0; l < geo.n_layer(); ++l)
+    r.kv_bytes += uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * row_bytes(geo);
+  cpu::AttnParams ap;
+  ap.head_dim_k = geo.head_dim_k;
+  ap.head_dim_v = geo.head_dim_v;
+  ap.q_per_kv = max_q_per_kv(geo, n_head);
+  r.scratch_bytes = cpu::attention_scratch_bytes(ap, threads) +
+                    static_cast<uint64_t>(max_new_rows(capacity, o) * max_head_kv(geo)) * sizeof(float) +
+                    rows * (1 + sizeof(int64_t)) +
+                    rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + sizeof(int64_t));
+  return r;
+}
+
+LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
+                   ThreadPool& pool, cpu::Isa isa, const KvOptions& options)
+    : geo_(geometry),
+      capacity_(capacity),
+      n_seqs_(std::max<uint32_t>(options.max_seqs, 1)),
+      opt_(options),
+      threads_(pool),
+      isa_(isa),
+      esz_(cpu::kv_dtype_bytes(geometry.dtype)),
+      n_head_(n_head),
+      cap_(locret_rows(capacity, options)),
+      n_protect_(policy::locret_stabilizers(options.knobs)),
+      scorer_(options.scorer),
+      pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity) {
+  opt_.max_seqs = n_seqs_;
+  if (!scorer_) {
+    fail(ErrorKind::kInvalidArgument,
+         "locret needs retaining heads to score KV units: give --locret-heads FILE (built by "
+         "scripts/train_locret_heads.sh MODEL OUT_DIR)");
+  }
+  if (n_protect_ >= opt_.knobs.budget) {
+    fail(ErrorKind::kInvalidArgument, "--stabilizers {} must be smaller than --kv-budget {}", n_protect_,
+         opt_.knobs.budget);
+  }
+  const LocretLayout lay = locret_layout(geo_, capacity_, n_head, pool.size(), opt_);
+  if (opt_.kv_mem != 0 && lay.kv_bytes + lay.scratch_bytes > opt_.kv_mem) {
+    fail(ErrorKind::kBudget,
+         "locret with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} of "
+         "scratch) but --kv-mem is {} bytes; lower --kv-budget, --local-tail or --chunk, or raise --kv-mem",
+         opt_.knobs.budget, lay.kv_bytes + lay.scratch_bytes, lay.kv_bytes, lay.scratch_bytes, opt_.kv_mem);
+  }
+  reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, lay.kv_bytes);
+  scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay.scratch_bytes);
+  for (uint32_t s = 0; s < n_seqs_; ++s) {
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      Store& st = stores_.emplace_back();
+      const auto cells = static_cast<size_t>(geo_.n_head_kv[l] * cap_);
+      st.k.resize(cells * static_cast<size_t>(geo_.head_dim_k) * esz_);
+      st.kpre.resize(cells * static_cast<size_t>(geo_.head_dim_k) * esz_);
+      st.v.resize(cells * static_cast<size_t>(geo_.head_dim_v) * esz_);
+      st.pos.resize(cells);
+      st.score.resize(cells);
+    }
+  }
+  length_.assign(n_seqs_, 0);
+  held_.assign(n_seqs_, 0);
+  plan_end_.assign(n_seqs_, 0);
+  evicted_at_.assign(n_seqs_, 0);
+  pass_scores_.resize(static_cast<size_t>(max_new_rows(capacity_, opt_) * max_head_kv(geo_)));
+  cpu::AttnParams ap;
+  ap.head_dim_k = geo_.head_dim_k;
+  ap.head_dim_v = geo_.head_dim_v;
+  ap.q_per_kv = max_q_per_kv(geo_, n_head);
+  scratch_.resize(cpu::attention_scratch_bytes(ap, pool.size()));
+  keep_.resize(static_cast<size_t>(cap_));
+  order_.resize(static_cast<size_t>(cap_));
+  rot_in_.resize(static_cast<size_t>(cap_ * geo_.head_dim_k));
+  rot_out_.resize(rot_in_.size());
+  rot_pos_.resize(static_cast<size_t>(cap_));
+}
+
+int64_t LocretKv::positions(SeqId seq) const {
+  pass_.check_seq(seq, "positions");
+  return length_[seq];
+}
+
+int64_t LocretKv::position(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const {
+  KVTIER_ASSERT(r < held_[seq], "row {} of {}", r, held_[seq]);
+  return store(seq, layer).pos[static_cast<size_t>(head * cap_ + r)];
+}
+
+float LocretKv::score(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const {
+  KVTIER_ASSERT(r < held_[seq], "row {} of {}", r, held_[seq]);
+  return store(seq, layer).score[static_cast<size_t>(head * cap_ + r)];
+}
+
+std::vector<int64_t> LocretKv::plan_prefill(SeqId seq, int64_t n, int64_t chunk) {
+  pass_.check_seq(seq, "plan_prefill");
+  KVTIER_ASSERT(n >= 0 && chunk > 0, "plan of {} tokens in chunks of {}", n, chunk);
+  const int64_t b = std::min(chunk, max_new_rows(capacity_, opt_));
+  // The first n - n_loc tokens in chunks of B (evicting), then the n_loc tail (appended), spec §3.4.
+  const int64_t n_pref = std::max<int64_t>(0, n - opt_.knobs.local_tail);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n_pref; i += b) out.push_back(std::min(b, n_pref - i));
+  for (int64_t i = n_pref; i < n; i += b) out.push_back(std::min(b, n - i));
+  plan_end_[seq] = n_pref > 0 ? length_[seq] + n_pref : 0;
+  return out;
+}
+
+std::span<const PassPositions> LocretKv::begin_batch(std::span<const PassInfo> seqs) {
+  // A pass outside the prefill plan that would overflow the rows first evicts as a non-final chunk.
+  for (const PassInfo& p : seqs) {
+    pass_.check_seq(p.seq, "begin_batch");
+    if (p.n > max_new_rows(capacity_, opt_)) break;  // refused below
+    if (held_[p.seq] + p.n > cap_) {
+      const int64_t keep = std::min(opt_.knobs.budget, cap_ - p.n);
+      evict_seq(p.seq, keep, std::min(n_protect_, keep));
+      evicted_at_[p.seq] = length_[p.seq];
+    }
+  }
+  pass_.begin(seqs, held_);
+  if (pass_.total() > max_new_rows(capacity_, opt_)) {
+    pass_.abort();
+    fail(ErrorKind::kInternal, "locret pass of {} tokens; the cache was sized for {}", pass_.total(),
+         max_new_rows(capacity_, opt_));
+  }
+  return pass_.positions();
+}
+
+void LocretKv::write(uint32_t layer, const LayerRows& rows) {
+  pass_.write(layer);
+  KVTIER_ASSERT(rows.q_pre != nullptr && rows.k_pre != nullptr,
+                "locret: layer {} written without pre-RoPE rows", layer);
+  for (const SeqPass& sp : pass_.seqs()) write_seq(layer, rows, sp);
+}
+
+void LocretKv::write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp) {
+  Store& s = store(sp.seq, layer);
+  const int64_t n = sp.n;
+  const int64_t held = held_[sp.seq];
+  const int64_t hk = geo_.n_head_kv[layer];
+  const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
+  KVTIER_ASSERT(held + n <= cap_, "layer {}: {} + {} rows in {}", layer, held, n, cap_);
+  // This sequence's rows start at sp.row0 in every buffer of the pass.
+  const float* k = all.k + sp.row0 * hk * dk;
+  const float* kpre = all.k_pre + sp.row0 * hk * dk;
+  const float* v = all.v + sp.row0 * hk * dv;
+  const int64_t true0 = length_[sp.seq];
+  float* sc = pass_scores_.data();
+  scorer_->score(threads_, isa_, layer, true0, all.q_pre + sp.row0 * n_head_ * dk, kpre, v, n, sc);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < hk; ++h) {
+      const int64_t r = h * cap_ + held + t;
+      store_kv_row(geo_.dtype, k + (t * hk + h) * dk, dk, s.k.data() + static_cast<size_t>(r * dk) * esz_);
+      store_kv_row(geo_.dtype, kpre + (t * hk + h) * dk, dk,
+                   s.kpre.data() + static_cast<size_t>(r * dk) * esz_);
+      store_kv_row(geo_.dtype, v + (t * hk + h) * dv, dv, s.v.data() + static_cast<size_t>(r * dv) * esz_);
+      s.pos[static_cast<size_t>(r)] = true0 + t;
+      s.score[static_cast<size_t>(r)] = sc[t * hk + h];
+    }
+  }
+}
+
+void LocretKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
+  pass_.attend(layer);
+  for (const SeqPass& sp : pass_.seqs()) {
+    attend_seq(layer, q + sp.row0 * n_head * geo_.head_dim_k, n_head, la,
+               o + sp.row0 * n_head * geo_.head_dim_v, sp);
+  }
+}
+
+void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o,
+                          const SeqPass& sp) {
+  Store& s = store(sp.seq, layer);
+  const int64_t hk = geo_.n_head_kv[layer];
+  cpu::AttnParams ap;
+  ap.head_dim_k = geo_.head_dim_k;
+  ap.head_dim_v = geo_.head_dim_v;
+  ap.q_per_kv = n_head / hk;
+  ap.scale = la.scale;
+  ap.softcap = la.softcap;
+  ap.window = la.window;
+  ap.kv_dtype = geo_.dtype;
+  // Compact positions: row i at position i; the pass's queries at held, held + 1, ... (= sp.pos0).
+  cpu::KvSpan span;
+  span.pos0 = 0;
+  span.n_tokens = sp.pos0 + sp.n;
+  span.k = s.k.data();
+  span.v = s.v.data();
+  span.k_head_stride = cap_ * geo_.head_dim_k;
+  span.v_head_stride = cap_ * geo_.head_dim_v;
+  const cpu::AttnQueries aq{q, n_head * ap.head_dim_k, sp.n, n_head, sp.pos0};
+  const cpu::AttnOutput out{o, n_head * ap.head_dim_v, nullptr, n_head};
+  cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
+}
+
+void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
+  const size_t base = static_cast<size_t>(h * cap_);
+  const float* sc = s.score.data() + base;
+  const int64_t* pos = s.pos.data() + base;
+  // Candidates by (score, protected first, later position first); the stabilizers' +INF lives only in
+  // this ordering, the stored scores stay the real ones.
+  const int64_t first_protected = n - n_protect;
+  auto key = [&](int64_t r) { return r >= first_protected ? std::numeric_limits<float>::infinity() : sc[r]; };
+  std::iota(order_.begin(), order_.begin() + n, int64_t{0});
+  auto better = [&](int64_t a, int64_t b) {
+    const float ka = key(a), kb = key(b);
+    if (ka != kb) return ka > kb;
+    return pos[a] > pos[b];
+  };
+  std::nth_element(order_.begin(), order_.begin() + (keep - 1), order_.begin() + n, better);
+  std::fill(keep_.begin(), keep_.begin() + n, uint8_t{0});
+  for (int64_t i = 0; i < keep; ++i) keep_[static_cast<size_t>(order_[static_cast<size_t>(i)])] = 1;
+  // Compact in place (kept rows in position order) and re-rotate every moved key to its new row.
+  const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
+  const size_t rk = static_cast<size_t>(dk) * esz_, rv = static_cast<size_t>(dv) * esz_;
+  int64_t w = 0;
+  int64_t n_rot = 0;
+  const int64_t batch = compute_ != nullptr ? std::min<int64_t>(compute_->max_rows(), cap_) : cap_;
+  auto flush = [&]() {
+    if (n_rot == 0) return;
+    KVTIER_ASSERT(compute_ != nullptr, "locret: an eviction moved keys but the model hook is not set");
+    compute_->rope_k_rows(layer, rot_in_.data(), std::span(rot_pos_.data(), static_cast<size_t>(n_rot)),
+                          rot_out_.data());
+    for (int64_t i = 0; i < n_rot; ++i) {
+      const size_t dst = base + static_cast<size_t>(rot_pos_[static_cast<size_t>(i)]);
+      store_kv_row(geo_.dtype, rot_out_.data() + i * dk, dk, s.k.data() + dst * rk);
+    }
+    n_rot = 0;
+  };
+  for (int64_t r = 0; r < n; ++r) {
+    if (!keep_[static_cast<size_t>(r)]) continue;
+    if (w != r) {
+      const size_t src = base + static_cast<size_t>(r), dst = base + static_cast<size_t>(w);
+      std::memmove(s.kpre.data() + dst * rk, s.kpre.data() + src * rk, rk);
+      std::memmove(s.v.data() + dst * rv, s.v.data() + src * rv, rv);
+      s.pos[dst] = s.pos[src];
+      s.score[dst] = s.score[src];
+      load_row(geo_.dtype, s.kpre.data() + dst * rk, dk, rot_in_.data() + n_rot * dk);
+      rot_pos_[static_cast<size_t>(n_rot)] = w;
+      if (++n_rot == batch) flush();
+    }
+    ++w;
+  }
+  flush();
+  KVTIER_ASSERT(w == keep, "layer {} head {}: kept {} rows of {}", layer, h, w, keep);
+}
+
+void LocretKv::evict_seq(SeqId seq, int64_t keep, int64_t n_protect) {
+  const int64_t n = held_[seq];
+  if (n <= keep) return;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+    Store& s = store(seq, l);
+    for (int64_t h = 0; h < geo_.n_head_kv[l]; ++h) evict_head(s, l, h, n, keep, n_protect);
+  }
+  held_[seq] = keep;
+  ++evictions_;
+}
+
+void LocretKv::end_pass() {
+  pass_.end();
+  for (const SeqPass& sp : pass_.seqs()) {
+    const SeqId seq = sp.seq;
+    const int64_t start = length_[seq];
+    const int64_t end = start + sp.n;
+    held_[seq] += sp.n;
+    length_[seq] = end;
+    // A chunk of the planned prefill: evict to b, the last n_s protected unless it is the final one.
+    if (end <= plan_end_[seq]) {
+      const bool final_chunk = end == plan_end_[seq];
+      if (held_[seq] > opt_.knobs.budget) {
+        evict_seq(seq, opt_.knobs.budget, final_chunk ? 0 : n_protect_);
+        evicted_at_[seq] = end;
+      }
+      if (final_chunk) plan_end_[seq] = 0;
+    }
+  }
+}
+
+void LocretKv::abort_pass() {
+  if (pass_.open()) pass_.abort();  // the pass's rows lie past each store's count: forgotten
+}
+
+void LocretKv::truncate(SeqId seq, int64_t n) {
+  pass_.check_truncate(seq, n, length_[seq]);
+  plan_end_[seq] = 0;
+  if (n == 0) {
+    held_[seq] = length_[seq] = evicted_at_[seq] = 0;
+    return;
+  }
+  // Positions >= n are dropped; what stays must be a state locret reaches for the shorter sequence:
+  // no eviction may have happened after position n (it chose among positions that now go).
+  if (n < evicted_at_[seq]) {
+    fail(ErrorKind::kInvalidArgument,
+         "cannot truncate sequence {} to {} tokens: locret evicted rows after position {} by scores that "
+         "included the positions dropped; prefill again",
+         seq, n, evicted_at_[seq]);
+  }
+  const int64_t drop = length_[seq] - n;  // rows after the last eviction are all held, in order
+  KVTIER_ASSERT(drop <= held_[seq], "truncate drops {} of {} rows", drop, held_[seq]);
+  held_[seq] -= drop;
+  length_[seq] = n;
+}
+
+}  // namespace kvtier::kv

@@ -1,0 +1,122 @@
+// Locret (retention `locret`, resident placement; spec locret.md §3.4): every new KV unit (token x KV
+// head x layer) gets one score from a UnitScorer (the trained retaining heads) when it is written,
+// kept beside the row and never recomputed. A prompt is prefilled in chunks (plan_prefill): its first
+// n - n_loc tokens in chunks of the session's --chunk B, after each of which every (layer, KV head)
+// keeps the --kv-budget b best-scored units (ties: the later position), the last n_s
+// (--stabilizers) units always among them except after the final chunk; the last n_loc (--local-tail)
+// prompt tokens and decoded tokens are appended without eviction.
+//
+// Positions are compact (spec §8.1): row i of every (layer, KV head) sits at position i and a pass's
+// tokens continue from the rows held, so a 128K prompt never sees positions past b + B + n_loc + ...
+// Keys are stored after RoPE at their row's position and, pre-RoPE, beside them; a row moved by an
+// eviction is re-rotated to its new position from its pre-RoPE key (KvCompute::rope_k_rows). Nothing
+// moves while nothing is evicted, so with --kv-budget >= the context every row is the bits the
+// forward pass wrote at its true position and the result is bit-identical to `resident`.
+//
+// Memory: per (sequence, layer) b + n_loc + B rows per KV head. A pass outside the prefill plan
+// (decoding, perplexity's passes, batched steps) that would overflow them first evicts down to b as
+// after a non-final chunk (the spec's optional decode-time eviction, §8.10, only when memory runs
+// out). Every layer holds the same number of rows; which positions differs per (layer, KV head).
+// Layers with a sliding window apply it over compact positions.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/attention.h"
+#include "core/thread_pool.h"
+#include "kv/footprint.h"
+#include "kv/kv_cache.h"
+#include "kv/kv_compute.h"
+#include "kv/ledger.h"
+#include "kv/pass_state.h"
+#include "kv/unit_scorer.h"
+
+namespace kvtier::kv {
+
+// Rows one (sequence, layer, KV head) holds at most: b + n_loc + B, never more than the capacity.
+int64_t locret_rows(int64_t capacity, const KvOptions& o);
+// Compute-local bytes of a LocretKv: rows (K after RoPE, K before RoPE, V), positions and scores (kv);
+// attention scratch, the pass's scores and the eviction's and re-rotation's work rows (scratch).
+struct LocretLayout {
+  uint64_t kv_bytes = 0;
+  uint64_t scratch_bytes = 0;
+};
+LocretLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                           const KvOptions& o);
+
+class LocretKv final : public KvCache {
+ public:
+  // options.scorer scores the units (required).
+  LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
+           ThreadPool& pool, cpu::Isa isa, const KvOptions& options);
+
+  const KvGeometry& geometry() const override { return geo_; }
+  int64_t capacity() const override { return capacity_; }
+  uint32_t max_sequences() const override { return n_seqs_; }
+  int64_t positions(SeqId seq) const override;
+  uint32_t needs() const override { return kNeedPreRope; }
+  void set_compute(KvCompute* compute) override { compute_ = compute; }
+  std::vector<int64_t> plan_prefill(SeqId seq, int64_t n, int64_t chunk) override;
+  std::span<const PassPositions> begin_batch(std::span<const PassInfo> seqs) override;
+  void write(uint32_t layer, const LayerRows& rows) override;
+  void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
+  void end_pass() override;
+  void abort_pass() override;
+  void truncate(SeqId seq, int64_t n) override;
+
+  // Tests: rows the sequence holds (every layer and KV head the same), the true position and the
+  // stored score of row r of (layer, KV head), and evictions so far.
+  int64_t rows(SeqId seq) const { return held_[seq]; }
+  int64_t position(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const;
+  float score(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const;
+  uint64_t evictions() const { return evictions_; }
+
+ private:
+  struct Store {                // one (sequence, layer); cap = locret_rows()
+    std::vector<uint8_t> k;     // [n_head_kv][cap][head_dim_k] KV dtype, after RoPE at the row's position
+    std::vector<uint8_t> kpre;  // [n_head_kv][cap][head_dim_k] KV dtype, before RoPE
+    std::vector<uint8_t> v;     // [n_head_kv][cap][head_dim_v] KV dtype
+    std::vector<int64_t> pos;   // [n_head_kv][cap] true position of each row
+    std::vector<float> score;   // [n_head_kv][cap] the unit's score (from its creation)
+  };
+  Store& store(SeqId seq, uint32_t layer) { return stores_[seq * geo_.n_layer() + layer]; }
+  const Store& store(SeqId seq, uint32_t layer) const { return stores_[seq * geo_.n_layer() + layer]; }
+  // Keeps the `keep` best rows of every (layer, KV head) of the sequence (n_protect last ones first).
+  void evict_seq(SeqId seq, int64_t keep, int64_t n_protect);
+  void evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect);
+  void write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp);
+  void attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o,
+                  const SeqPass& sp);
+
+  KvGeometry geo_;
+  int64_t capacity_;
+  uint32_t n_seqs_;
+  KvOptions opt_;
+  ThreadPool& threads_;
+  cpu::Isa isa_;
+  size_t esz_;
+  int64_t n_head_;     // query heads (the q rows' width / head_dim_k)
+  int64_t cap_;        // rows per (sequence, layer, KV head)
+  int64_t n_protect_;  // n_s
+  KvCompute* compute_ = nullptr;
+  std::shared_ptr<UnitScorer> scorer_;
+  Reservation reservation_;
+  Reservation scratch_reservation_;
+  std::vector<Store> stores_;            // [n_seqs][n_layer]
+  std::vector<int64_t> length_;          // [n_seqs] tokens each sequence has seen
+  std::vector<int64_t> held_;            // [n_seqs] rows each holds per (layer, KV head) = next position
+  std::vector<int64_t> plan_end_;        // [n_seqs] true position where the evicting prefill ends (0: none)
+  std::vector<int64_t> evicted_at_;      // [n_seqs] length when the sequence last evicted
+  std::vector<float> pass_scores_;       // [max_new, max n_head_kv] f32: the pass's scores
+  std::vector<uint8_t> scratch_;         // attention scratch
+  std::vector<uint8_t> keep_;            // [cap] rows an eviction keeps
+  std::vector<int64_t> order_;           // [cap] candidate rows
+  std::vector<float> rot_in_, rot_out_;  // [max rows, head_dim_k] f32: keys being re-rotated
+  std::vector<int64_t> rot_pos_;         // [max rows] their new positions
+  uint64_t evictions_ = 0;
+  PassState pass_;
+};
+
+}  // namespace kvtier::kv

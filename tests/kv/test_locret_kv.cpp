@@ -1,0 +1,443 @@
+// Locret retention on the KV store alone (spec locret.md §7 B), with a context-free scorer (a hash of
+// layer, KV head and position, as B5 asks) and a toy RoPE model hook: a budget covering the context is
+// bit-identical to the resident placement (B1); the rows kept after every pass equal a direct
+// simulation of the spec's algorithm, and with n_s = 0 the global top-b of every score seen so far
+// (B5: an evicted position never comes back); the last n_s positions survive every non-final chunk
+// and a rigged scorer evicts them on the final one while the n_loc tail stays (B3); positions rise
+// strictly and stored scores are the scorer's (B4); each KV head keeps its own set (B6); outputs
+// equal attention over the simulated rows at compact positions (B7, keys re-rotated after moves);
+// rows held and the ledger's bytes are bounded by b + n_loc + B whatever the context (B2).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "core/error.h"
+#include "kv/locret_kv.h"
+#include "kv/resident_kv.h"
+
+namespace kvtier::kv {
+namespace {
+
+constexpr int64_t kDk = 16, kDv = 16;
+constexpr uint32_t kHead = 4;  // 2 KV heads of 2 query heads each
+
+// A RoPE of the toy model: pairs (i, i + d/2) rotated by pos * 100^(-2i/d).
+void toy_rope(const float* in, int64_t pos, float* out) {
+  for (int64_t i = 0; i < kDk / 2; ++i) {
+    const double th = static_cast<double>(pos) * std::pow(100.0, -2.0 * static_cast<double>(i) / kDk);
+    const auto c = static_cast<float>(std::cos(th)), s = static_cast<float>(std::sin(th));
+    const float a = in[i], b = in[i + kDk / 2];
+    out[i] = a * c - b * s;
+    out[i + kDk / 2] = a * s + b * c;
+  }
+}
+
+class ToyCompute final : public KvCompute {
+ public:
+  void project_kv(uint32_t, const float*, std::span<const int64_t>, float*, float*) override {
+    fail(ErrorKind::kInternal, "not used");
+  }
+  void rope_q(uint32_t, const float*, int64_t, int64_t, float*) override {
+    fail(ErrorKind::kInternal, "not used");
+  }
+  void rope_k_rows(uint32_t, const float* k_pre, std::span<const int64_t> positions, float* out) override {
+    EXPECT_LE(static_cast<int64_t>(positions.size()), max_rows());
+    for (size_t t = 0; t < positions.size(); ++t) toy_rope(k_pre + t * kDk, positions[t], out + t * kDk);
+  }
+  int64_t max_rows() const override { return 7; }  // forces batches of re-rotation
+};
+
+// score = a hash of (layer, head, position) in [0, 1), quantised to `levels` values (ties) if > 0;
+// `rigged`: decreasing with the position (the most recent units score lowest).
+class HashScorer final : public UnitScorer {
+ public:
+  explicit HashScorer(int levels = 0, bool rigged = false) : levels_(levels), rigged_(rigged) {}
+  static float value(uint32_t l, int64_t h, int64_t pos, int levels, bool rigged) {
+    if (rigged) return -static_cast<float>(pos);
+    uint64_t x = (uint64_t{l} << 40) ^ (static_cast<uint64_t>(h) << 32) ^ static_cast<uint64_t>(pos);
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    const double u = static_cast<double>(x >> 11) / 9007199254740992.0;
+    return levels > 0 ? std::floor(static_cast<float>(u) * levels) : static_cast<float>(u);
+  }
+  float value(uint32_t l, int64_t h, int64_t pos) const { return value(l, h, pos, levels_, rigged_); }
+  void score(ThreadPool&, cpu::Isa, uint32_t layer, int64_t pos0, const float*, const float*, const float*,
+             int64_t n, float* scores) override {
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t h = 0; h < 2; ++h) scores[t * 2 + h] = value(layer, h, pos0 + t);
+    }
+  }
+
+ private:
+  int levels_;
+  bool rigged_;
+};
+
+KvGeometry geometry(cpu::KvDtype dt = cpu::KvDtype::kF32) {
+  KvGeometry g;
+  g.n_head_kv = {2, 2};
+  g.head_dim_k = kDk;
+  g.head_dim_v = kDv;
+  g.block_tokens = 32;
+  g.dtype = dt;
+  return g;
+}
+
+KvOptions locret(int64_t budget, int64_t chunk, int64_t n_s, int64_t n_loc, std::shared_ptr<UnitScorer> sc) {
+  KvOptions o;
+  o.retention = policy::Retention::kLocret;
+  o.knobs.budget = budget;
+  o.knobs.stabilizers = n_s;
+  o.knobs.local_tail = n_loc;
+  o.max_new_rows = chunk;
+  o.scorer = std::move(sc);
+  return o;
+}
+
+// One simulated (layer, KV head): its rows in position order.
+struct SimHead {
+  std::vector<int64_t> pos;
+  std::vector<float> score;
+  std::vector<std::vector<float>> kpre, v;
+};
+
+// The spec's eviction (§3.4) of one head: the last n_protect rows at +INF, the keep best by (key,
+// later position), in position order.
+void sim_evict(SimHead& s, int64_t keep, int64_t n_protect) {
+  const auto n = static_cast<int64_t>(s.pos.size());
+  if (n <= keep) return;
+  std::vector<int64_t> idx(n);
+  for (int64_t i = 0; i < n; ++i) idx[i] = i;
+  auto key = [&](int64_t i) { return i >= n - n_protect ? INFINITY : s.score[i]; };
+  std::sort(idx.begin(), idx.end(),
+            [&](int64_t a, int64_t b) { return key(a) != key(b) ? key(a) > key(b) : s.pos[a] > s.pos[b]; });
+  idx.resize(keep);
+  std::sort(idx.begin(), idx.end());
+  SimHead t;
+  for (int64_t i : idx) {
+    t.pos.push_back(s.pos[i]), t.score.push_back(s.score[i]), t.kpre.push_back(s.kpre[i]),
+        t.v.push_back(s.v[i]);
+  }
+  s = t;
+}
+
+struct Driver {
+  LocretKv& kv;
+  HashScorer& scorer;
+  int64_t b, n_s;
+  std::mt19937 rng{5};
+  std::vector<std::vector<SimHead>> sim = std::vector<std::vector<SimHead>>(2, std::vector<SimHead>(2));
+  int64_t length = 0;
+  int64_t plan_end = 0;
+  double max_err = 0;
+
+  // One pass of n tokens; checks outputs against attention over the simulated rows at compact positions.
+  void pass(int64_t n) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    if (static_cast<int64_t>(sim[0][0].pos.size()) + n > cap) {  // out of room: evict as a non-final chunk
+      const int64_t keep = std::min(b, cap - n);
+      for (auto& layer : sim) {
+        for (SimHead& s : layer) sim_evict(s, keep, std::min(n_s, keep));
+      }
+    }
+    const PassPositions pp = kv.begin_pass({0, n});
+    const int64_t held = static_cast<int64_t>(sim[0][0].pos.size());
+    EXPECT_EQ(pp.pos0, held);  // compact: the pass continues from the rows held
+    for (uint32_t l = 0; l < 2; ++l) {
+      std::vector<float> q_pre(n * kHead * kDk), k_pre(n * 2 * kDk), v(n * 2 * kDv);
+      for (auto* x : {&q_pre, &k_pre, &v}) {
+        for (float& e : *x) e = nd(rng);
+      }
+      std::vector<float> q(q_pre.size()), k(k_pre.size());
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < kHead; ++h)
+          toy_rope(&q_pre[(t * kHead + h) * kDk], pp.pos0 + t, &q[(t * kHead + h) * kDk]);
+        for (int64_t h = 0; h < 2; ++h)
+          toy_rope(&k_pre[(t * 2 + h) * kDk], pp.pos0 + t, &k[(t * 2 + h) * kDk]);
+      }
+      std::vector<float> o(n * kHead * kDv);
+      LayerRows rows;
+      rows.k = k.data(), rows.v = v.data(), rows.q_pre = q_pre.data(), rows.k_pre = k_pre.data();
+      kv.write(l, rows);
+      kv.attend(l, q.data(), kHead, {0.25f, 0.0f, 0}, o.data());
+      for (int64_t h = 0; h < 2; ++h) {
+        SimHead& s = sim[l][h];
+        for (int64_t t = 0; t < n; ++t) {
+          s.pos.push_back(length + t);
+          s.score.push_back(scorer.value(l, h, length + t));
+          s.kpre.emplace_back(&k_pre[(t * 2 + h) * kDk], &k_pre[(t * 2 + h + 1) * kDk]);
+          s.v.emplace_back(&v[(t * 2 + h) * kDv], &v[(t * 2 + h + 1) * kDv]);
+        }
+        for (int64_t t = 0; t < n; ++t) {  // attention at compact positions, in double
+          for (int64_t g = 0; g < 2; ++g) {
+            std::vector<float> qr(kDk);
+            toy_rope(&q_pre[(t * kHead + h * 2 + g) * kDk], held + t, qr.data());
+            const int64_t visible = held + t + 1;
+            std::vector<double> sc(visible);
+            double m = -INFINITY, z = 0;
+            for (int64_t j = 0; j < visible; ++j) {
+              std::vector<float> kr(kDk);
+              toy_rope(s.kpre[j].data(), j, kr.data());
+              double d = 0;
+              for (int64_t i = 0; i < kDk; ++i) d += double{qr[i]} * kr[i];
+              sc[j] = d * 0.25;
+              m = std::max(m, sc[j]);
+            }
+            for (double x : sc) z += std::exp(x - m);
+            for (int64_t i = 0; i < kDv; ++i) {
+              double acc = 0;
+              for (int64_t j = 0; j < visible; ++j) acc += std::exp(sc[j] - m) / z * s.v[j][i];
+              max_err = std::max(max_err, std::abs(acc - o[(t * kHead + h * 2 + g) * kDv + i]));
+            }
+          }
+        }
+      }
+    }
+    kv.end_pass();
+    length += n;
+    if (length <= plan_end) {  // a chunk of the planned prefill evicts
+      const bool final_chunk = length == plan_end;
+      for (auto& layer : sim) {
+        for (SimHead& s : layer) sim_evict(s, b, final_chunk ? 0 : n_s);
+      }
+    }
+  }
+  void prefill(int64_t n, int64_t chunk) {
+    const std::vector<int64_t> plan = kv.plan_prefill(0, n, chunk);
+    plan_end = length + std::max<int64_t>(0, n - kv_local_tail);
+    for (int64_t m : plan) pass(m);
+  }
+  int64_t kv_local_tail = 0;
+  int64_t cap = int64_t{1} << 40;  // rows per (layer, KV head): b + n_loc + B
+  // The cache holds exactly the simulated rows (positions and scores) in every (layer, KV head).
+  void expect_same_rows() {
+    const auto held = static_cast<int64_t>(sim[0][0].pos.size());
+    ASSERT_EQ(kv.rows(0), held);
+    for (uint32_t l = 0; l < 2; ++l) {
+      for (uint32_t h = 0; h < 2; ++h) {
+        for (int64_t r = 0; r < held; ++r) {
+          ASSERT_EQ(kv.position(0, l, h, r), sim[l][h].pos[r])
+              << "layer " << l << " head " << h << " row " << r;
+          ASSERT_EQ(kv.score(0, l, h, r), sim[l][h].score[r]);
+          if (r > 0) {
+            ASSERT_LT(kv.position(0, l, h, r - 1), kv.position(0, l, h, r));  // B4
+          }
+        }
+      }
+    }
+  }
+};
+
+TEST(LocretKv, ABudgetCoveringTheContextIsBitIdenticalToResident) {
+  ThreadPool pool(2);
+  for (cpu::KvDtype dt : {cpu::KvDtype::kF32, cpu::KvDtype::kF16}) {
+    const KvGeometry g = geometry(dt);
+    MemoryLedger l0, l1;
+    ResidentKv res(g, 300, kHead, l0, pool, cpu::best_isa());
+    auto sc = std::make_shared<HashScorer>();
+    ToyCompute tc;
+    LocretKv loc(g, 300, kHead, l1, pool, cpu::best_isa(), locret(300, 40, 10, 20, sc));
+    loc.set_compute(&tc);
+    const std::vector<int64_t> plan = loc.plan_prefill(0, 150, 40);
+    EXPECT_EQ(plan, (std::vector<int64_t>{40, 40, 40, 10, 20}));  // 130 evicting, then the 20-token tail
+    std::vector<int64_t> sizes = plan;
+    for (int i = 0; i < 5; ++i) sizes.push_back(1);
+    std::vector<float> out[2];
+    KvCache* caches[2] = {&res, &loc};
+    for (int c = 0; c < 2; ++c) {
+      std::mt19937 rng(9);
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      for (int64_t n : sizes) {
+        const PassPositions pp = caches[c]->begin_pass({0, n});
+        for (uint32_t l = 0; l < 2; ++l) {
+          std::vector<float> q(n * kHead * kDk), k(n * 2 * kDk), v(n * 2 * kDv);
+          for (auto* x : {&q, &k, &v}) {
+            for (float& e : *x) e = nd(rng);
+          }
+          LayerRows rows;
+          rows.k = k.data(), rows.v = v.data(), rows.q_pre = q.data(), rows.k_pre = k.data();
+          std::vector<float> o(n * kHead * kDv);
+          (void)pp;
+          caches[c]->write(l, rows);
+          caches[c]->attend(l, q.data(), kHead, {0.25f, 0.0f, 0}, o.data());
+          out[c].insert(out[c].end(), o.begin(), o.end());
+        }
+        caches[c]->end_pass();
+      }
+    }
+    ASSERT_EQ(out[0].size(), out[1].size());
+    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+    EXPECT_EQ(loc.evictions(), 0u);
+    EXPECT_EQ(loc.rows(0), 155);
+  }
+}
+
+TEST(LocretKv, KeepsWhatADirectSimulationOfTheSpecKeeps) {
+  ThreadPool pool(2);
+  for (int levels : {0, 3}) {  // 3 levels: many ties, broken by the later position
+    for (const auto& [n_s, n_loc] : std::vector<std::pair<int64_t, int64_t>>{{6, 9}, {0, 0}, {15, 3}}) {
+      const int64_t b = 20, chunk = 16;
+      auto sc = std::make_shared<HashScorer>(levels);
+      ToyCompute tc;
+      MemoryLedger ledger;
+      LocretKv kv(geometry(), 4096, kHead, ledger, pool, cpu::best_isa(), locret(b, chunk, n_s, n_loc, sc));
+      kv.set_compute(&tc);
+      Driver d{kv, *sc, b, n_s};
+      d.kv_local_tail = n_loc;
+      const std::vector<int64_t> plan = kv.plan_prefill(0, 131, chunk);
+      d.plan_end = 131 - n_loc;
+      std::set<int64_t> ever_evicted[2][2];
+      int64_t done = 0;
+      for (int64_t m : plan) {
+        d.pass(m);
+        done += m;
+        d.expect_same_rows();
+        if (HasFatalFailure()) return;
+        const bool in_plan = done <= 131 - n_loc;
+        const bool final_chunk = done == 131 - n_loc;
+        if (in_plan) {
+          EXPECT_EQ(kv.rows(0), std::min(b, done)) << "B2 after " << done;
+        }
+        for (uint32_t l = 0; l < 2; ++l) {
+          for (uint32_t h = 0; h < 2; ++h) {
+            std::set<int64_t> held;
+            for (int64_t r = 0; r < kv.rows(0); ++r) held.insert(kv.position(0, l, h, r));
+            if (in_plan && !final_chunk) {  // B3: the last min(n_s, b) positions survive
+              for (int64_t p = done - std::min(n_s, b); p < done; ++p) EXPECT_TRUE(held.count(p)) << p;
+            }
+            if (n_s == 0 && in_plan) {  // B5: the global top-min(b, seen) of the scores seen so far
+              std::vector<std::pair<float, int64_t>> all;
+              for (int64_t p = 0; p < done; ++p) all.emplace_back(sc->value(l, h, p), p);
+              std::sort(all.begin(), all.end(), std::greater<>());
+              std::set<int64_t> top;
+              for (int64_t i = 0; i < std::min(b, done); ++i) top.insert(all[i].second);
+              EXPECT_EQ(held, top) << "after " << done;
+            }
+            for (int64_t p : ever_evicted[l][h])
+              EXPECT_FALSE(held.count(p)) << "position " << p << " came back";
+            for (int64_t p = 0; p < done; ++p) {
+              if (!held.count(p)) ever_evicted[l][h].insert(p);
+            }
+          }
+        }
+      }
+      // B2: after prefill min(b, n - n_loc) + n_loc rows, then one more per decoded token.
+      EXPECT_EQ(kv.rows(0), std::min<int64_t>(b, 131 - n_loc) + n_loc);
+      for (int i = 0; i < 3; ++i) d.pass(1);
+      EXPECT_EQ(kv.rows(0), std::min<int64_t>(b, 131 - n_loc) + n_loc + 3);
+      d.expect_same_rows();
+      // B6: the KV heads of a layer keep different positions (hash scores differ per head).
+      bool differ = false;
+      for (int64_t r = 0; r < kv.rows(0); ++r) differ |= kv.position(0, 0, 0, r) != kv.position(0, 0, 1, r);
+      EXPECT_TRUE(differ);
+      EXPECT_LT(d.max_err, 2e-4) << "outputs vs attention over the simulated rows at compact positions";
+      EXPECT_GT(kv.evictions(), 0u);
+    }
+  }
+}
+
+TEST(LocretKv, TheFinalChunkMayEvictTheStabilizersButNotTheLocalTail) {
+  ThreadPool pool(2);
+  auto sc = std::make_shared<HashScorer>(0, true);  // the most recent units score lowest
+  ToyCompute tc;
+  MemoryLedger ledger;
+  const int64_t b = 12, n_s = 5, n_loc = 4;
+  LocretKv kv(geometry(), 4096, kHead, ledger, pool, cpu::best_isa(), locret(b, 8, n_s, n_loc, sc));
+  kv.set_compute(&tc);
+  const std::vector<int64_t> plan = kv.plan_prefill(0, 44, 8);  // 40 evicting in 5 chunks, 4 tail
+  int64_t done = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const int64_t n = plan[i];
+    kv.begin_pass({0, n});
+    for (uint32_t l = 0; l < 2; ++l) {
+      std::vector<float> q(n * kHead * kDk, 0.1f), k(n * 2 * kDk, 0.1f), v(n * 2 * kDv, 0.1f),
+          o(n * kHead * kDv);
+      LayerRows rows;
+      rows.k = k.data(), rows.v = v.data(), rows.q_pre = q.data(), rows.k_pre = k.data();
+      kv.write(l, rows);
+      kv.attend(l, q.data(), kHead, {0.25f, 0.0f, 0}, o.data());
+    }
+    kv.end_pass();
+    done += n;
+    std::set<int64_t> held;
+    for (int64_t r = 0; r < kv.rows(0); ++r) held.insert(kv.position(0, 1, 1, r));
+    if (done < 40) {  // non-final: the oldest b - n_s (best by the rigged score) and the last n_s
+      for (int64_t p = done - n_s; p < done; ++p) EXPECT_TRUE(held.count(p)) << done << ": " << p;
+    } else if (done == 40) {  // final: plain top-b of the pool (0..6 and the last chunk's stabilizers
+                              // 27..31 survived so far), so the new stabilizers 35..39 go
+      EXPECT_EQ(held, (std::set<int64_t>{0, 1, 2, 3, 4, 5, 6, 27, 28, 29, 30, 31}));
+    } else {
+      EXPECT_EQ(kv.rows(0), b + n_loc);
+      for (int64_t p = 40; p < 44; ++p) EXPECT_TRUE(held.count(p)) << "tail position " << p;
+    }
+  }
+}
+
+TEST(LocretKv, MemoryIsBoundedByTheBudgetWhateverTheContext) {
+  ThreadPool pool(2);
+  ToyCompute tc;
+  auto sc = std::make_shared<HashScorer>();
+  const KvGeometry g = geometry(cpu::KvDtype::kF16);
+  MemoryLedger small, large;
+  LocretKv a(g, 1000, kHead, small, pool, cpu::best_isa(), locret(32, 16, 8, 8, sc));
+  LocretKv kv(g, 1 << 20, kHead, large, pool, cpu::best_isa(), locret(32, 16, 8, 8, sc));
+  kv.set_compute(&tc);
+  EXPECT_EQ(small.current(Tier::kDevice, Category::kKv), large.current(Tier::kDevice, Category::kKv));
+  // b + n_loc + B = 56 rows of (K, K before RoPE, V) f16 + position + score per (layer, KV head).
+  EXPECT_EQ(large.current(Tier::kDevice, Category::kKv), 2u * 2u * 56u * (3u * 16u * 2u + 8u + 4u));
+  Driver d{kv, *sc, 32, 8};
+  d.kv_local_tail = 8;
+  d.cap = 56;
+  d.prefill(600, 16);
+  EXPECT_EQ(kv.rows(0), 40);
+  int64_t most = 0;
+  for (int i = 0; i < 100; ++i) {  // decoding past the rows' room evicts to b first (never overflows)
+    d.pass(1);
+    most = std::max(most, kv.rows(0));
+  }
+  EXPECT_LE(most, 56);
+  d.expect_same_rows();
+  EXPECT_LT(d.max_err, 2e-3);  // f16 rows
+  EXPECT_EQ(kv.positions(0), 700);
+  EXPECT_EQ(large.peak(Tier::kDevice, Category::kKv), large.current(Tier::kDevice, Category::kKv));
+}
+
+TEST(LocretKv, TruncationIntoEvictedRowsIsAClearErrorAndTheTailCanGo) {
+  ThreadPool pool(2);
+  ToyCompute tc;
+  auto sc = std::make_shared<HashScorer>();
+  MemoryLedger ledger;
+  LocretKv kv(geometry(), 4096, kHead, ledger, pool, cpu::best_isa(), locret(16, 8, 4, 6, sc));
+  kv.set_compute(&tc);
+  Driver d{kv, *sc, 16, 4};
+  d.kv_local_tail = 6;
+  d.prefill(60, 8);
+  d.pass(1);
+  EXPECT_EQ(kv.rows(0), 16 + 6 + 1);
+  kv.truncate(0, 55);  // drops the decoded token and one tail token: allowed
+  EXPECT_EQ(kv.rows(0), 17);
+  EXPECT_EQ(kv.positions(0), 55);
+  EXPECT_THROW(kv.truncate(0, 30), Error);
+  kv.truncate(0, 0);
+  EXPECT_EQ(kv.rows(0), 0);
+}
+
+TEST(LocretKv, NeedsAScorerAndStabilizersBelowTheBudget) {
+  ThreadPool pool(2);
+  MemoryLedger ledger;
+  EXPECT_THROW(LocretKv(geometry(), 100, kHead, ledger, pool, cpu::best_isa(), locret(16, 8, 4, 6, nullptr)),
+               Error);
+  EXPECT_THROW(LocretKv(geometry(), 100, kHead, ledger, pool, cpu::best_isa(),
+                        locret(16, 8, 16, 6, std::make_shared<HashScorer>())),
+               Error);
+}
+
+}  // namespace
+}  // namespace kvtier::kv

@@ -1,0 +1,93 @@
+"""Selection infinigen through the CLI on the real models: `run --json` reports the speculation's figures
+(layers >= 2 without a window of their own, fetched rows within the cap, fewer bytes loaded than
+`layer`), and the skew file and the knobs are checked with clear errors (a missing file names the
+`kvtier skew` command that makes it). The degenerate setting (alpha inf, budget 1) is a row of the
+exactness matrix (tests/exactness/test_exactness.py)."""
+import json
+import shutil
+
+import pytest
+
+from kvtier_testlib import model, run
+
+PROMPT = open("/usr/share/common-licenses/GPL-2", encoding="utf-8").read()[:2500]
+
+
+@pytest.fixture(scope="module")
+def skews(tmp_path_factory):
+    out = tmp_path_factory.mktemp("igskew")
+    files = {}
+    for name in ("smollm2", "gemma3"):
+        files[name] = out / f"{name}.skew.gguf"
+        run("skew", "-m", model(name), "-o", files[name], "--tokens", 128, "-t", 2)
+    yield files
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def run_json(name, *extra):
+    p = run("run", "-m", model(name), "-p", PROMPT, "-n", 8, "-t", 2, "--ctx", 1024, "--ignore-eos", "--json",
+            *extra)
+    return json.loads(p.stdout)
+
+
+def test_run_json_reports_the_speculation_on_smollm2(skews):
+    layer = run_json("smollm2", "--kv-policy", "layer")
+    ig = run_json("smollm2", "--kv-policy", "infinigen", "--skew", skews["smollm2"])
+    assert ig["kv"]["policy"] == "layer+infinigen"
+    g = ig["kv"]["infinigen"]
+    # 30 layers, 0 and 1 dense: 28 speculations per decode pass
+    assert g["layer_steps"] > 0 and g["layer_steps"] % 28 == 0
+    assert [x["layer"] for x in g["layers"]] == list(range(2, 30))
+    assert all(x["steps"] == g["layer_steps"] // 28 for x in g["layers"])
+    # at most the 20 % cap of the rows per KV head, and some rows in every layer
+    assert 0 < g["fetched_fraction"] <= 0.2
+    assert g["rows_fetched"] <= 0.2 * g["rows_total"]
+    assert all(0 < x["fetched_fraction"] <= 0.2 for x in g["layers"])
+    assert 1 <= g["n_sel_min"] <= g["n_sel_mean"] <= g["n_sel_max"]
+    assert g["selective_loads"] == g["layer_steps"]  # layer placement: one unit per layer
+    assert g["speculation_s"] > 0 and g["stall_s"] >= 0
+    assert g["partial_keys_build_bytes"] > 0  # the prompt's keys, read once from the home tier
+    # the decode steps load the chosen rows only
+    assert ig["kv"]["bytes_loaded"] < 0.6 * layer["kv"]["bytes_loaded"]
+    assert "infinigen" not in layer["kv"]
+
+
+def test_gemma3_speculates_on_its_global_layers_only(skews):
+    g = run_json("gemma3", "--kv-policy", "headinfer+infinigen", "--skew", skews["gemma3"])["kv"]["infinigen"]
+    # 18 layers, every sixth global (5, 11, 17); the sliding-window layers attend their window densely
+    assert [x["layer"] for x in g["layers"]] == [5, 11, 17]
+    assert 0 < g["fetched_fraction"] <= 0.2
+
+
+def test_alpha_inf_and_budget_1_fetch_every_row(skews):
+    g = run_json("smollm2", "--kv-policy", "infinigen", "--skew", skews["smollm2"], "--infinigen-alpha", "inf",
+                 "--infinigen-budget", "1")["kv"]["infinigen"]
+    assert g["fetched_fraction"] == 1.0 and g["rows_fetched"] == g["rows_total"]
+
+
+def fails(*args):
+    p = run(*args, check=False)
+    assert p.returncode == 1, p.stderr
+    return p.stderr
+
+
+def test_missing_or_foreign_skew_files_are_refused_with_the_command_that_makes_one(skews, tmp_path):
+    m = model("smollm2")
+    missing = tmp_path / "none.skew.gguf"
+    err = fails("run", "-m", m, "-p", "hi", "-n", 1, "--kv-policy", "infinigen", "--skew", missing)
+    assert str(missing) in err and f"kvtier skew -m {m} -o {missing}" in err
+    # the default path: next to the model
+    default = str(m)[: -len(".gguf")] + ".skew.gguf"
+    err = fails("run", "-m", m, "-p", "hi", "-n", 1, "--kv-policy", "infinigen")
+    assert default in err and "kvtier skew -m" in err
+    # Gemma-3's file for SmolLM2: the model hash differs
+    err = fails("run", "-m", m, "-p", "hi", "-n", 1, "--kv-policy", "infinigen", "--skew", skews["gemma3"])
+    assert "hash" in err and f"kvtier skew -m {m} -o {skews['gemma3']}" in err
+
+
+def test_bad_combinations_and_knobs_are_refused(skews):
+    base = ["run", "-m", model("smollm2"), "-p", "hi", "-n", 1, "--skew", skews["smollm2"]]
+    assert "not resident+infinigen" in fails(*base, "--kv-policy", "resident+infinigen")
+    assert "not kivi4" in fails(*base, "--kv-policy", "layer+infinigen+kivi4")
+    assert "--infinigen-alpha" in fails(*base, "--kv-policy", "infinigen", "--infinigen-alpha", "0")
+    assert "--infinigen-budget" in fails(*base, "--kv-policy", "infinigen", "--infinigen-budget", "1.5")
