@@ -222,7 +222,7 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
         t.qpage_v_offset + cpu::kivi_block_bytes(t.kivi, cpu::KiviPlane::kValue, geo.head_dim_v), kPageAlign);
   }
   t.staging_bytes = static_cast<uint64_t>(max_new_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * esz;
-  if (o.representation == policy::Representation::kKvpr) {
+  if (policy::stores_inputs(o.representation)) {
     if (geo.act_row_bytes.size() != L) {
       fail(ErrorKind::kInvalidArgument,
            "kvpr needs the size of each layer's stored K/V-projection inputs (the model's; this KV geometry "
@@ -346,14 +346,14 @@ uint32_t kv_needs(const KvOptions& o) {
   uint32_t needs = o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kLocret
                        ? kNeedPreRope
                        : kNeedNone;
-  if (o.representation == policy::Representation::kKvpr) needs |= kNeedLayerInput;
+  if (policy::stores_inputs(o.representation)) needs |= kNeedLayerInput;
   // infinigen: layer l-1's normed input is the look-ahead's input for layer l (write(l - 1) gets it).
   if (o.selection == policy::Selection::kInfinigen) needs |= kNeedLayerInput;
   return needs;
 }
 
 void check_placement_options(const TieredOptions& o) {
-  if (o.representation == policy::Representation::kKvpr) {
+  if (policy::stores_inputs(o.representation)) {
     if (o.placement.placement == policy::Placement::kResident) {
       fail(ErrorKind::kInvalidArgument,
            "kvpr recomputes part of the K/V that an offloaded placement would move: use --kv-policy kvpr "

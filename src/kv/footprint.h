@@ -37,6 +37,9 @@ struct KvOptions {
   // (tokens/s) the split-point scheduler weighs; 0 = not profiled (auto then recomputes nothing).
   double kvpr_link_bytes_per_s = 0;
   double kvpr_tokens_per_s = 0;
+  // hybrid --act-ratio auto: one streamed layer's weight load time (Algorithm 1's T_w; 0 when the
+  // weights are resident).
+  double weight_load_s = 0;
   // selection infinigen: the model's skew file (runtime::load_skew_for); planners may leave it null and
   // then predict the partial keys with floor(0.3 · head_dim) columns.
   std::shared_ptr<const skew::SkewSet> skew;

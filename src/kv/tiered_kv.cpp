@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "kv/kv_row.h"
+#include "policy/hybrid_plan.h"
 #include "policy/retention.h"
 
 namespace kvtier::kv {
@@ -65,6 +66,17 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
     re_k_.resize(static_cast<size_t>(lay_.recompute_rows) * lay_.h_max * geo_.head_dim_k);
     re_v_.resize(static_cast<size_t>(lay_.recompute_rows) * lay_.h_max * geo_.head_dim_v);
     re_pos_.resize(static_cast<size_t>(lay_.recompute_rows));
+  }
+  if (hybrid()) {
+    act_ratio_ = hybrid_ratio();
+    act_blocks_.resize(static_cast<size_t>(pages_.max_blocks()) + 1);
+    int64_t a = 0;
+    for (size_t b = 0; b < act_blocks_.size(); ++b) {
+      const bool act =
+          policy::next_block_type(act_ratio_, a, static_cast<int64_t>(b) - a) == policy::BlockKind::kAct;
+      act_blocks_[b] = act ? 1 : 0;
+      a += act ? 1 : 0;
+    }
   }
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay_.scratch_bytes);
   scratch_.resize(lay_.scratch_bytes - lay_.retention_bytes);
@@ -358,7 +370,13 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
     for (int kv = 0; kv < 2; ++kv) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
       const int64_t f16_first = std::max(first + xrows, qend);  // kivi: f16 rows from qend on
-      if (drop.first < drop.last) {                             // (streaming does not combine with kivi)
+      if (hybrid()) {  // the K/V of the KV blocks only (hybrid combines with neither streaming nor kivi)
+        const int64_t bt = geo_.block_tokens;
+        for (int64_t b = first / bt; first < rows && b <= (rows - 1) / bt; ++b)
+          if (!act_block(b))
+            add_rows(seq, u.layer, u.head0 + h, kv, plane, std::max(first, b * bt),
+                     std::min(rows, (b + 1) * bt), n_blocks);
+      } else if (drop.first < drop.last) {  // (streaming does not combine with kivi)
         add_rows(seq, u.layer, u.head0 + h, kv, plane, f16_first, drop.first * geo_.block_tokens, n_blocks);
         add_rows(seq, u.layer, u.head0 + h, kv, plane, drop.last * geo_.block_tokens, rows, n_blocks);
       } else {
@@ -366,6 +384,13 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
       }
     }
     if (qend > first) add_qpages(seq, u.layer, u.head0 + h, qplane(base, h), first, qend, n_blocks);
+  }
+  if (hybrid()) {  // the inputs of the ACT blocks
+    const int64_t bt = geo_.block_tokens;
+    for (int64_t b = first / bt; first < rows && b <= (rows - 1) / bt; ++b)
+      if (act_block(b))
+        add_xrows(seq, u.layer, xplane(base), std::max(first, b * bt), std::min(rows, (b + 1) * bt),
+                  n_blocks);
   }
   if (kvpr()) {
     add_xrows(seq, u.layer, xplane(base), first, first + xrows, n_blocks);
@@ -554,19 +579,22 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     KVTIER_ASSERT(staging_->pins(buffer_slot(visit)) == 0, "staging buffer {} is pinned by a transfer",
                   buffer_slot(visit));
     uint8_t* base = buffer(visit);
+    const int64_t act_n = hybrid() ? act_rows(xfirst, pos0) : 0;  // hybrid: rows of ACT blocks
     if (kvpr()) {
-      last_split_ = xrows;
-      payload_x_bytes_ += static_cast<uint64_t>(xrows) * geo_.act_row_bytes[layer];
+      last_split_ = xrows + act_n;
+      payload_x_bytes_ += static_cast<uint64_t>(xrows + act_n) * geo_.act_row_bytes[layer];
     }
     if (kivi_.bits == 0 && !streams(layer)) {  // the K/V rows of past positions the visit loaded
-      payload_kv_bytes_ += static_cast<uint64_t>(pos0 - std::min(first_row(layer, pos0), pos0) - xrows) *
-                           u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_;
+      payload_kv_bytes_ +=
+          static_cast<uint64_t>(pos0 - std::min(first_row(layer, pos0), pos0) - xrows - act_n) * u.n_heads *
+          (geo_.head_dim_k + geo_.head_dim_v) * esz_;
     }
     // kvpr: the recomputed rows inside the pages the store writes back go first (the store reads them);
     // the rest runs after the next visit's load is submitted, so that the link works meanwhile.
     const int64_t xend = xfirst + xrows;
     const int64_t x_mid = std::clamp(store_first_row(pos0), xfirst, xend);
     if (x_mid < xend) recompute_unit(base, u, x_mid, xend);
+    if (act_n > 0) recompute_act(base, u, xfirst, pos0, store_first_row(pos0), pos0);
     if (timed) prev_blocked_s_ = visit_clock() - t_start;  // waiting for the load, recomputing
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
     // kvpr: the layer's first offloaded unit stores the new rows' inputs too.
@@ -598,6 +626,11 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     if (xfirst < x_mid) {
       const double t0 = timed ? visit_clock() : 0;
       recompute_unit(base, u, xfirst, x_mid);
+      if (timed) prev_blocked_s_ += visit_clock() - t0;
+    }
+    if (act_n > 0) {  // hybrid: the ACT rows the store did not need, while the next load runs
+      const double t0 = timed ? visit_clock() : 0;
+      recompute_act(base, u, xfirst, pos0, xfirst, store_first_row(pos0));
       if (timed) prev_blocked_s_ += visit_clock() - t0;
     }
     // infinigen: attention over the chosen rows (a load of this pass's speculation holds only those).
@@ -739,6 +772,7 @@ TieredStats TieredKv::stats() const {
   s.pass_splits = pass_splits_;
   s.payload_x_bytes = payload_x_bytes_;
   s.payload_kv_bytes = payload_kv_bytes_;
+  s.act_ratio = act_ratio_;
   s.home = home_->describe();
   s.infinigen = ig_;
   return s;

@@ -74,6 +74,7 @@ struct TieredStats {
   // The bytes the unit visits used from their loads (rows, not page-rounded I/O; spec kvpr C4):
   uint64_t payload_x_bytes = 0;   // kvpr: stored inputs of the recomputed rows
   uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
+  double act_ratio = 0;           // hybrid: R, the ACT:KV block ratio in use (+inf: every block ACT)
   std::string home;               // where the home tier lives
   InfinigenStats infinigen;       // selection infinigen only
 };
@@ -150,6 +151,17 @@ class TieredKv final : public KvCache {
   // kvpr (tiered_kv_kvpr.cpp): inputs of positions [first, first + split) replace their K/V on a visit.
   bool kvpr() const { return lay_.xpage_bytes != 0; }
   int64_t split_rows(const policy::Unit& u, int64_t first, int64_t rows) const;
+  // hybrid (HybridServe, tiered_kv_kvpr.cpp): logical block b of every sequence is an activation
+  // checkpoint (its inputs loaded, its K/V recomputed) or a KV block, by Eq. 11 with ratio act_ratio_.
+  bool hybrid() const { return opt_.representation == policy::Representation::kHybrid; }
+  bool act_block(int64_t b) const { return act_blocks_[static_cast<size_t>(b)] != 0; }
+  // Algorithm 1's ratio from the profiled rates (0 when not profiled), or the forced one.
+  double hybrid_ratio() const;
+  // Rows of [r0, r1) in ACT blocks.
+  int64_t act_rows(int64_t r0, int64_t r1) const;
+  // Recomputes the rows of ACT blocks among [first, rows) that lie in [lo, hi).
+  void recompute_act(uint8_t* base, const policy::Unit& u, int64_t first, int64_t rows, int64_t lo,
+                     int64_t hi);
   uint64_t xpage_offset(uint32_t layer, uint32_t page) const;
   // Appends the copies of the inputs of rows [r0, r1) of `layer` (page-rounded bytes of each block)
   // between the home pages and the inputs plane at `xplane` (block b's page at b * xpage_bytes).
@@ -286,6 +298,8 @@ class TieredKv final : public KvCache {
   uint64_t passes_ = 0;
   uint64_t sync_loads_ = 0;
   uint64_t recomputed_rows_ = 0;
+  double act_ratio_ = 0;             // hybrid: R
+  std::vector<uint8_t> act_blocks_;  // hybrid: [max blocks of a sequence] 1 = ACT block
   int64_t last_split_ = 0;
   std::vector<int64_t> pass_splits_;  // [passes] (kvpr)
   // kvpr auto: the compute between two decode unit visits besides waiting and recomputing (seconds, a

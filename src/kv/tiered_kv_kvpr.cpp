@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "kv/kv_row.h"
 #include "kv/tiered_kv.h"
+#include "policy/hybrid_plan.h"
 #include "policy/kvpr_schedule.h"
 
 namespace kvtier::kv {
@@ -25,7 +26,7 @@ uint64_t round_down(uint64_t v, uint64_t a) {
 }  // namespace
 
 int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows) const {
-  if (!kvpr()) return 0;
+  if (!kvpr() || hybrid()) return 0;  // hybrid: the ACT blocks, not a prefix
   const int64_t visible = rows - first;
   if (opt_.knobs.recompute >= 0) return std::min(opt_.knobs.recompute, visible);  // forced
   if (opt_.knobs.recompute == policy::PolicyKnobs::kRecomputeRandom) {
@@ -152,6 +153,51 @@ void TieredKv::scatter_new_inputs(uint8_t* xp, uint32_t layer, int64_t pos0, int
     const int64_t b = pos / bt;
     std::copy_n(new_x_.data() + static_cast<uint64_t>(pass_row0_ + t) * xr, xr,
                 xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + static_cast<uint64_t>(pos - b * bt) * xr);
+  }
+}
+
+double TieredKv::hybrid_ratio() const {
+  if (opt_.knobs.act_ratio >= 0) return opt_.knobs.act_ratio;                    // forced
+  if (opt_.kvpr_link_bytes_per_s <= 0 || opt_.kvpr_tokens_per_s <= 0) return 0;  // not profiled: all KV
+  // Algorithm 1 (policy/hybrid_plan.h) with this engine's rates, per layer and token (averaged over the
+  // layers): recompute 1 / tokens_per_s; load a token's K/V or its inputs over the home link; T_w the
+  // streamed weights' load time. No compute-local ACT pool, so the home is split for a context of
+  // the capacity's blocks.
+  const uint32_t n_layer = geo_.n_layer();
+  const int64_t bt = geo_.block_tokens;
+  double kv_row = 0, x_row = 0;
+  for (uint32_t l = 0; l < n_layer; ++l) {
+    kv_row += static_cast<double>(geo_.n_head_kv[l] * (geo_.head_dim_k + geo_.head_dim_v) * esz_);
+    x_row += static_cast<double>(geo_.act_row_bytes[l]);
+  }
+  policy::HostAllocInput in;
+  in.block_tokens = bt;
+  in.s_kv = kv_row * static_cast<double>(bt);
+  in.s_act = x_row * static_cast<double>(bt);
+  in.m_host = in.s_kv * static_cast<double>(pages_.max_blocks() * pages_.n_seqs());
+  in.t_w = opt_.weight_load_s;
+  in.gen = {1.0 / opt_.kvpr_tokens_per_s, 0};
+  in.load = {kv_row / n_layer / opt_.kvpr_link_bytes_per_s, 0};
+  in.lact_slope = x_row / n_layer / opt_.kvpr_link_bytes_per_s;
+  return policy::host_block_allocation(in).ratio;
+}
+
+int64_t TieredKv::act_rows(int64_t r0, int64_t r1) const {
+  const int64_t bt = geo_.block_tokens;
+  int64_t n = 0;
+  for (int64_t b = r0 / bt; r0 < r1 && b <= (r1 - 1) / bt; ++b)
+    if (act_block(b)) n += std::min(r1, (b + 1) * bt) - std::max(r0, b * bt);
+  return n;
+}
+
+void TieredKv::recompute_act(uint8_t* base, const policy::Unit& u, int64_t first, int64_t rows, int64_t lo,
+                             int64_t hi) {
+  const int64_t bt = geo_.block_tokens;
+  const int64_t r0 = std::max(first, lo), r1 = std::min(rows, hi);
+  for (int64_t b = r0 / bt; r0 < r1 && b <= (r1 - 1) / bt; ++b) {
+    if (!act_block(b)) continue;
+    const int64_t a = std::max(r0, b * bt), e = std::min(r1, (b + 1) * bt);
+    if (a < e) recompute_unit(base, u, a, e);
   }
 }
 

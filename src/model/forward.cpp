@@ -153,7 +153,7 @@ void Forward::project_kv(uint32_t l, const float* x, std::span<const int64_t> po
   const auto n = static_cast<int64_t>(positions.size());
   KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_kv on a Forward built without KV needs");
   KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_kv of layer {} for {} rows", l, n);
-  const LayerWeights& L = w_.layers[l];
+  const LayerWeights& L = lw(l);
   const LayerConfig& lc = cfg_.layers[l];
   const int64_t half = cfg_.n_rot / 2;
   matmul(L.wk, x, n, k);
@@ -180,7 +180,7 @@ std::vector<uint64_t> kv_input_row_bytes(const ModelConfig& cfg, const ModelWeig
 
 void Forward::encode_inputs(uint32_t l, const float* x, int64_t n, uint8_t* out) {
   KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "encode_inputs of layer {} for {} rows", l, n);
-  const LayerWeights& L = w_.layers[l];
+  const LayerWeights& L = lw(l);
   if (cpu::act_format_for(L.wk.type) == cpu::act_format_for(L.wv.type)) {
     cpu::quantize_rows(pool_, isa_, L.wk.type, x, n, cfg_.n_embd, out);
   } else {  // the projections quantise differently: keep x itself
@@ -194,7 +194,7 @@ void Forward::project_kv_encoded(uint32_t l, const uint8_t* act, std::span<const
   KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_kv_encoded on a Forward built without KV needs");
   KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_kv_encoded of layer {} for {} rows",
                 l, n);
-  const LayerWeights& L = w_.layers[l];
+  const LayerWeights& L = lw(l);
   const LayerConfig& lc = cfg_.layers[l];
   KVTIER_ASSERT(head0 + n_heads <= lc.n_head_kv, "heads {}+{} of {}", head0, n_heads, lc.n_head_kv);
   const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
@@ -261,7 +261,7 @@ void Forward::project_q(uint32_t l, const float* x, std::span<const int64_t> pos
   const auto n = static_cast<int64_t>(positions.size());
   KVTIER_ASSERT(kv_needs_ != kv::kNeedNone, "project_q on a Forward built without KV needs");
   KVTIER_ASSERT(l < cfg_.n_layer && n > 0 && n <= max_tokens_, "project_q of layer {} for {} rows", l, n);
-  const LayerWeights& L = w_.layers[l];
+  const LayerWeights& L = lw(l);
   const LayerConfig& lc = cfg_.layers[l];
   const int64_t half = cfg_.n_rot / 2;
   matmul(L.wq, x, n, q);
@@ -288,7 +288,7 @@ void Forward::finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_
 }
 
 void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
-  const LayerWeights& L = w_.layers[l];
+  const LayerWeights& L = stream_ != nullptr ? stream_->begin_layer(l) : w_.layers[l];
   const LayerConfig& lc = cfg_.layers[l];
   const int64_t E = cfg_.n_embd;
   const int64_t H = cfg_.n_head;
@@ -324,6 +324,7 @@ void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
   kv.write(l, rows);
   kv.attend(l, q_.data(), H, {cfg_.attn_scale, cfg_.attn_softcap, lc.window}, att_.data());
   matmul(L.wo, att_.data(), n, tmp_.data());
+  if (stream_ != nullptr) stream_->ffn_ready(l);  // the FFN side (and its norm) of a streamed layer
   for_tokens(n, [&](int64_t t) {
     float* a = tmp_.data() + t * E;
     if (L.bo != nullptr) cpu::add(isa_, a, L.bo, E, a);

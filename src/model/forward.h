@@ -24,6 +24,7 @@
 #include "kv/kv_compute.h"
 #include "kv/ledger.h"
 #include "model/config.h"
+#include "model/weight_stream.h"
 #include "model/weights.h"
 
 namespace kvtier::model {
@@ -100,6 +101,9 @@ class Forward final : public kv::KvCompute {
 
   int64_t max_tokens() const { return max_tokens_; }
   const ModelConfig& config() const { return cfg_; }
+  // Streams the non-resident layers' weights through `s` (null: every weight resident). The
+  // streamer must outlive the passes.
+  void set_weight_stream(WeightStreamer* s) { stream_ = s->streams() ? s : nullptr; }
   // A KV geometry for this model (block size and dtype as given).
   kv::KvGeometry kv_geometry(uint32_t block_tokens, cpu::KvDtype dtype, uint32_t group_heads = 0) const;
 
@@ -117,6 +121,8 @@ class Forward final : public kv::KvCompute {
   void finish_kv_heads(const LayerWeights& L, uint32_t head0, uint32_t n_heads, float* k, float* v,
                        const float* cos, const float* sin);
   void for_tokens(int64_t n, const std::function<void(int64_t)>& fn);
+  // The weights of layer l as the compute sees them now (staged when streamed).
+  const LayerWeights& lw(uint32_t l) const { return stream_ != nullptr ? stream_->current(l) : w_.layers[l]; }
 
   const ModelConfig& cfg_;
   const ModelWeights& w_;
@@ -124,6 +130,7 @@ class Forward final : public kv::KvCompute {
   ThreadPool& pool_;
   cpu::Isa isa_;
   uint32_t kv_needs_;
+  WeightStreamer* stream_ = nullptr;
   kv::Reservation reservation_;
   // Activation buffers (T = max_tokens_):
   std::vector<float> x_;             // [T, n_embd] f32: residual stream

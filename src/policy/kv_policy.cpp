@@ -21,6 +21,11 @@ constexpr AxisValue kValues[] = {
      "projection consumes) beside its f16 K/V; a visit loads the inputs of a prefix of positions and the "
      "K/V of the rest and recomputes the prefix's K/V (bit-identical); offloaded placements",
      "--recompute"},
+    {Axis::kRepresentation, "hybrid", true,
+     "HybridServe: each block of context is an activation checkpoint or a KV block, in the ratio "
+     "--act-ratio (Eq. 11); a visit loads the checkpoints' K/V-projection inputs and the KV blocks' K/V, "
+     "and recomputes the checkpoints' K/V (bit-identical; kvpr's stored inputs); offloaded placements",
+     "--act-ratio"},
     {Axis::kRepresentation, "kivi4", false,
      "KIVI 4-bit: keys quantised per channel in groups of --kivi-group tokens, values per token; the "
      "last --kivi-residual tokens stay f16; dequantised tile by tile inside attention",
@@ -68,6 +73,9 @@ constexpr Preset kPresets[] = {
     {"layer", "layer", "layer-wise offload (FlexGen / HF OffloadedCache)"},
     {"headinfer", "headinfer", "HeadInfer: head-wise offload with adaptive group size"},
     {"kvpr", "layer+kvpr", "KVPR: layer-wise offload with partial KV recomputation from stored inputs"},
+    {"hybridserve", "layer+hybrid",
+     "HybridServe: layer-wise offload of a hybrid cache of KV blocks and activation checkpoints "
+     "(recomputed to KV); with --weights-mem, weights streamed too"},
     {"infinigen", "layer+infinigen",
      "InfiniGen: layer-wise offload loading only the rows speculated one layer ahead (approximate)"},
     {"locret", "resident+locret",
@@ -144,6 +152,8 @@ std::string_view representation_name(Representation r) {
       return "kivi2";
     case Representation::kKvpr:
       return "kvpr";
+    case Representation::kHybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -230,6 +240,10 @@ void check_knobs(const KvPolicy& p) {
   if (p.representation == Representation::kKvpr && k.recompute < PolicyKnobs::kRecomputeRandom)
     fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto, random or a number of positions >= 0",
          k.recompute);
+  if (p.representation == Representation::kHybrid && !(k.act_ratio >= 0) &&
+      k.act_ratio != PolicyKnobs::kActRatioAuto)
+    fail(ErrorKind::kInvalidArgument, "--act-ratio {}: give auto or a ratio of ACT to KV blocks >= 0",
+         k.act_ratio);
   if (p.representation == Representation::kKivi4 || p.representation == Representation::kKivi2) {
     if (k.kivi_group < 1) fail(ErrorKind::kInvalidArgument, "--kivi-group {}: must be >= 1", k.kivi_group);
     if (k.kivi_residual < 0)
@@ -304,7 +318,7 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
       case Axis::kRepresentation:
         p.representation = value_of(part,
                                     {Representation::kF16, Representation::kF32, Representation::kKivi4,
-                                     Representation::kKivi2, Representation::kKvpr},
+                                     Representation::kKivi2, Representation::kKvpr, Representation::kHybrid},
                                     representation_name);
         break;
       case Axis::kSelection:

@@ -21,13 +21,21 @@ namespace kvtier::policy {
 enum class Axis { kPlacement, kRepresentation, kSelection, kRetention };
 
 enum class Representation {
-  kF16,    // IEEE half rows
-  kF32,    // 32-bit float rows
-  kKivi4,  // KIVI-style 4-bit: keys per channel in token groups, values per token, recent rows full
-  kKivi2,  // the same at 2 bits
-  kKvpr,   // KVPR: the K/V-projection inputs of a prefix of positions (--recompute), K/V of the rest
-           // (f16); the prefix's K/V are recomputed on each visit (exact; offloaded placements)
+  kF16,     // IEEE half rows
+  kF32,     // 32-bit float rows
+  kKivi4,   // KIVI-style 4-bit: keys per channel in token groups, values per token, recent rows full
+  kKivi2,   // the same at 2 bits
+  kKvpr,    // KVPR: the K/V-projection inputs of a prefix of positions (--recompute), K/V of the rest
+            // (f16); the prefix's K/V are recomputed on each visit (exact; offloaded placements)
+  kHybrid,  // HybridServe: each block of context is an activation checkpoint (its K/V-projection inputs
+            // are loaded and its K/V recomputed) or a KV block, by Eq. 11 with the ratio --act-ratio
+            // (exact; offloaded placements; kvpr's stored inputs and recompute path)
 };
+
+// Representations whose home tier stores each position's K/V-projection inputs (kvpr, hybrid).
+inline bool stores_inputs(Representation r) {
+  return r == Representation::kKvpr || r == Representation::kHybrid;
+}
 
 enum class Selection {
   kAll,        // every stored token (sliding windows are applied by the attention mask)
@@ -59,6 +67,10 @@ struct PolicyKnobs {
   static constexpr int64_t kRecomputeAuto = -1;
   static constexpr int64_t kRecomputeRandom = -2;
   int64_t recompute = kRecomputeAuto;
+  // --act-ratio: hybrid's ACT:KV block ratio R (kActRatioAuto: Algorithm 1 from the profiled rates;
+  // R >= 0 forced; +inf: every block ACT)
+  static constexpr double kActRatioAuto = -1;
+  double act_ratio = kActRatioAuto;
   double infinigen_alpha =
       5.0;  // --infinigen-alpha: threshold margin (scaled logits; the paper's Llama value)
   double infinigen_budget = 0.2;  // --infinigen-budget: cap on the rows fetched per KV head, share of T

@@ -54,7 +54,10 @@ kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& 
   const SessionOptions o = resolve_session_options(cfg, options);
   kv::MemoryLedger p;
   p.set_budget(kv::Tier::kHost, o.host_mem);  // a --host-mem that cannot hold the KV fails as in a run
-  p.reserve(kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
+  const model::WeightFootprint wf = model::weight_footprint(*model.file, model.weights, o.weights);
+  p.reserve(kv::Tier::kDevice, kv::Category::kWeights, wf.device_bytes);
+  p.reserve(kv::Tier::kHost, kv::Category::kWeights, wf.host_bytes);
+  p.reserve(kv::Tier::kDisk, kv::Category::kWeights, wf.disk_bytes);
   p.reserve(kv::Tier::kDevice, kv::Category::kActivations,
             model::forward_buffers(cfg, model.weights, o.chunk, kv::kv_needs(o.kv_placement)).bytes());
   const kv::KvFootprint f =
@@ -76,11 +79,19 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
       pool_(opt_.threads) {
   const auto& cfg = model.config;
   if (!cpu::isa_supported(isa_)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", cpu::isa_name(isa_));
-  weights_reservation_ =
-      kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kWeights, model.weights.bytes);
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
+  weights_ = std::make_unique<model::WeightStreamer>(*model.file, model.weights, opt_.weights, ledger_);
   kv::KvOptions& ko = opt_.kv_placement;
-  if (ko.representation == policy::Representation::kKvpr && ko.knobs.recompute < 0 &&
+  const bool hybrid_auto = ko.representation == policy::Representation::kHybrid &&
+                           ko.knobs.act_ratio == policy::PolicyKnobs::kActRatioAuto;
+  if (weights_->streams()) {  // hybrid auto: Algorithm 1's T_w, one streamed layer's load
+    const model::WeightStreamStats ws = weights_->stats();
+    ko.weight_load_s =
+        opt_.weights.link_bytes_per_s > 0
+            ? static_cast<double>(ws.streamed_bytes) / ws.streamed_layers / opt_.weights.link_bytes_per_s
+            : 0;
+  }
+  if (((ko.representation == policy::Representation::kKvpr && ko.knobs.recompute < 0) || hybrid_auto) &&
       ko.placement.placement != policy::Placement::kResident &&
       (ko.kvpr_link_bytes_per_s <= 0 || ko.kvpr_tokens_per_s <= 0)) {
     // --recompute auto: the scheduler weighs the home link against the projection rate, profiled
@@ -102,6 +113,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
   forward_ =
       std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv_->needs());
+  forward_->set_weight_stream(weights_.get());
   kv_->set_compute(forward_.get());
   // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
   logit_rows_ = logit_rows(cfg, opt_.chunk);

@@ -39,6 +39,9 @@ struct SessionOptions {
   // kvpr --recompute auto: the file of cached KVPR profiles (runtime/profile_cache.h) the split-point
   // scheduler's rates come from (measured and stored on first use); empty: measured each time.
   std::string profile_cache;
+  // Weight placement (--weights-mem, --weights-from): resident layers under a budget, the others
+  // streamed from host memory or the GGUF file (model/weight_stream.h).
+  model::WeightStreamOptions weights;
   // selection infinigen: the skew file (empty: the model's path with .skew.gguf), read unless
   // kv_placement.skew holds it already (runtime/skew_sample.h, load_infinigen_skew).
   std::string skew_path;
@@ -92,13 +95,15 @@ class Session {
   kv::KvCache& kv() { return *kv_; }
   // Transfer statistics of an offloaded placement (nullopt for resident).
   std::optional<kv::TieredStats> kv_stats() const;
+  // Weight placement and streaming counters.
+  model::WeightStreamStats weight_stats() const { return weights_->stats(); }
 
  private:
   const LoadedModel& model_;
   SessionOptions opt_;
   cpu::Isa isa_;
   kv::MemoryLedger ledger_;
-  kv::Reservation weights_reservation_;
+  std::unique_ptr<model::WeightStreamer> weights_;
   ThreadPool pool_;
   std::unique_ptr<kv::KvCache> kv_;
   std::unique_ptr<model::Forward> forward_;

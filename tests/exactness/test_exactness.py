@@ -138,7 +138,7 @@ def configs(n_kv_heads):
                             True))
             else:
                 out.append((["--kv-policy", spec], True))
-    return out + kvpr_configs(n_kv_heads) + degenerate_configs(n_kv_heads)
+    return out + kvpr_configs(n_kv_heads) + hybrid_configs() + degenerate_configs(n_kv_heads)
 
 
 def kvpr_configs(n_kv_heads):
@@ -159,6 +159,14 @@ def kvpr_configs(n_kv_heads):
     return out
 
 
+def hybrid_configs():
+    """hybridserve (exact): the hybrid cache with forced ACT:KV block ratios 0 (all KV), 0.5 (KV, ACT,
+    KV, KV, ...), 1 (ACT, KV, ...) and auto (Algorithm 1 from the profiled rates). Run like kvpr's rows:
+    one chunk size, unlimited and smallest budget with the home on disk."""
+    assert "hybrid" in exact_values("representation")
+    return [(["--kv-policy", "hybridserve", "--act-ratio", r], True) for r in ("0", "0.5", "1", "auto")]
+
+
 @pytest.fixture(scope="module")
 def synthetic_mha(tmp_path_factory):
     path = tmp_path_factory.mktemp("syn") / "mha.gguf"
@@ -174,7 +182,35 @@ def skew_for(tmp_path, mdl):
     return str(path)
 
 
-def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
+def smallest_weights_mem(mdl, chunk, extra=()):
+    """The engine's own answer to 'how little weight memory can this model stream through': the
+    weights outside the layers and two staging slots (no layer resident)."""
+    p = run("run", "-m", mdl, "-p", "x", "-n", 1, "--chunk", chunk, "--ctx", 1024, "--weights-mem", 1, *extra,
+            check=False)
+    assert p.returncode == 1, p.stderr
+    m = re.search(r"(\d+) bytes are needed at least", p.stderr)
+    assert m, p.stderr
+    return int(m.group(1))
+
+
+def weight_rows(mdl, chunk):
+    """Weight streaming (HybridServe's weight placement, --weights-mem): all weights in budget, about
+    half the layers resident, and only the two staging slots (every layer streamed), from host memory
+    and from the GGUF file (O_DIRECT). One chunk size (CI time)."""
+    j = json.loads(run("run", "-m", mdl, "-p", "x", "-n", 1, "--chunk", chunk, "--ctx", 1024, "--json").stdout)
+    everything = j["weights"]["resident_bytes"]
+    two = smallest_weights_mem(mdl, chunk)
+    two_file = smallest_weights_mem(mdl, chunk, ["--weights-from", "file"])
+    half = (everything + two) // 2
+    return [
+        ["--weights-mem", str(everything)],
+        ["--weights-mem", str(half), "--weights-from", "file"],
+        ["--weights-mem", str(two)],
+        ["--weights-mem", str(two_file), "--weights-from", "file"],
+    ]
+
+
+def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT, weights=False):
     disk = tmp_path / "kvdisk"
     disk.mkdir()
     n_checked = 0
@@ -184,7 +220,7 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
         for named, offloaded in configs(n_kv_heads):
             cfg = with_model_files(named, mdl, tmp_path)
             # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
-            kvpr = "kvpr" in cfg[1]
+            kvpr = "kvpr" in cfg[1] or cfg[1] == "hybridserve"
             if kvpr and chunk != CHUNKS[-1]:
                 continue
             # infinigen's rows (its prefill is the placement's own) also run at one chunk size (CI time)
@@ -203,17 +239,25 @@ def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT):
                 assert tokens == ref_tokens, what
                 assert logits == ref_logits, f"{what}: logits differ from position {first_difference(logits, ref_logits)}"
                 n_checked += 1
+        if weights and chunk == CHUNKS[-1]:
+            for extra in weight_rows(mdl, chunk):
+                tag = "w_" + "_".join(extra).replace("-", "")
+                tokens, logits = generate(tmp_path, mdl, chunk, extra, tag, prompt)
+                what = f"{mdl.name} chunk={chunk} {' '.join(extra)}"
+                assert tokens == ref_tokens, what
+                assert logits == ref_logits, f"{what}: logits differ from position {first_difference(logits, ref_logits)}"
+                n_checked += 1
     assert list(disk.iterdir()) == [], "the disk tier left files behind"
     return n_checked
 
 
 def test_smollm2(tmp_path):
-    assert check_model(tmp_path, model("smollm2"), 3) >= 2 * 4 * 3
+    assert check_model(tmp_path, model("smollm2"), 3, weights=True) >= 2 * 4 * 3 + 4
 
 
 def test_gemma3(tmp_path):
     # Longer than the 512-token window of the sliding layers: +sliding frees blocks.
-    assert check_model(tmp_path, model("gemma3"), 1, PROMPT * 4) >= 2 * 3 * 3
+    assert check_model(tmp_path, model("gemma3"), 1, PROMPT * 4, weights=True) >= 2 * 3 * 3 + 4
 
 
 def test_matrix_covers_every_exact_axis_value():

@@ -80,7 +80,7 @@ TEST(KvPolicy, EveryValueAndPresetIsListed) {
     EXPECT_EQ(p.exact(), v.exact) << v.name;
   }
   EXPECT_EQ(per_axis[0], 3);
-  EXPECT_EQ(per_axis[1], 3);  // f16, f32, kvpr (kivi4, kivi2 are approximate)
+  EXPECT_EQ(per_axis[1], 4);  // f16, f32, kvpr, hybrid (kivi4, kivi2 are approximate)
   EXPECT_EQ(per_axis[2], 1);
   EXPECT_EQ(per_axis[3], 2);
   for (const Preset& p : presets()) EXPECT_NO_THROW((void)parse_kv_policy(p.spec)) << p.name;

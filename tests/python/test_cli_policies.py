@@ -15,7 +15,7 @@ def test_lists_every_axis_value_and_preset():
     for v in j["axes"]:
         axes.setdefault(v["axis"], []).append(v["value"])
         assert v["help"], v
-    exact = {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32", "kvpr"],
+    exact = {"placement": ["resident", "layer", "headinfer"], "representation": ["f16", "f32", "kvpr", "hybrid"],
              "selection": ["all"], "retention": ["none", "sliding"]}
     assert set(axes) == set(exact)
     for axis, vals in exact.items():
@@ -25,7 +25,7 @@ def test_lists_every_axis_value_and_preset():
         if v["value"] not in exact[v["axis"]]:
             assert not v["exact"] and v["flags"].startswith("--"), v
     assert "streaming" in axes["retention"] and "kivi4" in axes["representation"]
-    assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer", "kvpr", "infinigen", "locret"]
+    assert [p["name"] for p in j["presets"]] == ["resident", "layer", "headinfer", "kvpr", "hybridserve", "infinigen", "locret"]
     text = run("policies").stdout
     for v in j["axes"]:
         assert v["value"] in text and v["help"][:40] in text

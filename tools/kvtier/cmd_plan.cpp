@@ -46,6 +46,8 @@ struct PlanArgs {
   std::string kv_disk;
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
+  std::string weights_mem;  // with -m: weight budget (streamed layers), as for run
+  policy::WeightSource weights_from = policy::WeightSource::kHost;
 };
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
@@ -179,6 +181,8 @@ int run_plan(const PlanArgs& a) {
     e.engine.prefetch_depth = a.prefetch_depth;
     e.engine.static_heads = a.static_heads;
     e.engine.knobs = a.knobs;
+    e.engine.weights_mem = a.weights_mem;
+    e.engine.weights_from = a.weights_from;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     engine = plan_engine(e, a.json);
   } else if (!a.json) {
@@ -238,6 +242,13 @@ void add_plan(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--static-heads", a->static_heads, "With -m: headinfer: KV heads kept resident")
       ->capture_default_str();
+  cmd->add_option("--weights-mem", a->weights_mem,
+                  "With -m: compute-local memory for weights, as for run (streamed layers: host or disk "
+                  "weights, two staging slots)");
+  cmd->add_option("--weights-from", a->weights_from, "With -m: streamed layers' home: host or file")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, policy::WeightSource>{
+          {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
+      ->default_str("host");
   add_knob_flags(cmd, a->knobs);
   cmd->callback([a, &run] { run = [a] { return run_plan(*a); }; });
 }

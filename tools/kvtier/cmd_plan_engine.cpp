@@ -75,6 +75,13 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
         r["policy"].get<std::string>(), w, g, m(d["weights"]), m(d["kv"]), m(d["activations"]),
         m(d["staging"]), m(d["scratch"]), m(d["logits"]), m(d["total"]), m(r["memory"]["host"]["kv"]),
         m(r["memory"]["disk"]["kv"]));
+    const auto& hw = r["memory"]["host"]["weights"];
+    const auto& dw = r["memory"]["disk"]["weights"];
+    if (hw.get<uint64_t>() + dw.get<uint64_t>() > 0) {
+      std::cout << fmt::format(
+          "{:<{}} {:>4} streamed weights: {:.2f} MiB in host memory, {:.2f} MiB read from the file\n", "", w,
+          "", m(hw), m(dw));
+    }
   }
   return j;
 }

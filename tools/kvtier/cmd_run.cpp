@@ -143,6 +143,7 @@ int run_run(const RunArgs& a) {
         {"isa", std::string(cpu::isa_name(session.isa()))},
         {"peak_memory_bytes", memory_json(session.ledger())},
         {"kv", kv_json(session, a.engine)},
+        {"weights", weights_json(session)},
     };
     if (a.logits_digest) j["logits_digest"] = digests;
     std::cout << j.dump() << "\n";

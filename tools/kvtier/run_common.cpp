@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -53,6 +54,13 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "(a pseudo-random split on every visit, for tests)")
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}, {"random", "-2"}}))
       ->default_str("auto");
+  cmd->add_option(
+         "--act-ratio", knobs.act_ratio,
+         "hybrid (hybridserve): ACT:KV block ratio R of the hybrid cache (Eq. 11): auto (Algorithm 1 "
+         "from the profiled link, projection rate and streamed-weight load time) or R >= 0 (0: all "
+         "KV, inf: all activation checkpoints)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}}))
+      ->default_str("auto");
   cmd->add_option("--infinigen-alpha", knobs.infinigen_alpha,
                   "infinigen: a row is loaded when its speculated score exceeds max - alpha (scaled logits; "
                   "inf: every row)")
@@ -77,7 +85,8 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   if (with_policy) {
     cmd->add_option("--kv-policy", a.kv_policy,
-                    "KV policy: a preset (resident, layer, headinfer, kvpr, locret) or axis values joined by "
+                    "KV policy: a preset (resident, layer, headinfer, kvpr, hybridserve, locret) or axis "
+                    "values joined by "
                     "'+', e.g. "
                     "layer+sliding; `kvtier policies` lists them all and which are exact")
         ->capture_default_str();
@@ -96,11 +105,23 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
          "offloaded policies, a measurement aid: pace loads from the home tier to at most this many "
          "GB/s, to reproduce a link that is slow relative to compute (the KVPR regime); 0: not paced")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--weights-mem", a.weights_mem,
+                  "compute-local memory for weights, e.g. 200MiB: the leading layers that fit stay resident "
+                  "beside two staging buffers, the others are streamed into them on every pass, layer l+1 "
+                  "while layer l computes (exact); default: all weights resident");
+  cmd->add_option("--weights-from", a.weights_from,
+                  "where streamed layers come from: host (a copy in host memory, counted against "
+                  "--host-mem) or file (read from the GGUF file on every pass, O_DIRECT where the file "
+                  "system allows it); --link-gbps paces these loads too")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, policy::WeightSource>{
+          {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
+      ->default_str("host");
   cmd->add_option("--skew", a.skew,
                   "infinigen: the model's skew file from `kvtier skew` (default: the model's path with "
                   ".skew.gguf)");
   cmd->add_option("--profile-cache", a.profile_cache,
-                  "kvpr --recompute auto: file of cached link and projection profiles (default: "
+                  "kvpr --recompute auto, hybridserve --act-ratio auto: file of cached link and projection "
+                  "profiles (default: "
                   "$KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json, else "
                   "~/.cache/kvtier/profile.json)");
   cmd->add_option("--group", a.group, "headinfer: KV heads per offloaded unit (0: adaptive)")
@@ -194,11 +215,14 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   }
   p.copy_delay_us = a.debug_copy_delay_us;
   p.link_bytes_per_s = a.link_gbps * 1e9;
-  if (a.link_gbps > 0 && p.placement.placement == policy::Placement::kResident)
+  if (!a.weights_mem.empty()) o.weights.budget = parse_bytes(a.weights_mem, "--weights-mem");
+  o.weights.source = a.weights_from;
+  o.weights.link_bytes_per_s = a.link_gbps * 1e9;
+  if (a.link_gbps > 0 && p.placement.placement == policy::Placement::kResident && o.weights.budget == 0)
     fail(ErrorKind::kInvalidArgument,
-         "--link-gbps paces the home tier of offloaded policies; resident has none");
-  if (p.representation == policy::Representation::kKvpr)
-    o.profile_cache = profile_cache_path(a.profile_cache);
+         "--link-gbps paces the home tier of offloaded policies and streamed weights; resident with all "
+         "weights resident has neither");
+  if (policy::stores_inputs(p.representation)) o.profile_cache = profile_cache_path(a.profile_cache);
   if (!a.host_mem.empty()) o.host_mem = parse_bytes(a.host_mem, "--host-mem");
   o.skew_path = a.skew;
   return o;
@@ -246,6 +270,26 @@ EngineArgs engine_for(const EngineArgs& a, const policy::KvPolicy& p) {
   return e;
 }
 
+nlohmann::json weights_json(const runtime::Session& session) {
+  const model::WeightStreamStats w = session.weight_stats();
+  const kv::MemoryLedger& l = session.ledger();
+  nlohmann::json j;
+  j["resident_layers"] = w.resident_layers;
+  j["streamed_layers"] = w.streamed_layers;
+  j["resident_bytes"] = w.resident_bytes;
+  j["staging_bytes"] = w.staging_bytes;
+  j["streamed_bytes"] = w.streamed_bytes;
+  j["source"] = w.streamed_layers == 0 ? "none" : w.source == policy::WeightSource::kHost ? "host" : "file";
+  j["direct_io"] = w.direct_io;
+  j["bytes_loaded"] = w.bytes_loaded;
+  j["layer_loads"] = w.layer_loads;
+  j["stall_s"] = w.wait_seconds;
+  j["bytes_by_tier"] = {{"device", l.peak(kv::Tier::kDevice, kv::Category::kWeights)},
+                        {"host", l.peak(kv::Tier::kHost, kv::Category::kWeights)},
+                        {"disk", l.peak(kv::Tier::kDisk, kv::Category::kWeights)}};
+  return j;
+}
+
 nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   nlohmann::json j;
   j["policy"] = kv_policy_of(a, a.kv_policy).spec();
@@ -269,6 +313,9 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["copy_blocks"] = st->transfer.blocks;  // blocks the jobs named
   j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
+  if (a.kv_policy == "hybridserve" ||
+      kv_policy_of(a, a.kv_policy).representation == policy::Representation::kHybrid)
+    j["act_ratio"] = std::isinf(st->act_ratio) ? nlohmann::json("inf") : nlohmann::json(st->act_ratio);
   j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
   j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
   j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)

@@ -10,6 +10,7 @@
 
 #include "kv/ledger.h"
 #include "policy/kv_policy.h"
+#include "policy/weight_plan.h"
 #include "runtime/sampler.h"
 #include "runtime/session.h"
 
@@ -42,6 +43,10 @@ struct EngineArgs {
   uint32_t debug_copy_delay_us = 0;
   Backend backend = Backend::kCpu;  // cuda: cuda_backend.h; --device-mem is its arena budget
   std::string device_mem;
+  // Weight placement (HybridServe): compute-local bytes for weights ("2GiB"; empty = all resident)
+  // and where streamed layers come from.
+  std::string weights_mem;
+  policy::WeightSource weights_from = policy::WeightSource::kHost;
 };
 
 struct SampleArgs {
@@ -76,6 +81,8 @@ runtime::SamplerParams sampler_params(const SampleArgs& a);
 nlohmann::json memory_json(const kv::MemoryLedger& ledger);
 // {"policy": ..., "group": g, "home": ..., "bytes_loaded": B, "bytes_stored": B, "stall_s": s, ...}
 nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a);
+// Weight placement of a session: resident and streamed layers, bytes by tier, streaming counters.
+nlohmann::json weights_json(const runtime::Session& session);
 std::string read_text_file(const std::string& path);
 
 // A one-line progress bar on stderr, drawn only when stderr is a terminal.
