@@ -148,8 +148,11 @@ HeadFile load_heads(const std::string& path, const std::string& model_hash, cons
   if (hf.meta.model_hash != model_hash) {
     fail(ErrorKind::kInvalidFile,
          "{}: the retaining heads were trained for the model with hash {} ({}), but this model's hash is {}; "
-         "train heads for it with `kvtier train-locret`",
-         path, hf.meta.model_hash, hf.meta.model_name.empty() ? "unnamed" : hf.meta.model_name, model_hash);
+         "train heads for it with `kvtier train-locret`{}",
+         path, hf.meta.model_hash, hf.meta.model_name.empty() ? "unnamed" : hf.meta.model_name, model_hash,
+         hf.meta.model_hash.starts_with("fp64v1:")
+             ? " (this file predates the switch to XXH3-64 model hashes)"
+             : "");
   }
   const HeadShapes want = head_shapes(cfg, hf.heads.shapes().d_m);
   const HeadShapes& got = hf.heads.shapes();

@@ -2,11 +2,9 @@
 // gguf::Writer (atomic: a temporary file renamed into place) and read through gguf::File.
 //
 //   locret.format_version   u32   1
-//   locret.model_hash       str   model_fingerprint() of the backbone the heads were trained on
-//   locret.model_name       str   the backbone's general.name (informational)
-//   locret.layer_count      u32   L
-//   locret.intermediate_size u32  d_m
-//   locret.activation       str   silu | gelu_tanh
+//   locret.model_hash       str   file_xxh3_tag() (core/content_hash.h) of the backbone the heads were
+//   trained on locret.model_name       str   the backbone's general.name (informational) locret.layer_count
+//   u32   L locret.intermediate_size u32  d_m locret.activation       str   silu | gelu_tanh
 //   locret.provenance.*     str   how the file was made (command, data, steps, ...)
 //   locret.blk.{l}.fc1.weight  F32 ne [d_in, d_m]     (d_m rows of d_in: torch fc1.weight layout)
 //   locret.blk.{l}.fc2.weight  F32 ne [d_m, h_kv]

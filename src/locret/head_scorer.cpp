@@ -1,8 +1,8 @@
 #include "locret/head_scorer.h"
 
+#include "core/content_hash.h"
 #include "core/error.h"
 #include "locret/head_file.h"
-#include "locret/model_hash.h"
 
 namespace kvtier::locret {
 
@@ -25,7 +25,7 @@ std::shared_ptr<kv::UnitScorer> load_head_scorer(const std::string& heads_path, 
          build);
   }
   try {
-    return std::make_shared<HeadScorer>(load_heads(heads_path, model_fingerprint(model_path), cfg).heads);
+    return std::make_shared<HeadScorer>(load_heads(heads_path, file_xxh3_tag(model_path), cfg).heads);
   } catch (const Error& e) {
     fail(e.kind(), "{}; {}", e.what(), build);
   }

@@ -6,12 +6,12 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/content_hash.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kv/make_kv_cache.h"
 #include "kv/recording_kv.h"
 #include "runtime/session.h"
-#include "skew/model_hash.h"
 #include "skew/skew_math.h"
 
 namespace kvtier::runtime {
@@ -186,7 +186,7 @@ skew::SkewSet compute_skew(const LoadedModel& model, const std::vector<LayerSamp
 }
 
 skew::SkewSet load_skew_for(const LoadedModel& model, const std::string& path) {
-  skew::SkewSet set = skew::read_skew(path, skew::file_hash(model.file->path()));
+  skew::SkewSet set = skew::read_skew(path, file_xxh3_tag(model.file->path()));
   const model::ModelConfig& cfg = model.config;
   if (set.layers.size() != cfg.n_layer || set.head_dim != cfg.head_dim_k)
     fail(ErrorKind::kInvalidFile, "{}: {} layers of head size {}, the model has {} of {}", path,

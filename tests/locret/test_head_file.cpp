@@ -9,7 +9,6 @@
 #include "core/error.h"
 #include "gguf/writer.h"
 #include "locret/head_file.h"
-#include "locret/model_hash.h"
 
 namespace kvtier::locret {
 namespace {
@@ -138,22 +137,6 @@ TEST(LocretHeadFile, CorruptOrForeignFilesAreClearErrors) {
   bad.write(tmp.str());
   EXPECT_NE(error_of([&] { load_heads(tmp.str(), "h", cfg); }, ErrorKind::kInvalidFile).find("fc1.weight"),
             std::string::npos);
-}
-
-TEST(LocretModelHash, DependsOnEveryByte) {
-  std::vector<uint8_t> a(1000);
-  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7);
-  const uint64_t h = hash_bytes(a);
-  EXPECT_EQ(hash_bytes(a), h);
-  for (size_t i : {size_t{0}, size_t{31}, size_t{32}, size_t{990}, size_t{999}}) {
-    auto b = a;
-    b[i] ^= 1;
-    EXPECT_NE(hash_bytes(b), h) << i;
-  }
-  EXPECT_NE(hash_bytes(std::span(a).first(999)), h);
-  const test::TempFile tmp("locret_model", ".bin");
-  std::ofstream(tmp.path(), std::ios::binary).write(reinterpret_cast<const char*>(a.data()), 1000);
-  EXPECT_EQ(model_fingerprint(tmp.str()), fmt::format("fp64v1:{:016x}", h));
 }
 
 }  // namespace

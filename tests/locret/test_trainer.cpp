@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "common/temp_file.h"
+#include "core/content_hash.h"
 #include "kv/locret_kv.h"
 #include "kv/resident_kv.h"
 #include "locret/capture_kv.h"
@@ -16,7 +17,6 @@
 #include "locret/head_scorer.h"
 #include "locret/labels.h"
 #include "locret/match_fixture.h"
-#include "locret/model_hash.h"
 #include "locret/train_loop.h"
 #include "runtime/model_files.h"
 
@@ -274,7 +274,7 @@ TEST(LocretTrainer, ResumedRunEqualsAnUninterruptedOne) {
   const auto train = match_samples(8, so, 20);
   const int64_t steps = 12;
   const auto& m = fixture();
-  const HeadFileMeta meta{model_fingerprint(fixture_path()), "fixture", {}};
+  const HeadFileMeta meta{file_xxh3_tag(fixture_path()), "fixture", {}};
   ThreadPool pool(2);
   auto fresh = [&] { return RetainingHeads::random(head_shapes(m.config, 16), 7); };
 

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "common/temp_file.h"
+#include "core/content_hash.h"
 #include "core/error.h"
-#include "skew/model_hash.h"
 #include "skew/skew_file.h"
 #include "skew/skew_math.h"
 
@@ -16,7 +16,7 @@ namespace {
 
 SkewSet make_set() {
   SkewSet set;
-  set.model_hash = bytes_hash(std::vector<uint8_t>{1, 2, 3});
+  set.model_hash = xxh3_tag(std::vector<uint8_t>{1, 2, 3});
   set.head_dim = 16;
   set.partial_ratio = 0.3f;
   set.partial_columns = 4;
@@ -78,7 +78,7 @@ TEST(SkewFile, AnotherModelsHashIsRefusedNamingBothHashes) {
   const test::TempFile tmp("skew_hash", ".gguf");
   const SkewSet set = make_set();
   write_skew(set, tmp.str());
-  const std::string other = bytes_hash(std::vector<uint8_t>{9});
+  const std::string other = xxh3_tag(std::vector<uint8_t>{9});
   expect_error(tmp.str(), other, "made for another model");
   expect_error(tmp.str(), other, other);
   EXPECT_NO_THROW(read_skew(tmp.str(), ""));
@@ -124,8 +124,8 @@ TEST(SkewFile, TruncatedOrForeignFilesAreRefused) {
 }
 
 TEST(SkewFile, HashesDifferForDifferentBytes) {
-  EXPECT_NE(bytes_hash(std::vector<uint8_t>{1, 2, 3}), bytes_hash(std::vector<uint8_t>{1, 2, 4}));
-  EXPECT_EQ(bytes_hash(std::vector<uint8_t>{1, 2, 3}).rfind("xxh3-64:", 0), 0u);
+  EXPECT_NE(xxh3_tag(std::vector<uint8_t>{1, 2, 3}), xxh3_tag(std::vector<uint8_t>{1, 2, 4}));
+  EXPECT_EQ(xxh3_tag(std::vector<uint8_t>{1, 2, 3}).rfind("xxh3-64:", 0), 0u);
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 // Streams the generated text to stdout; --json prints one object at the end instead.
 #include <fmt/format.h>
 
-#include <xxhash.h>
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +17,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "core/content_hash.h"
 #include "core/error.h"
 #include "cuda_backend.h"
 #include "npy_writer.h"
@@ -67,7 +67,7 @@ std::vector<runtime::TokenId> prompt_tokens(const tokenizer::Tokenizer& tok, con
 // XXH3-64 of one position's logits, as 16 hex digits: equal digests mean equal bits (up to hash
 // collisions, 2^-64 per pair).
 std::string logits_digest(std::span<const float> row) {
-  return fmt::format("{:016x}", XXH3_64bits(row.data(), row.size_bytes()));
+  return fmt::format("{:016x}", xxh3_64(row));
 }
 
 int run_run(const RunArgs& a) {

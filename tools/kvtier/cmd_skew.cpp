@@ -16,11 +16,11 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "core/content_hash.h"
 #include "core/error.h"
 #include "run_common.h"
 #include "runtime/skew_sample.h"
 #include "runtime/speculation_check.h"
-#include "skew/model_hash.h"
 
 namespace kvtier::cli {
 namespace {
@@ -175,7 +175,7 @@ int run_skew(const SkewArgs& a) {
         bar.update(d, t);
       });
   bar.finish();
-  set.model_hash = skew::file_hash(a.model);
+  set.model_hash = file_xxh3_tag(a.model);
   set.sample_source = a.text;
   say(fmt::format("writing {}", a.output));
   skew::write_skew(set, a.output);

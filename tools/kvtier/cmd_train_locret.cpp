@@ -10,12 +10,12 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "core/content_hash.h"
 #include "core/error.h"
 #include "core/mapped_file.h"
 #include "locret/data_jsonl.h"
 #include "locret/head_file.h"
 #include "locret/match_fixture.h"
-#include "locret/model_hash.h"
 #include "locret/train_loop.h"
 #include "runtime/model_files.h"
 
@@ -65,7 +65,7 @@ int run_train_locret(const TrainLocretArgs& a) {
   if (a.steps == 0) {  // untrained heads (seeded N(0, 0.02)): for tests and the degenerate runs
     const auto model = runtime::load_model(a.model);
     locret::HeadFileMeta meta;
-    meta.model_hash = locret::model_fingerprint(a.model);
+    meta.model_hash = file_xxh3_tag(a.model);
     meta.model_name =
         model->file->opt_string("general.name").value_or(std::filesystem::path(a.model).filename());
     meta.provenance = {{"trainer", "kvtier train-locret --steps 0"},
@@ -81,7 +81,7 @@ int run_train_locret(const TrainLocretArgs& a) {
   const int64_t warmup = a.warmup >= 0 ? a.warmup : a.steps * 2 / 3;
   const auto model = runtime::load_model(a.model);
   std::fprintf(stderr, "hashing %s ...\n", a.model.c_str());
-  const std::string hash = locret::model_fingerprint(a.model);
+  const std::string hash = file_xxh3_tag(a.model);
 
   // Data.
   std::vector<locret::Sample> samples;
@@ -95,8 +95,8 @@ int run_train_locret(const TrainLocretArgs& a) {
     locret::JsonlStats st;
     samples = locret::read_jsonl_samples(a.data, *model->tokenizer, tmpl, a.max_tokens, &st);
     const MappedFile df(a.data);
-    data_id = fmt::format("{} ({:016x})", std::filesystem::path(a.data).filename().string(),
-                          locret::hash_bytes(df.bytes()));
+    data_id =
+        fmt::format("{} ({:016x})", std::filesystem::path(a.data).filename().string(), xxh3_64(df.bytes()));
     std::fprintf(
         stderr, "data: %lld samples from %s (%lld lines, %lld over --max-tokens %lld skipped), %s\n",
         static_cast<long long>(st.kept), a.data.c_str(), static_cast<long long>(st.lines),
