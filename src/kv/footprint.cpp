@@ -27,28 +27,8 @@ uint64_t round_down(uint64_t v, uint64_t a) {
   return v / a * a;
 }
 
-uint32_t max_q_per_kv(const KvGeometry& geo, uint32_t n_head) {
-  uint32_t m = 1;
-  for (uint32_t l = 0; l < geo.n_layer(); ++l) {
-    if (n_head % geo.n_head_kv[l] != 0) {
-      fail(ErrorKind::kInvalidArgument, "{} KV heads of layer {} do not divide {} query heads",
-           geo.n_head_kv[l], l, n_head);
-    }
-    m = std::max(m, n_head / geo.n_head_kv[l]);
-  }
-  return m;
-}
-
 std::vector<uint32_t> groups_heads(const KvGeometry& geo) {
   return std::vector<uint32_t>(geo.n_head_kv.begin(), geo.n_head_kv.end());
-}
-
-uint64_t attention_scratch(const KvGeometry& geo, uint32_t n_head, int threads) {
-  cpu::AttnParams ap;
-  ap.head_dim_k = geo.head_dim_k;
-  ap.head_dim_v = geo.head_dim_v;
-  ap.q_per_kv = max_q_per_kv(geo, n_head);
-  return cpu::attention_scratch_bytes(ap, threads);
 }
 
 }  // namespace
@@ -149,7 +129,7 @@ ResidentLayout resident_layout(const KvGeometry& geo, int64_t capacity, uint32_t
     r.kv_bytes += BlockPool::slab_bytes(r.pool_block_bytes[i], r.pool_blocks[i]);
   }
   r.retention_bytes = retention_scratch(geo, capacity, n_head, o);
-  r.scratch_bytes = attention_scratch(geo, n_head, threads) + r.retention_bytes;
+  r.scratch_bytes = geo.attention_scratch_bytes(n_head, threads) + r.retention_bytes;
   return r;
 }
 
@@ -200,7 +180,7 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.n_heads_total += geo.n_head_kv[l];
   }
   t.retention_bytes = retention_scratch(geo, capacity, n_head, o);
-  t.scratch_bytes = attention_scratch(geo, n_head, threads) + t.retention_bytes;
+  t.scratch_bytes = geo.attention_scratch_bytes(n_head, threads) + t.retention_bytes;
 
   policy::KvShape shape;
   shape.n_head_kv = geo.n_head_kv;
@@ -449,27 +429,12 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
                          int threads) {
   check_placement_options(o);
   KvFootprint f;
-  if (o.retention == policy::Retention::kLocret) {
-    const LocretLayout h = locret_layout(geo, capacity, n_head, threads, o);
-    if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
-      fail(ErrorKind::kBudget,
-           "locret with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} "
-           "of scratch) but --kv-mem is {} bytes; lower --kv-budget, --local-tail or --chunk, or raise "
-           "--kv-mem",
-           o.knobs.budget, h.kv_bytes + h.scratch_bytes, h.kv_bytes, h.scratch_bytes, o.kv_mem);
-    }
-    f.device_kv = h.kv_bytes;
-    f.device_scratch = h.scratch_bytes;
-    return f;
-  }
-  if (o.retention == policy::Retention::kH2o) {
-    const H2oLayout h = h2o_layout(geo, capacity, n_head, threads, o);
-    if (o.kv_mem != 0 && h.kv_bytes + h.scratch_bytes > o.kv_mem) {
-      fail(ErrorKind::kBudget,
-           "h2o with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} of "
-           "scratch) but --kv-mem is {} bytes; lower --kv-budget or --chunk, or raise --kv-mem",
-           o.knobs.budget, h.kv_bytes + h.scratch_bytes, h.kv_bytes, h.scratch_bytes, o.kv_mem);
-    }
+  if (o.retention == policy::Retention::kLocret || o.retention == policy::Retention::kH2o) {
+    const bool locret = o.retention == policy::Retention::kLocret;
+    const BoundedLayout h = locret ? locret_layout(geo, capacity, n_head, threads, o)
+                                   : h2o_layout(geo, capacity, n_head, threads, o);
+    check_bounded_budget(locret ? "locret" : "h2o", h, o,
+                         locret ? "--kv-budget, --local-tail or --chunk" : "--kv-budget or --chunk");
     f.device_kv = h.kv_bytes;
     f.device_scratch = h.scratch_bytes;
     return f;

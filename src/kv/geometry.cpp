@@ -1,5 +1,7 @@
 #include "kv/geometry.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace kvtier::kv {
@@ -32,6 +34,32 @@ void KvGeometry::validate() const {
            group_heads, n_head_kv[l], l);
     }
   }
+}
+
+uint32_t KvGeometry::max_q_per_kv(uint32_t n_head) const {
+  uint32_t m = 1;
+  for (uint32_t l = 0; l < n_layer(); ++l) {
+    if (n_head_kv[l] == 0 || n_head % n_head_kv[l] != 0) {
+      fail(ErrorKind::kInvalidArgument, "{} KV heads of layer {} do not divide {} query heads", n_head_kv[l],
+           l, n_head);
+    }
+    m = std::max(m, n_head / n_head_kv[l]);
+  }
+  return m;
+}
+
+uint32_t KvGeometry::max_head_kv() const {
+  uint32_t m = 1;
+  for (uint32_t h : n_head_kv) m = std::max(m, h);
+  return m;
+}
+
+uint64_t KvGeometry::attention_scratch_bytes(uint32_t n_head, int threads) const {
+  cpu::AttnParams ap;
+  ap.head_dim_k = head_dim_k;
+  ap.head_dim_v = head_dim_v;
+  ap.q_per_kv = max_q_per_kv(n_head);
+  return cpu::attention_scratch_bytes(ap, threads);
 }
 
 }  // namespace kvtier::kv

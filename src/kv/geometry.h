@@ -31,6 +31,13 @@ struct KvGeometry {
   uint32_t n_groups(uint32_t layer) const { return n_head_kv[layer] / heads_per_group(layer); }
   uint64_t block_bytes(uint32_t layer) const;
   int64_t window_of(uint32_t layer) const { return window.empty() ? 0 : window[layer]; }
+  // The most query heads one KV head serves in any layer (n_head / n_head_kv); throws
+  // Error(kInvalidArgument) when a layer's KV heads do not divide n_head.
+  uint32_t max_q_per_kv(uint32_t n_head) const;
+  // The most KV heads of any layer.
+  uint32_t max_head_kv() const;
+  // Scratch cpu::attend needs for any layer of these rows with n_head query heads on `threads` threads.
+  uint64_t attention_scratch_bytes(uint32_t n_head, int threads) const;
   // Throws Error(kInvalidArgument) for an impossible geometry.
   void validate() const;
 };

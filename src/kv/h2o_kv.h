@@ -18,6 +18,7 @@
 
 #include "backend/cpu/attention.h"
 #include "core/thread_pool.h"
+#include "kv/bounded_rows.h"
 #include "kv/footprint.h"
 #include "kv/kv_cache.h"
 #include "kv/ledger.h"
@@ -30,12 +31,8 @@ namespace kvtier::kv {
 int64_t h2o_rows(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o);
 // Compute-local bytes of an H2oKv: the rows, their positions and scores, the pass's score deltas
 // (kv), and attention scratch plus the log-sum-exp rows (scratch).
-struct H2oLayout {
-  uint64_t kv_bytes = 0;
-  uint64_t scratch_bytes = 0;
-};
-H2oLayout h2o_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
-                     const KvOptions& o);
+BoundedLayout h2o_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                         const KvOptions& o);
 
 class H2oKv final : public KvCache {
  public:
@@ -61,20 +58,16 @@ class H2oKv final : public KvCache {
   float score(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const;
 
  private:
-  struct Store {    // one (sequence, layer); cap = h2o_rows()
-    int64_t n = 0;  // rows held by each KV head
-    int64_t cap = 0;
-    std::vector<uint8_t> k;    // [n_head_kv][cap][head_dim_k] KV dtype
-    std::vector<uint8_t> v;    // [n_head_kv][cap][head_dim_v] KV dtype
-    std::vector<int64_t> pos;  // [n_head_kv][cap] position of each row
-    std::vector<float> score;  // [n_head_kv][cap] accumulated attention
+  struct Store {  // one (sequence, layer)
+    Store(const KvGeometry& geo, uint32_t layer, int64_t cap)
+        : rows(geo, layer, cap, false), delta(rows.pos.size()) {}
+    BoundedRows rows;          // cap = h2o_rows(); score: accumulated attention
+    int64_t n = 0;             // rows held by each KV head
     std::vector<float> delta;  // [n_head_kv][cap] this pass's attention (added at end_pass)
   };
   Store& store(SeqId seq, uint32_t layer) { return stores_[seq * geo_.n_layer() + layer]; }
   const Store& store(SeqId seq, uint32_t layer) const { return stores_[seq * geo_.n_layer() + layer]; }
   bool evicts(uint32_t layer) const { return geo_.window_of(layer) == 0; }
-  // Keeps the rows of KV head h for which keep[r] is set, in order; returns how many.
-  int64_t compact(Store& s, uint32_t layer, int64_t h, const std::vector<uint8_t>& keep);
   void evict(Store& s, uint32_t layer, int64_t end);
   // One sequence of the open pass: its rows of the pass's buffers (rows sp.row0 ...).
   void write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp);
@@ -89,7 +82,6 @@ class H2oKv final : public KvCache {
   KvOptions opt_;
   ThreadPool& threads_;
   cpu::Isa isa_;
-  size_t esz_;
   int64_t recent_ = 0;  // rows kept for the most recent positions (global layers)
   Reservation reservation_;
   Reservation scratch_reservation_;

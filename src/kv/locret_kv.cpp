@@ -12,23 +12,6 @@
 namespace kvtier::kv {
 namespace {
 
-uint64_t row_bytes(const KvGeometry& geo) {
-  return static_cast<uint64_t>(2 * geo.head_dim_k + geo.head_dim_v) * cpu::kv_dtype_bytes(geo.dtype) +
-         sizeof(int64_t) + sizeof(float);
-}
-
-int64_t max_q_per_kv(const KvGeometry& geo, uint32_t n_head) {
-  int64_t m = 1;
-  for (uint32_t l = 0; l < geo.n_layer(); ++l) m = std::max<int64_t>(m, n_head / geo.n_head_kv[l]);
-  return m;
-}
-
-int64_t max_head_kv(const KvGeometry& geo) {
-  int64_t m = 1;
-  for (uint32_t l = 0; l < geo.n_layer(); ++l) m = std::max<int64_t>(m, geo.n_head_kv[l]);
-  return m;
-}
-
 void load_row(cpu::KvDtype dt, const uint8_t* src, int64_t n, float* dst) {
   if (dt == cpu::KvDtype::kF32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
@@ -44,22 +27,18 @@ int64_t locret_rows(int64_t capacity, const KvOptions& o) {
   return std::min(capacity, o.knobs.budget + o.knobs.local_tail + max_new_rows(capacity, o));
 }
 
-LocretLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
-                           const KvOptions& o) {
+BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                            const KvOptions& o) {
   geo.validate();
   if (capacity <= 0) fail(ErrorKind::kInvalidArgument, "KV capacity of {} positions", capacity);
   if (o.knobs.budget <= 0)
     fail(ErrorKind::kInvalidArgument, "locret needs --kv-budget N (KV units kept per layer and KV head)");
   const auto rows = static_cast<uint64_t>(locret_rows(capacity, o));
-  LocretLayout r;
+  BoundedLayout r;
   for (uint32_t l = 0; l < geo.n_layer(); ++l)
-    r.kv_bytes += uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * row_bytes(geo);
-  cpu::AttnParams ap;
-  ap.head_dim_k = geo.head_dim_k;
-  ap.head_dim_v = geo.head_dim_v;
-  ap.q_per_kv = max_q_per_kv(geo, n_head);
-  r.scratch_bytes = cpu::attention_scratch_bytes(ap, threads) +
-                    static_cast<uint64_t>(max_new_rows(capacity, o) * max_head_kv(geo)) * sizeof(float) +
+    r.kv_bytes += uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * bounded_row_bytes(geo, true, 1);
+  r.scratch_bytes = geo.attention_scratch_bytes(n_head, threads) +
+                    static_cast<uint64_t>(max_new_rows(capacity, o) * geo.max_head_kv()) * sizeof(float) +
                     rows * (1 + sizeof(int64_t)) +
                     rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + sizeof(int64_t));
   return r;
@@ -73,7 +52,6 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
       opt_(options),
       threads_(pool),
       isa_(isa),
-      esz_(cpu::kv_dtype_bytes(geometry.dtype)),
       n_head_(n_head),
       cap_(locret_rows(capacity, options)),
       n_protect_(policy::locret_stabilizers(options.knobs)),
@@ -89,36 +67,20 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
     fail(ErrorKind::kInvalidArgument, "--stabilizers {} must be smaller than --kv-budget {}", n_protect_,
          opt_.knobs.budget);
   }
-  const LocretLayout lay = locret_layout(geo_, capacity_, n_head, pool.size(), opt_);
-  if (opt_.kv_mem != 0 && lay.kv_bytes + lay.scratch_bytes > opt_.kv_mem) {
-    fail(ErrorKind::kBudget,
-         "locret with --kv-budget {} needs {} bytes of compute-local memory ({} of KV rows and scores, {} of "
-         "scratch) but --kv-mem is {} bytes; lower --kv-budget, --local-tail or --chunk, or raise --kv-mem",
-         opt_.knobs.budget, lay.kv_bytes + lay.scratch_bytes, lay.kv_bytes, lay.scratch_bytes, opt_.kv_mem);
-  }
+  const BoundedLayout lay = locret_layout(geo_, capacity_, n_head, pool.size(), opt_);
+  check_bounded_budget("locret", lay, opt_, "--kv-budget, --local-tail or --chunk");
   reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, lay.kv_bytes);
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay.scratch_bytes);
+  stores_.reserve(static_cast<size_t>(n_seqs_) * geo_.n_layer());
   for (uint32_t s = 0; s < n_seqs_; ++s) {
-    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-      Store& st = stores_.emplace_back();
-      const auto cells = static_cast<size_t>(geo_.n_head_kv[l] * cap_);
-      st.k.resize(cells * static_cast<size_t>(geo_.head_dim_k) * esz_);
-      st.kpre.resize(cells * static_cast<size_t>(geo_.head_dim_k) * esz_);
-      st.v.resize(cells * static_cast<size_t>(geo_.head_dim_v) * esz_);
-      st.pos.resize(cells);
-      st.score.resize(cells);
-    }
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) stores_.emplace_back(geo_, l, cap_, true);
   }
   length_.assign(n_seqs_, 0);
   held_.assign(n_seqs_, 0);
   plan_end_.assign(n_seqs_, 0);
   evicted_at_.assign(n_seqs_, 0);
-  pass_scores_.resize(static_cast<size_t>(max_new_rows(capacity_, opt_) * max_head_kv(geo_)));
-  cpu::AttnParams ap;
-  ap.head_dim_k = geo_.head_dim_k;
-  ap.head_dim_v = geo_.head_dim_v;
-  ap.q_per_kv = max_q_per_kv(geo_, n_head);
-  scratch_.resize(cpu::attention_scratch_bytes(ap, pool.size()));
+  pass_scores_.resize(static_cast<size_t>(max_new_rows(capacity_, opt_) * geo_.max_head_kv()));
+  scratch_.resize(geo_.attention_scratch_bytes(n_head, pool.size()));
   keep_.resize(static_cast<size_t>(cap_));
   order_.resize(static_cast<size_t>(cap_));
   rot_in_.resize(static_cast<size_t>(cap_ * geo_.head_dim_k));
@@ -133,12 +95,12 @@ int64_t LocretKv::positions(SeqId seq) const {
 
 int64_t LocretKv::position(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const {
   KVTIER_ASSERT(r < held_[seq], "row {} of {}", r, held_[seq]);
-  return store(seq, layer).pos[static_cast<size_t>(head * cap_ + r)];
+  return store(seq, layer).pos[store(seq, layer).cell(head, r)];
 }
 
 float LocretKv::score(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const {
   KVTIER_ASSERT(r < held_[seq], "row {} of {}", r, held_[seq]);
-  return store(seq, layer).score[static_cast<size_t>(head * cap_ + r)];
+  return store(seq, layer).score[store(seq, layer).cell(head, r)];
 }
 
 std::vector<int64_t> LocretKv::plan_prefill(SeqId seq, int64_t n, int64_t chunk) {
@@ -197,13 +159,8 @@ void LocretKv::write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp
   scorer_->score(threads_, isa_, layer, true0, all.q_pre + sp.row0 * n_head_ * dk, kpre, v, n, sc);
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t h = 0; h < hk; ++h) {
-      const int64_t r = h * cap_ + held + t;
-      store_kv_row(geo_.dtype, k + (t * hk + h) * dk, dk, s.k.data() + static_cast<size_t>(r * dk) * esz_);
-      store_kv_row(geo_.dtype, kpre + (t * hk + h) * dk, dk,
-                   s.kpre.data() + static_cast<size_t>(r * dk) * esz_);
-      store_kv_row(geo_.dtype, v + (t * hk + h) * dv, dv, s.v.data() + static_cast<size_t>(r * dv) * esz_);
-      s.pos[static_cast<size_t>(r)] = true0 + t;
-      s.score[static_cast<size_t>(r)] = sc[t * hk + h];
+      s.put(h, held + t, k + (t * hk + h) * dk, kpre + (t * hk + h) * dk, v + (t * hk + h) * dv, true0 + t,
+            sc[t * hk + h]);
     }
   }
 }
@@ -219,49 +176,27 @@ void LocretKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
 void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o,
                           const SeqPass& sp) {
   Store& s = store(sp.seq, layer);
-  const int64_t hk = geo_.n_head_kv[layer];
-  cpu::AttnParams ap;
-  ap.head_dim_k = geo_.head_dim_k;
-  ap.head_dim_v = geo_.head_dim_v;
-  ap.q_per_kv = n_head / hk;
-  ap.scale = la.scale;
-  ap.softcap = la.softcap;
-  ap.window = la.window;
-  ap.kv_dtype = geo_.dtype;
+  const cpu::AttnParams ap = layer_attn_params(geo_, layer, n_head, la);
   // Compact positions: row i at position i; the pass's queries at held, held + 1, ... (= sp.pos0).
-  cpu::KvSpan span;
-  span.pos0 = 0;
-  span.n_tokens = sp.pos0 + sp.n;
-  span.k = s.k.data();
-  span.v = s.v.data();
-  span.k_head_stride = cap_ * geo_.head_dim_k;
-  span.v_head_stride = cap_ * geo_.head_dim_v;
+  const cpu::KvSpan span = s.span(geo_, 0, sp.pos0 + sp.n);
   const cpu::AttnQueries aq{q, n_head * ap.head_dim_k, sp.n, n_head, sp.pos0};
   const cpu::AttnOutput out{o, n_head * ap.head_dim_v, nullptr, n_head};
   cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
 }
 
 void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
-  const size_t base = static_cast<size_t>(h * cap_);
-  const float* sc = s.score.data() + base;
-  const int64_t* pos = s.pos.data() + base;
+  const float* sc = s.score.data() + s.cell(h, 0);
+  const int64_t* pos = s.pos.data() + s.cell(h, 0);
   // Candidates by (score, protected first, later position first); the stabilizers' +INF lives only in
   // this ordering, the stored scores stay the real ones.
   const int64_t first_protected = n - n_protect;
   auto key = [&](int64_t r) { return r >= first_protected ? std::numeric_limits<float>::infinity() : sc[r]; };
-  std::iota(order_.begin(), order_.begin() + n, int64_t{0});
-  auto better = [&](int64_t a, int64_t b) {
+  mark_best(n, keep, order_, keep_, [&](int64_t a, int64_t b) {
     const float ka = key(a), kb = key(b);
-    if (ka != kb) return ka > kb;
-    return pos[a] > pos[b];
-  };
-  std::nth_element(order_.begin(), order_.begin() + (keep - 1), order_.begin() + n, better);
-  std::fill(keep_.begin(), keep_.begin() + n, uint8_t{0});
-  for (int64_t i = 0; i < keep; ++i) keep_[static_cast<size_t>(order_[static_cast<size_t>(i)])] = 1;
+    return ka != kb ? ka > kb : pos[a] > pos[b];
+  });
   // Compact in place (kept rows in position order) and re-rotate every moved key to its new row.
-  const int64_t dk = geo_.head_dim_k, dv = geo_.head_dim_v;
-  const size_t rk = static_cast<size_t>(dk) * esz_, rv = static_cast<size_t>(dv) * esz_;
-  int64_t w = 0;
+  const int64_t dk = geo_.head_dim_k;
   int64_t n_rot = 0;
   const int64_t batch = compute_ != nullptr ? std::min<int64_t>(compute_->max_rows(), cap_) : cap_;
   auto flush = [&]() {
@@ -270,27 +205,18 @@ void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_
     compute_->rope_k_rows(layer, rot_in_.data(), std::span(rot_pos_.data(), static_cast<size_t>(n_rot)),
                           rot_out_.data());
     for (int64_t i = 0; i < n_rot; ++i) {
-      const size_t dst = base + static_cast<size_t>(rot_pos_[static_cast<size_t>(i)]);
-      store_kv_row(geo_.dtype, rot_out_.data() + i * dk, dk, s.k.data() + dst * rk);
+      const size_t dst = s.cell(h, rot_pos_[static_cast<size_t>(i)]);
+      store_kv_row(geo_.dtype, rot_out_.data() + i * dk, dk, s.k.data() + dst * s.rk);
     }
     n_rot = 0;
   };
-  for (int64_t r = 0; r < n; ++r) {
-    if (!keep_[static_cast<size_t>(r)]) continue;
-    if (w != r) {
-      const size_t src = base + static_cast<size_t>(r), dst = base + static_cast<size_t>(w);
-      std::memmove(s.kpre.data() + dst * rk, s.kpre.data() + src * rk, rk);
-      std::memmove(s.v.data() + dst * rv, s.v.data() + src * rv, rv);
-      s.pos[dst] = s.pos[src];
-      s.score[dst] = s.score[src];
-      load_row(geo_.dtype, s.kpre.data() + dst * rk, dk, rot_in_.data() + n_rot * dk);
-      rot_pos_[static_cast<size_t>(n_rot)] = w;
-      if (++n_rot == batch) flush();
-    }
-    ++w;
-  }
+  const int64_t kept = s.compact(h, n, keep_, [&](int64_t w) {
+    load_row(geo_.dtype, s.kpre.data() + s.cell(h, w) * s.rk, dk, rot_in_.data() + n_rot * dk);
+    rot_pos_[static_cast<size_t>(n_rot)] = w;
+    if (++n_rot == batch) flush();
+  });
   flush();
-  KVTIER_ASSERT(w == keep, "layer {} head {}: kept {} rows of {}", layer, h, w, keep);
+  KVTIER_ASSERT(kept == keep, "layer {} head {}: kept {} rows of {}", layer, h, kept, keep);
 }
 
 void LocretKv::evict_seq(SeqId seq, int64_t keep, int64_t n_protect) {

@@ -26,6 +26,7 @@
 
 #include "backend/cpu/attention.h"
 #include "core/thread_pool.h"
+#include "kv/bounded_rows.h"
 #include "kv/footprint.h"
 #include "kv/kv_cache.h"
 #include "kv/kv_compute.h"
@@ -39,12 +40,8 @@ namespace kvtier::kv {
 int64_t locret_rows(int64_t capacity, const KvOptions& o);
 // Compute-local bytes of a LocretKv: rows (K after RoPE, K before RoPE, V), positions and scores (kv);
 // attention scratch, the pass's scores and the eviction's and re-rotation's work rows (scratch).
-struct LocretLayout {
-  uint64_t kv_bytes = 0;
-  uint64_t scratch_bytes = 0;
-};
-LocretLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
-                           const KvOptions& o);
+BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
+                            const KvOptions& o);
 
 class LocretKv final : public KvCache {
  public:
@@ -74,13 +71,9 @@ class LocretKv final : public KvCache {
   uint64_t evictions() const { return evictions_; }
 
  private:
-  struct Store {                // one (sequence, layer); cap = locret_rows()
-    std::vector<uint8_t> k;     // [n_head_kv][cap][head_dim_k] KV dtype, after RoPE at the row's position
-    std::vector<uint8_t> kpre;  // [n_head_kv][cap][head_dim_k] KV dtype, before RoPE
-    std::vector<uint8_t> v;     // [n_head_kv][cap][head_dim_v] KV dtype
-    std::vector<int64_t> pos;   // [n_head_kv][cap] true position of each row
-    std::vector<float> score;   // [n_head_kv][cap] the unit's score (from its creation)
-  };
+  // One (sequence, layer): cap = locret_rows(), K after RoPE at the row's compact position and K
+  // before RoPE beside it; score: the unit's score from its creation.
+  using Store = BoundedRows;
   Store& store(SeqId seq, uint32_t layer) { return stores_[seq * geo_.n_layer() + layer]; }
   const Store& store(SeqId seq, uint32_t layer) const { return stores_[seq * geo_.n_layer() + layer]; }
   // Keeps the `keep` best rows of every (layer, KV head) of the sequence (n_protect last ones first).
@@ -96,7 +89,6 @@ class LocretKv final : public KvCache {
   KvOptions opt_;
   ThreadPool& threads_;
   cpu::Isa isa_;
-  size_t esz_;
   int64_t n_head_;     // query heads (the q rows' width / head_dim_k)
   int64_t cap_;        // rows per (sequence, layer, KV head)
   int64_t n_protect_;  // n_s
