@@ -192,9 +192,10 @@ struct RecencyScorer final : kv::UnitScorer {
   }
 };
 
-// Mean relative L2 error of the answer logits under locret (budget T/8, B 64, n_s b/4, n_loc 16)
-// with this scorer, against full attention.
-double locret_logit_error(const std::vector<Sample>& samples, const std::shared_ptr<kv::UnitScorer>& scorer) {
+// Mean relative L2 error of the answer logits under locret (budget T/8, B 64, n_s b/4 unless given,
+// n_loc 16) with this scorer, against full attention.
+double locret_logit_error(const std::vector<Sample>& samples, const std::shared_ptr<kv::UnitScorer>& scorer,
+                          int64_t stabilizers = -1) {
   double sum = 0.0;
   int64_t count = 0;
   const auto& cfg = fixture().config;
@@ -208,7 +209,7 @@ double locret_logit_error(const std::vector<Sample>& samples, const std::shared_
     kv::KvOptions o;
     o.retention = policy::Retention::kLocret;
     o.knobs.budget = s.n_prompt / 8;
-    o.knobs.stabilizers = o.knobs.budget / 4;
+    o.knobs.stabilizers = stabilizers >= 0 ? stabilizers : o.knobs.budget / 4;
     o.knobs.local_tail = 16;
     o.max_new_rows = 64;
     o.scorer = scorer;
@@ -225,6 +226,41 @@ double locret_logit_error(const std::vector<Sample>& samples, const std::shared_
     }
   }
   return sum / static_cast<double>(count);
+}
+
+// The answer logits of one sample under locret (as locret_logit_error's), on a pool of `threads`.
+std::vector<float> locret_answer_logits(const Sample& s, const std::shared_ptr<kv::UnitScorer>& scorer,
+                                        int threads) {
+  const auto& cfg = fixture().config;
+  ThreadPool pool(threads);
+  kv::MemoryLedger ledger;
+  model::Forward fwd(cfg, fixture().weights, 64, pool, cpu::best_isa(), ledger, kv::kNeedPreRope);
+  const kv::KvGeometry geo = model::kv_geometry(cfg, 256, cpu::KvDtype::kF16);
+  kv::KvOptions o;
+  o.retention = policy::Retention::kLocret;
+  o.knobs.budget = s.n_prompt / 8;
+  o.knobs.local_tail = 16;
+  o.max_new_rows = 64;
+  o.scorer = scorer;
+  kv::LocretKv evicting(geo, static_cast<int64_t>(s.tokens.size()), cfg.n_head, ledger, pool, cpu::best_isa(),
+                        o);
+  std::vector<float> out = answer_logits(evicting, fwd, s);
+  EXPECT_GT(evicting.evictions(), 0u);
+  return out;
+}
+
+// B8: bit-identical results across runs and thread counts (the scores, the eviction's ties and the
+// re-rotated keys do not depend on how the work is split).
+TEST(LocretDeterminism, SameBitsAcrossRunsAndThreadCounts) {
+  const auto samples = match_samples(2, MatchSampleOptions{256, 384, 8, 16}, 31);
+  const auto scorer =
+      std::make_shared<HeadScorer>(RetainingHeads::random(head_shapes(fixture().config, 32), 5));
+  for (const Sample& s : samples) {
+    const std::vector<float> one = locret_answer_logits(s, scorer, 1);
+    EXPECT_EQ(locret_answer_logits(s, scorer, 1), one) << "two runs on one thread";
+    EXPECT_EQ(locret_answer_logits(s, scorer, 2), one) << "two threads";
+    EXPECT_EQ(locret_answer_logits(s, scorer, 3), one) << "three threads";
+  }
 }
 
 TEST_P(LocretTrainerDm, TrainedHeadsFindTheNeedle) {
@@ -259,6 +295,10 @@ TEST_P(LocretTrainerDm, TrainedHeadsFindTheNeedle) {
               recency);
   EXPECT_LT(trained, random);
   EXPECT_LT(trained, recency);
+  // C4 (the paper's Fig. 3 ablation): without stabilizers the same trained heads evict worse.
+  const double no_stabilizers = locret_logit_error(held, std::make_shared<HeadScorer>(heads), 0);
+  std::printf("C4 answer-logit error: n_s = b/4 %.4f, n_s = 0 %.4f\n", trained, no_stabilizers);
+  EXPECT_GT(no_stabilizers, trained);
 }
 
 INSTANTIATE_TEST_SUITE_P(C2, LocretTrainerDm, ::testing::Values(int64_t{64}));
