@@ -9,9 +9,12 @@
 // Run with --benchmark_repetitions=N --benchmark_report_aggregates_only=true and read medians.
 #include <benchmark/benchmark.h>
 
+#include "backend/cpu/spec_scores.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -220,6 +223,24 @@ void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int
       benchmark::Counter(flops * 100.0 / peak, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// InfiniGen's estimated scores for one KV head: SmolLM2's shape (3 query heads per KV head, 19
+// partial columns) over T rows; items = rows scored.
+void bm_spec_scores(benchmark::State& state, Isa isa, int64_t T) {
+  const int64_t G = 3, K = 19;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd;
+  std::vector<float> q(static_cast<size_t>(G * K)), pk(static_cast<size_t>(T * K)),
+      out(static_cast<size_t>(T));
+  for (float& x : q) x = nd(rng);
+  for (float& x : pk) x = nd(rng);
+  const cpu::SpecScoresFn fn = cpu::spec_scores_kernel(isa);
+  for (auto _ : state) {
+    fn(q.data(), G, K, pk.data(), T, 0.125f, out.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * T);
+}
+
 void register_all() {
   const Isa best = cpu::best_isa();
   const std::vector<GgmlType> types = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,
@@ -228,6 +249,11 @@ void register_all() {
                                        GgmlType::kQ6_K};
   std::vector<Isa> isas = {best};
   if (best == Isa::kAvx512) isas.push_back(Isa::kAvx2);
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!cpu::isa_supported(isa)) continue;
+    benchmark::RegisterBenchmark(("spec_scores/" + std::string(cpu::isa_name(isa)) + "/T:4096").c_str(),
+                                 bm_spec_scores, isa, int64_t{4096});
+  }
   for (int t : {1, 2}) {
     benchmark::RegisterBenchmark(("copy/threads:" + std::to_string(t)).c_str(), bm_copy, t)->UseRealTime();
     benchmark::RegisterBenchmark(("read/threads:" + std::to_string(t)).c_str(), bm_read, t)->UseRealTime();

@@ -297,13 +297,15 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
         static_cast<int64_t>(std::floor(o.knobs.infinigen_budget * static_cast<double>(capacity)));
     t.ig_rows = std::min(capacity, std::max<int64_t>(cap, 1)) + 1;
     const uint64_t compact = 2ull * t.h_max * round_up(static_cast<uint64_t>(t.ig_rows) * row_max, 64);
-    // The look-ahead's queries and partial queries of a batch, the chosen rows, the scores of one head,
+    // The look-ahead's queries and partial queries of a batch, the chosen rows, the scores of every head,
     // one page of keys per head (the partial keys of a prompt are built from the home tier's keys).
     const uint64_t n_head_all = uint64_t{o.max_seqs} * n_head;
     const uint64_t look = n_head_all * (geo.head_dim_k + static_cast<uint64_t>(t.ig_cols)) * sizeof(float);
     const uint64_t chosen =
         uint64_t{o.max_seqs} * t.h_max * static_cast<uint64_t>(t.ig_rows) * sizeof(int32_t);
-    const uint64_t scores = static_cast<uint64_t>(capacity) * (sizeof(float) + sizeof(int32_t));
+    // (two speculations live at once: layers l and l + 1).
+    const uint64_t scores = 2 * static_cast<uint64_t>(capacity) *
+                            (uint64_t{o.max_seqs} * t.h_max * sizeof(float) + sizeof(int32_t));
     const uint64_t keys = uint64_t{geo.block_tokens} * t.h_max * geo.head_dim_k * (esz + sizeof(float));
     t.ig_scratch_bytes = compact + look + chosen + scores + keys;
     // A selective load moves one extent per chosen row and plane, and the I/O pages of the rows the

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu/spec_scores.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "kv/tiered_kv.h"
@@ -73,7 +74,7 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
   for (Speculation& s : spec_) {
     s.n_past.reserve(n_seqs);
     s.r.idx.reserve(size_t{n_seqs} * lay_.h_max * static_cast<size_t>(lay_.ig_rows));
-    s.r.scores.reserve(static_cast<size_t>(capacity_));
+    s.r.scores.reserve(static_cast<size_t>(capacity_) * n_seqs * lay_.h_max);
     s.r.order.reserve(static_cast<size_t>(capacity_));
   }
   const uint64_t page = lay_.page_bytes[0];
@@ -194,6 +195,7 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   in.pk = std::span<const float* const>(la_pk_.data(), static_cast<size_t>(B * hk));
   in.n_tokens = s.n_past;
   in.cap = std::span<const int64_t>(la_cap_.data(), static_cast<size_t>(B));
+  in.group_scores = cpu::spec_scores_kernel(isa_);
   policy::speculate(in, static_cast<float>(opt_.knobs.infinigen_alpha), s.r);
   s.pass = passes_;
   s.layer = t;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -38,38 +39,49 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
   out.count.resize(static_cast<size_t>(S * Hk));
   out.chosen.resize(static_cast<size_t>(S));
   out.offset.resize(static_cast<size_t>(S * Hk + 1));
-  out.scores.resize(static_cast<size_t>(t_max));
+  int64_t n_scores = 0;
+  for (int64_t s = 0; s < S; ++s) n_scores += Hk * in.n_tokens[s];
+  out.scores.resize(static_cast<size_t>(n_scores));
   out.order.resize(static_cast<size_t>(t_max));
 
-  // Scores of (s, g) into out.scores; returns their max.
-  auto group_scores = [&](int64_t s, int64_t g) {
-    const int64_t T = in.n_tokens[s];
-    const float* pk = in.pk[static_cast<size_t>(s * Hk + g)];
-    float m = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < T; ++t) {
-      float best = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < G; ++j) {
-        const float* q = in.qp + (s * H + g * G + j) * K;
-        const float* k = pk + t * K;
-        float dot = 0.0f;
-        for (int64_t c = 0; c < K; ++c) dot += q[c] * k[c];
-        best = std::max(best, in.scale * dot);
+  // Scores of every (s, g), packed in (s, g) order: computed once, read by both passes.
+  {
+    float* dst = out.scores.data();
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t T = in.n_tokens[s];
+      for (int64_t g = 0; g < Hk; ++g, dst += T) {
+        const float* q = in.qp + (s * H + g * G) * K;
+        const float* pk = in.pk[static_cast<size_t>(s * Hk + g)];
+        if (in.group_scores != nullptr) {
+          in.group_scores(q, G, K, pk, T, in.scale, dst);
+          continue;
+        }
+        for (int64_t t = 0; t < T; ++t) {
+          float best = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < G; ++j) {
+            const float* qj = q + j * K;
+            const float* k = pk + t * K;
+            float dot = 0.0f;
+            for (int64_t c = 0; c < K; ++c) dot += qj[c] * k[c];
+            best = std::max(best, in.scale * dot);
+          }
+          dst[t] = best;
+        }
       }
-      out.scores[static_cast<size_t>(t)] = best;
-      m = std::max(m, best);
     }
-    return m;
-  };
+  }
 
   // Pass 1: the per-(s,g) max and count, and the shared count.
   int64_t total = 0;
+  const float* sc = out.scores.data();
   for (int64_t s = 0; s < S; ++s) {
-    for (int64_t g = 0; g < Hk; ++g) {
-      const float m = group_scores(s, g);
+    const int64_t T = in.n_tokens[s];
+    for (int64_t g = 0; g < Hk; ++g, sc += T) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t t = 0; t < T; ++t) m = std::max(m, sc[t]);
       const float threshold = m - alpha;  // -inf for alpha = +inf: every row passes
       int64_t c = 0;
-      for (int64_t t = 0; t < in.n_tokens[s]; ++t)
-        c += out.scores[static_cast<size_t>(t)] > threshold ? 1 : 0;
+      for (int64_t t = 0; t < T; ++t) c += sc[t] > threshold ? 1 : 0;
       out.max[static_cast<size_t>(s * Hk + g)] = m;
       out.count[static_cast<size_t>(s * Hk + g)] = c;
       total += c;
@@ -85,12 +97,13 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
   }
   out.idx.resize(static_cast<size_t>(n_idx));
 
-  // Pass 2: the top rows of each (s,g) (scores recomputed: the same bits, no [S, Hk, T] buffer).
+  // Pass 2: the top rows of each (s,g).
   int64_t at = 0;
+  sc = out.scores.data();
   for (int64_t s = 0; s < S; ++s) {
     const int64_t T = in.n_tokens[s];
     const int64_t n = out.chosen[static_cast<size_t>(s)];
-    for (int64_t g = 0; g < Hk; ++g) {
+    for (int64_t g = 0; g < Hk; ++g, sc += T) {
       out.offset[static_cast<size_t>(s * Hk + g)] = at;
       int32_t* dst = out.idx.data() + at;
       at += n;
@@ -98,12 +111,11 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
         for (int64_t t = 0; t < T; ++t) dst[t] = static_cast<int32_t>(t);
         continue;
       }
-      group_scores(s, g);
       int32_t* ord = out.order.data();
       for (int64_t t = 0; t < T; ++t) ord[t] = static_cast<int32_t>(t);
-      const float* sc = out.scores.data();
+      const float* v = sc;
       std::nth_element(ord, ord + n, ord + T,
-                       [sc](int32_t a, int32_t b) { return sc[a] > sc[b] || (sc[a] == sc[b] && a < b); });
+                       [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
       std::copy(ord, ord + n, dst);
       std::sort(dst, dst + n);
     }

@@ -34,6 +34,11 @@ void validate(const InfinigenParams& p);
 // (> 0), else floor(budget · T); at least 1.
 int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens = 0);
 
+// The scores S_g[t] of one (s, g) for rows t < T: q: [G, K] the group's partial queries, pk: [T, K],
+// out: [T] (the loop above, bit for bit; a SIMD version lives in the CPU backend, cpu::spec_scores).
+using GroupScoresFn = void (*)(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+                               float* out);
+
 // One layer's speculation over a batch of n_seq sequences.
 struct SpecInput {
   int64_t n_seq = 0;
@@ -43,8 +48,9 @@ struct SpecInput {
   float scale = 1.0f;                // multiplies the dot products (1/sqrt(d) unless folded into the weights)
   const float* qp = nullptr;         // [n_seq, n_head, k_cols] f32 partial queries
   std::span<const float* const> pk;  // [n_seq * n_head_kv] each [n_tokens[s], k_cols] f32 partial keys
-  std::span<const int64_t> n_tokens;  // [n_seq] T_s >= 1 (the current token not included)
-  std::span<const int64_t> cap;       // [n_seq] cap_s >= 1
+  std::span<const int64_t> n_tokens;     // [n_seq] T_s >= 1 (the current token not included)
+  std::span<const int64_t> cap;          // [n_seq] cap_s >= 1
+  GroupScoresFn group_scores = nullptr;  // null: the scalar loop here
 };
 
 struct SpecResult {
@@ -54,7 +60,7 @@ struct SpecResult {
   std::vector<int64_t> chosen;  // [n_seq] rows fetched per KV head of sequence s
   std::vector<int64_t> offset;  // [n_seq * n_head_kv + 1] where (s,g)'s rows start in idx
   std::vector<int32_t> idx;     // rows, ascending within each (s,g)
-  std::vector<float> scores;    // scratch: [max T_s] S_g of one (s,g)
+  std::vector<float> scores;    // scratch: S_g of every (s,g), [n_seq, n_head_kv, T_s] packed
   std::vector<int32_t> order;   // scratch: [max T_s]
 
   std::span<const int32_t> rows(int64_t s, int64_t g, int64_t n_head_kv) const {

@@ -6,8 +6,10 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "backend/cpu/spec_scores.h"
 #include "core/error.h"
 #include "policy/infinigen_select.h"
 
@@ -45,7 +47,7 @@ Data make_data(const Case& c) {
   return d;
 }
 
-SpecInput input(const Case& c, const Data& d, float scale) {
+SpecInput input(const Case& c, const Data& d, float scale, GroupScoresFn fn = nullptr) {
   SpecInput in;
   in.n_seq = c.S;
   in.n_head = c.H;
@@ -56,14 +58,26 @@ SpecInput input(const Case& c, const Data& d, float scale) {
   in.pk = d.pk_ptr;
   in.n_tokens = c.T;
   in.cap = c.cap;
+  in.group_scores = fn;
   return in;
 }
 
 // The reference: every step written out directly, a full stable sort for the top rows.
+// Run once with speculate's own loop and once with each CPU kernel this machine has (cpu::spec_scores).
+void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn);
 void check_against_reference(const Case& c, float alpha, float scale) {
+  check_one(c, alpha, scale, nullptr);
+  for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    if (!cpu::isa_supported(isa)) continue;
+    SCOPED_TRACE(std::string(cpu::isa_name(isa)));
+    check_one(c, alpha, scale, cpu::spec_scores_kernel(isa));
+  }
+}
+
+void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn) {
   const Data d = make_data(c);
   SpecResult got;
-  speculate(input(c, d, scale), alpha, got);
+  speculate(input(c, d, scale, fn), alpha, got);
   const int64_t G = c.H / c.Hk;
   std::vector<std::vector<float>> score(static_cast<size_t>(c.S * c.Hk));
   int64_t total = 0;

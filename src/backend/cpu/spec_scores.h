@@ -1,0 +1,31 @@
+// InfiniGen's estimated attention scores, the inner loop of policy::speculate: for T rows of partial
+// keys and the G partial queries of one KV head,
+//
+//   out[t] = max over j ascending of scale · (sum over c ascending of q[j][c] · pk[t][c])
+//
+// with every product and sum rounded to f32 (no FMA), the dot starting at 0 and the max taken as
+// std::max(best, v) from -inf. Every ISA path gives exactly these bits (the SIMD paths run 8 or 16
+// rows per vector, each lane in the scalar order), so the selection does not depend on the CPU.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cpu/cpu_features.h"
+
+namespace kvtier::cpu {
+
+// q: [G, K] f32, pk: [T, K] f32 (rows contiguous), out: [T] f32.
+using SpecScoresFn = void (*)(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+                              float* out);
+
+// The kernel of an ISA (the scalar loop for Isa::kScalar).
+SpecScoresFn spec_scores_kernel(Isa isa);
+
+void spec_scores_ref(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+                     float* out);
+void spec_scores_avx2(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+                      float* out);
+void spec_scores_avx512(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+                        float* out);
+
+}  // namespace kvtier::cpu
