@@ -78,11 +78,18 @@ TEST(HybridBatch, MiniBatchedStepsWithStreamedWeightsMatchEachSequenceAloneUnder
     slots = std::stoull(m.substr(m.rfind(' ', at - 1) + 1));
   }
   ASSERT_GT(slots, 0u);
-  for (const double ratio : {1.0, 0.5}) {
+  // Forced ratios (mini-batches packed by capacity), and auto with given rates (Algorithm 1's ratio and
+  // Algorithm 2's balanced mini-batches; the rates stand in for a profile, so nothing is measured).
+  for (const double ratio : {1.0, 0.5, policy::PolicyKnobs::kActRatioAuto}) {
     SessionOptions ob = o;
     ob.kv_placement.placement.placement = policy::Placement::kLayer;
     ob.kv_placement.representation = policy::Representation::kHybrid;
     ob.kv_placement.knobs.act_ratio = ratio;
+    const bool rated = ratio == policy::PolicyKnobs::kActRatioAuto;
+    if (rated) {
+      ob.kv_placement.kvpr_link_bytes_per_s = 2e7;
+      ob.kv_placement.kvpr_tokens_per_s = 2e5;
+    }
     ob.kv_placement.max_seqs = 3;
     ob.weights.budget = slots;
     Session s(*model, ob);
@@ -118,6 +125,10 @@ TEST(HybridBatch, MiniBatchedStepsWithStreamedWeightsMatchEachSequenceAloneUnder
     EXPECT_EQ(st->mb_last_seqs, 3u);
     EXPECT_GE(st->mb_last, 1u);
     EXPECT_EQ(st->mb_reordered, st->mb_passes) << ratio << ": the mini-batch order should differ";
+    EXPECT_EQ(st->mb_balanced, rated) << ratio;
+    if (rated) {
+      EXPECT_GT(st->act_ratio, 0.0) << "Algorithm 1 should choose some ACT blocks at these rates";
+    }
     EXPECT_GT(st->recomputed_rows, 0u) << ratio;
     for (size_t b = 0; b < prompts.size(); ++b)
       EXPECT_TRUE(got[b] == ref[b]) << "R " << ratio << " seq " << b << ": logits differ from alone";
