@@ -266,9 +266,10 @@ std::span<const PassPositions> TieredKv::begin_batch(std::span<const PassInfo> s
     for (const SeqPass& sp : pass_.seqs()) s_kv = std::max(s_kv, sp.pos0 + sp.n);
     plan(s_kv);
     if (infinigen()) infinigen_begin();
+    plan_mini_batches();
     visit_order_.clear();
     for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
-      for (uint32_t b = 0; b < pass_.seqs().size(); ++b) {
+      for (const uint32_t b : seq_order_) {
         for (size_t i = first_unit_[l]; i < plan_.units.size() && plan_.units[i].layer == l; ++i) {
           if (!plan_.units[i].is_static) visit_order_.push_back({b, i});
         }
@@ -498,7 +499,8 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
                 geo_.window_of(layer));
-  for (const SeqPass& sp : pass_.seqs()) {
+  for (const uint32_t b : seq_order_) {  // mini-batch by mini-batch (hybrid), else batch order
+    const SeqPass& sp = pass_.seqs()[b];
     pass_seq_ = sp.seq;
     pass_pos0_ = sp.pos0;
     pass_n_ = sp.n;
@@ -773,6 +775,12 @@ TieredStats TieredKv::stats() const {
   s.payload_x_bytes = payload_x_bytes_;
   s.payload_kv_bytes = payload_kv_bytes_;
   s.act_ratio = act_ratio_;
+  s.mb_passes = mb_passes_;
+  s.mb_formed = mb_formed_;
+  s.mb_last = mb_last_;
+  s.mb_last_seqs = mb_last_seqs_;
+  s.mb_reordered = mb_reordered_;
+  s.mb_balanced = mb_balanced_;
   s.home = home_->describe();
   s.infinigen = ig_;
   return s;

@@ -75,8 +75,15 @@ struct TieredStats {
   uint64_t payload_x_bytes = 0;   // kvpr: stored inputs of the recomputed rows
   uint64_t payload_kv_bytes = 0;  // K/V rows of the past positions (not counted with KIVI or streaming)
   double act_ratio = 0;           // hybrid: R, the ACT:KV block ratio in use (+inf: every block ACT)
-  std::string home;               // where the home tier lives
-  InfinigenStats infinigen;       // selection infinigen only
+  // hybrid, Algorithm 2 (mini-batches of the passes that carry several sequences):
+  uint64_t mb_passes = 0;     // batched passes planned
+  uint64_t mb_formed = 0;     // mini-batches formed over them
+  uint32_t mb_last = 0;       // mini-batches of the last batched pass
+  uint32_t mb_last_seqs = 0;  // sequences of that pass
+  uint64_t mb_reordered = 0;  // batched passes whose visit order differs from the batch order
+  bool mb_balanced = false;   // the last plan weighed profiled rates (else capacity only)
+  std::string home;           // where the home tier lives
+  InfinigenStats infinigen;   // selection infinigen only
 };
 
 class TieredKv final : public KvCache {
@@ -159,6 +166,9 @@ class TieredKv final : public KvCache {
   double hybrid_ratio() const;
   // Rows of [r0, r1) in ACT blocks.
   int64_t act_rows(int64_t r0, int64_t r1) const;
+  // Algorithm 2's executor order (tiered_kv_kvpr.cpp): batch indices of the open pass, mini-batch by
+  // mini-batch (identity unless hybrid with several sequences); each layer visits them in this order.
+  void plan_mini_batches();
   // Recomputes the rows of ACT blocks among [first, rows) that lie in [lo, hi).
   void recompute_act(uint8_t* base, const policy::Unit& u, int64_t first, int64_t rows, int64_t lo,
                      int64_t hi);
@@ -290,6 +300,7 @@ class TieredKv final : public KvCache {
     size_t unit = 0;
   };
   std::vector<VisitSlot> visit_order_;  // [batch * offloaded units], capacity kept across passes
+  std::vector<uint32_t> seq_order_;     // [batch] batch indices in visit order (plan_mini_batches)
   std::vector<size_t> first_unit_;      // [n_layer] index into plan_.units of the layer's first unit
   std::vector<size_t> offloaded_;       // indices into plan_.units of the offloaded units, in order
   uint64_t next_visit_ = 0;             // visit counter (offloaded units only)
@@ -298,7 +309,10 @@ class TieredKv final : public KvCache {
   uint64_t passes_ = 0;
   uint64_t sync_loads_ = 0;
   uint64_t recomputed_rows_ = 0;
-  double act_ratio_ = 0;             // hybrid: R
+  double act_ratio_ = 0;                                       // hybrid: R
+  uint64_t mb_passes_ = 0, mb_formed_ = 0, mb_reordered_ = 0;  // hybrid: Algorithm 2 (TieredStats)
+  uint32_t mb_last_ = 0, mb_last_seqs_ = 0;
+  bool mb_balanced_ = false;
   std::vector<uint8_t> act_blocks_;  // hybrid: [max blocks of a sequence] 1 = ACT block
   int64_t last_split_ = 0;
   std::vector<int64_t> pass_splits_;  // [passes] (kvpr)

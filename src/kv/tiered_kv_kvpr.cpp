@@ -6,6 +6,7 @@
 // the very bits the pass wrote, so the outputs are identical to resident's.
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/error.h"
 #include "kv/kv_row.h"
@@ -199,6 +200,73 @@ void TieredKv::recompute_act(uint8_t* base, const policy::Unit& u, int64_t first
     const int64_t a = std::max(r0, b * bt), e = std::min(r1, (b + 1) * bt);
     if (a < e) recompute_unit(base, u, a, e);
   }
+}
+
+}  // namespace kvtier::kv
+
+namespace kvtier::kv {
+
+void TieredKv::plan_mini_batches() {
+  const auto& seqs = pass_.seqs();
+  seq_order_.resize(seqs.size());
+  for (uint32_t b = 0; b < seqs.size(); ++b) seq_order_[b] = b;
+  if (!hybrid() || seqs.size() < 2) return;
+  // Algorithm 2 (policy::form_mini_batches) over the pass's sequences: their host KV and ACT blocks
+  // (the past rows a visit loads; Eq. 11 fixed each block's type). The pass runs one weight load per
+  // layer for all of them; within a layer the cache visits them mini-batch by mini-batch, so each
+  // mini-batch's loads run while the previous one recomputes and attends (the zig-zag schedule).
+  const int64_t bt = geo_.block_tokens;
+  std::vector<policy::MbRequest> req(seqs.size());
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const int64_t pos0 = seqs[b].pos0;
+    for (int64_t k = first_row(0, pos0) / bt; k < (pos0 + bt - 1) / bt; ++k) {
+      if (act_block(k)) {
+        ++req[b].act_host;
+      } else {
+        ++req[b].kv_host;
+      }
+    }
+  }
+  // K_max = A_max: the blocks of one layer the staging ring holds at once (its buffers, each a unit
+  // of `group` KV heads over layout_.rows rows), in whole-layer blocks; at least one sequence's.
+  uint32_t hk_max = 1;
+  for (uint32_t l = 0; l < geo_.n_layer(); ++l) hk_max = std::max(hk_max, geo_.n_head_kv[l]);
+  const int64_t cap = static_cast<int64_t>(lay_.n_buffers) * (layout_.rows / bt) *
+                      std::max<uint32_t>(layout_.group, 1) / hk_max;
+  policy::MbCosts c;
+  c.block_tokens = bt;
+  mb_balanced_ = opt_.kvpr_link_bytes_per_s > 0 && opt_.kvpr_tokens_per_s > 0;
+  if (mb_balanced_) {  // the profiled rates, per token and layer, as hybrid_ratio() weighs them
+    const uint32_t n_layer = geo_.n_layer();
+    double kv_row = 0, x_row = 0;
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      kv_row += static_cast<double>(geo_.n_head_kv[l] * (geo_.head_dim_k + geo_.head_dim_v) * esz_);
+      x_row += static_cast<double>(geo_.act_row_bytes[l]);
+    }
+    c.t_w = opt_.weight_load_s;
+    c.gen = {1.0 / opt_.kvpr_tokens_per_s, 0};
+    c.load = {kv_row / n_layer / opt_.kvpr_link_bytes_per_s, 0};
+    c.lact_slope = x_row / n_layer / opt_.kvpr_link_bytes_per_s;
+  } else {  // no rates to balance with: capacity only (every fitting request is accepted)
+    c.gen = {1, 0};
+    c.load = {1, 0};
+    c.tau = std::numeric_limits<double>::max();
+  }
+  const auto mbs = policy::form_mini_batches(req, cap, cap, c);
+  size_t i = 0;
+  bool reordered = false;
+  for (const auto& mb : mbs) {
+    for (const int64_t b : mb) {
+      reordered |= static_cast<int64_t>(i) != b;
+      seq_order_[i++] = static_cast<uint32_t>(b);
+    }
+  }
+  mb_reordered_ += reordered ? 1 : 0;
+  KVTIER_ASSERT(i == seqs.size(), "the mini-batches hold {} of {} sequences", i, seqs.size());
+  ++mb_passes_;
+  mb_formed_ += mbs.size();
+  mb_last_ = static_cast<uint32_t>(mbs.size());
+  mb_last_seqs_ = static_cast<uint32_t>(seqs.size());
 }
 
 }  // namespace kvtier::kv

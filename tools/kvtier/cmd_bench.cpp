@@ -1,14 +1,17 @@
 // kvtier bench -m MODEL [--prompt-tokens 512,4096] [--gen 128] [--batch 1,4,16] [--threads N] [--repeat 3]
-//              [--kv-policy resident,layer,headinfer] [placement flags] [--json]
+//              [--kv-policy resident,layer,headinfer] [placement flags] [--json [--logits-digest]]
 // Prefill and decode speed: for each prompt length and batch size, `repeat` rounds in which every
 // policy runs (prefill B prompts, then decode `gen` tokens of each greedily, all B in one pass per
 // step), interleaved so machine noise hits all policies alike (after one unrecorded warm-up round);
 // medians are reported: aggregate tokens/s (all sequences) and per sequence, each policy's ratio to the
 // first, its transfer stall time and bytes moved. Prompt ids are fixed pseudo-random sequences of
 // ordinary tokens, one per sequence (speed does not depend on the values); --json also lists each
-// sequence's prompt and generated ids (tests compare them with `kvtier run --ids`).
+// sequence's prompt and generated ids (tests compare them with `kvtier run --ids`), and with
+// --logits-digest the XXH3-64 of each logits row a sequence got (its prompt's last position, then each
+// decode step), as `kvtier run --logits-digest` prints them.
 #include <fmt/format.h>
 
+#include <xxhash.h>
 #include <algorithm>
 #include <chrono>
 #include <ctime>
@@ -37,6 +40,7 @@ struct BenchArgs {
   int warmup = 1;
   std::string policies = "resident";
   bool json = false;
+  bool logits_digest = false;
 };
 
 struct PolicyRun {
@@ -46,6 +50,8 @@ struct PolicyRun {
   std::vector<double> dec_cpu;  // decode tokens per CPU second of the process (all threads)
   uint64_t loaded = 0, stored = 0;
   std::vector<std::vector<runtime::TokenId>> generated;  // [batch] greedy ids of the last round
+  std::vector<std::vector<std::string>> digests;         // [batch] --logits-digest of the last round
+  uint64_t weights_loaded = 0;                           // weight bytes streamed in the last round
 };
 
 double median(std::vector<double> v) {
@@ -88,11 +94,19 @@ struct RoundTimes {
   double prefill_s = 0, decode_s = 0, decode_cpu_s = 0;
 };
 
+// XXH3-64 of one logits row, as 16 hex digits (as `kvtier run --logits-digest`).
+std::string logits_digest(std::span<const float> row) {
+  return fmt::format("{:016x}", XXH3_64bits(row.data(), row.size_bytes()));
+}
+
+// digests (non-null): [b] gets the digest of every logits row sequence b got.
 RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<runtime::TokenId>>& prompts,
-                           int64_t gen, std::vector<std::vector<runtime::TokenId>>& out) {
+                           int64_t gen, std::vector<std::vector<runtime::TokenId>>& out,
+                           std::vector<std::vector<std::string>>* digests) {
   const size_t B = prompts.size();
   const size_t V = s.model().config.n_vocab;
   out.assign(B, {});
+  if (digests != nullptr) digests->assign(B, {});
   std::vector<runtime::TokenId> next(B);
   std::vector<size_t> fed(B, 0);
   std::vector<model::SeqTokens> parts;
@@ -116,7 +130,9 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
     size_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].rows == model::LogitRows::kNone) continue;
-      next[who[i]] = argmax(logits.subspan(row++ * V, V));
+      const auto l = logits.subspan(row++ * V, V);
+      next[who[i]] = argmax(l);
+      if (digests != nullptr) (*digests)[who[i]].push_back(logits_digest(l));
       ++done;
     }
   }
@@ -130,7 +146,10 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
       parts.push_back({static_cast<kv::SeqId>(b), {&next[b], 1}, model::LogitRows::kLast});
     }
     const auto logits = s.step(parts);
-    for (size_t b = 0; b < B; ++b) next[b] = argmax(logits.subspan(b * V, V));
+    for (size_t b = 0; b < B; ++b) {
+      next[b] = argmax(logits.subspan(b * V, V));
+      if (digests != nullptr) (*digests)[b].push_back(logits_digest(logits.subspan(b * V, V)));
+    }
   }
   const double td = std::chrono::duration<double>(Clock::now() - t1).count();
   return {tp, td, process_cpu_seconds() - c1};
@@ -138,6 +157,8 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
 
 int run_bench(BenchArgs a) {
   const auto policies = kv_policy_list(a.engine, a.policies);
+  if (a.logits_digest && !a.json)
+    fail(ErrorKind::kInvalidArgument, "--logits-digest is printed in --json: give both");
   if (a.engine.backend == Backend::kCuda && a.batch != std::vector<int64_t>{1})
     fail(ErrorKind::kUnsupported, "--batch with --backend cuda: the CUDA forward pass runs one sequence");
   if (a.engine.backend == Backend::kCuda)
@@ -177,7 +198,10 @@ int run_bench(BenchArgs a) {
           runtime::Session& s = *pr.session;
           for (int64_t b = 0; b < max_b; ++b) s.truncate(static_cast<kv::SeqId>(b), 0);
           const auto before = s.kv_stats();
-          const RoundTimes rt = run_batch_round(s, prompts, a.gen, pr.generated);
+          const uint64_t w_before = s.weight_stats().bytes_loaded;
+          const RoundTimes rt =
+              run_batch_round(s, prompts, a.gen, pr.generated, a.logits_digest ? &pr.digests : nullptr);
+          pr.weights_loaded = s.weight_stats().bytes_loaded - w_before;
           const double tp = rt.prefill_s, td = rt.decode_s;
           throw_if_interrupted();
           if (r < 0) continue;
@@ -201,6 +225,7 @@ int run_bench(BenchArgs a) {
         for (int64_t b = 0; b < B; ++b) {
           seqs.push_back({{"prompt_ids", prompts[static_cast<size_t>(b)]},
                           {"tokens", pr.generated[static_cast<size_t>(b)]}});
+          if (a.logits_digest) seqs.back()["logits_digest"] = pr.digests[static_cast<size_t>(b)];
         }
         nlohmann::json row = {{"policy", name},
                               {"prompt_tokens", p},
@@ -215,10 +240,15 @@ int run_bench(BenchArgs a) {
                               {"stall_s", median(pr.stall)},
                               {"bytes_loaded_per_run", pr.loaded},
                               {"bytes_stored_per_run", pr.stored},
+                              {"weight_bytes_loaded_per_run", pr.weights_loaded},
                               {"prefill_runs", pr.pre},
                               {"decode_runs", pr.dec},
                               {"peak_memory_bytes", memory_json(pr.session->ledger())}};
-        if (a.json) row["sequences"] = seqs;
+        if (a.json) {
+          row["sequences"] = seqs;
+          row["kv"] = kv_json(*pr.session, engine_for(a.engine, pr.policy));
+          row["weights"] = weights_json(*pr.session);
+        }
         rows.push_back(row);
         if (!a.json) {
           std::cout << fmt::format(
@@ -269,6 +299,8 @@ void add_bench(CLI::App& app, Runner& run) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object");
+  cmd->add_flag("--logits-digest", a->logits_digest,
+                "with --json: each sequence's XXH3-64 of every logits row it got (prompt end, decode steps)");
   cmd->callback([&run, a] { run = [a] { return run_bench(*a); }; });
 }
 

@@ -314,8 +314,13 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["copy_runs"] = st->transfer.runs;      // I/O calls after coalescing adjacent blocks
   j["sync_loads"] = st->sync_loads;
   if (a.kv_policy == "hybridserve" ||
-      kv_policy_of(a, a.kv_policy).representation == policy::Representation::kHybrid)
+      kv_policy_of(a, a.kv_policy).representation == policy::Representation::kHybrid) {
     j["act_ratio"] = std::isinf(st->act_ratio) ? nlohmann::json("inf") : nlohmann::json(st->act_ratio);
+    // Algorithm 2: batched passes planned, mini-batches formed, and the last batched pass's plan.
+    j["mini_batches"] = {{"passes", st->mb_passes},       {"formed", st->mb_formed},
+                         {"last", st->mb_last},           {"last_seqs", st->mb_last_seqs},
+                         {"reordered", st->mb_reordered}, {"balanced", st->mb_balanced}};
+  }
   j["recomputed_rows"] = st->recomputed_rows;    // kvpr: K/V rows recomputed from stored inputs
   j["split"] = st->last_split;                   // kvpr: rows recomputed on the last unit visit
   j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)
