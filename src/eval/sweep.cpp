@@ -92,10 +92,32 @@ bool policy_takes_budget(std::string_view spec) {
   return false;
 }
 
-std::vector<std::string> discover_policies() {
-  std::vector<std::string> out;
-  const auto add = [&](const std::string& s) {
-    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+std::vector<std::string> discover_policies(const PolicyCheck& check, std::vector<SkippedPolicy>* skipped) {
+  std::vector<std::string> out, tried;
+  const auto seen = [&](const std::string& s) {
+    return std::find(tried.begin(), tried.end(), s) != tried.end();
+  };
+  // Adds `spec` if it runs, else `fallback` (the value on an offloaded placement) if that runs.
+  const auto add = [&](const std::string& spec, const std::string& fallback = {}) {
+    if (seen(spec)) return;
+    tried.push_back(spec);
+    const std::string why = check ? check(spec) : std::string();
+    if (why.empty()) {
+      out.push_back(spec);
+      return;
+    }
+    if (!fallback.empty()) {
+      if (seen(fallback)) return;  // listed (or skipped) already, under its own name
+      tried.push_back(fallback);
+      const std::string why_fb = check(fallback);
+      if (why_fb.empty()) {
+        out.push_back(fallback);
+        return;
+      }
+      if (skipped != nullptr) skipped->push_back({fallback, why_fb});
+      return;
+    }
+    if (skipped != nullptr) skipped->push_back({spec, why});
   };
   add("resident");
   for (const policy::Preset& pr : policy::presets()) add(policy::parse_kv_policy(pr.spec).spec());
@@ -106,17 +128,33 @@ std::vector<std::string> discover_policies() {
       continue;
     }
     const policy::KvPolicy p = policy::parse_kv_policy(fmt::format("resident+{}", v.name));
-    if (p != defaults) add(p.spec());
+    if (p == defaults) continue;
+    add(p.spec(), policy::parse_kv_policy(fmt::format("layer+{}", v.name)).spec());
   }
   return out;
 }
 
-std::vector<SweepPolicy> sweep_policies(std::string_view list) {
-  std::vector<std::string> specs;
-  if (list == "all") {
-    specs = discover_policies();
-  } else {
-    for (const policy::KvPolicy& p : policy::parse_kv_policy_list(list)) specs.push_back(p.spec());
+std::vector<SweepPolicy> sweep_policies(std::string_view list, const PolicyCheck& check,
+                                        std::vector<SkippedPolicy>* skipped) {
+  std::vector<std::string> specs, named;  // named: the canonical specs of the items other than "all"
+  std::string joined;
+  for (std::string_view item : split_list(list)) {
+    if (item.empty()) fail(ErrorKind::kInvalidArgument, "--kv-policy '{}': an empty item", list);
+    if (item != "all") joined.append(joined.empty() ? "" : ",").append(item);
+  }
+  if (!joined.empty()) {  // unknown or repeated items are errors
+    for (const policy::KvPolicy& p : policy::parse_kv_policy_list(joined)) named.push_back(p.spec());
+  }
+  size_t next_named = 0;
+  for (std::string_view item : split_list(list)) {
+    if (item == "all") {
+      for (std::string& s : discover_policies(check, skipped)) {
+        if (std::find(specs.begin(), specs.end(), s) == specs.end()) specs.push_back(std::move(s));
+      }
+    } else {
+      const std::string& s = named[next_named++];
+      if (std::find(specs.begin(), specs.end(), s) == specs.end()) specs.push_back(s);
+    }
   }
   const auto res = std::find(specs.begin(), specs.end(), "resident");
   if (res == specs.end()) {

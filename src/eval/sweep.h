@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -32,17 +33,30 @@ int64_t budget_tokens(Budget b, int64_t length);
 
 // The spec's policy uses --kv-budget (one of its axis values lists the flag).
 bool policy_takes_budget(std::string_view spec);
+// Why a policy cannot run with the sweep's flags (a placement rule, a file it needs), or "" when it
+// can. The CLI supplies it (kv::check_placement_options, --skew, --locret-heads); eval stays model-free.
+using PolicyCheck = std::function<std::string(const std::string& spec)>;
+struct SkippedPolicy {
+  std::string spec;
+  std::string reason;
+};
 // Every policy kvtier has, as canonical specs: `resident`, the other presets, then resident with
-// each other value of every axis (one at a time), in `kvtier policies` order.
-std::vector<std::string> discover_policies();
+// each other value of every axis (one at a time), in `kvtier policies` order. With a check, only the
+// runnable ones: a value the resident placement refuses runs on `layer` instead (resident+infinigen ->
+// layer+infinigen), unless that is listed already or refused too; the refused ones go to `skipped`
+// with the check's reason.
+std::vector<std::string> discover_policies(const PolicyCheck& check = {},
+                                           std::vector<SkippedPolicy>* skipped = nullptr);
 
 struct SweepPolicy {
   std::string spec;  // canonical (policy::KvPolicy::spec())
   bool budgeted = false;
 };
-// A comma-separated list (or "all": discover_policies()) as canonical specs, `resident` first
-// (added if missing: it is the reference).
-std::vector<SweepPolicy> sweep_policies(std::string_view list);
+// A comma-separated list as canonical specs, `resident` first (added if missing: it is the
+// reference). The item "all" stands for discover_policies(check, skipped) ("all,layer+quest": every
+// policy and layer+quest); a policy named twice is an error, one that "all" also discovers is not.
+std::vector<SweepPolicy> sweep_policies(std::string_view list, const PolicyCheck& check = {},
+                                        std::vector<SkippedPolicy>* skipped = nullptr);
 
 struct SweepSpec {
   std::vector<TaskKind> tasks;

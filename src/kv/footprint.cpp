@@ -312,6 +312,23 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     // visit's store writes back.
     t.max_copies += static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(t.ig_rows + 2));
   }
+  if (o.selection == policy::Selection::kQuest) {
+    if (o.knobs.quest_page < 1 || geo.block_tokens % o.knobs.quest_page != 0) {
+      fail(ErrorKind::kInvalidArgument, "--quest-page {} must divide the KV block of {} tokens",
+           o.knobs.quest_page, geo.block_tokens);
+    }
+    t.quest_bytes =
+        QuestIndex::bytes(o.max_seqs, groups_heads(geo), capacity, o.knobs.quest_page, geo.head_dim_k);
+    // A decode step attends at most max(budget, page) rows per KV head (whole pages, the newest one
+    // partial), its own among them.
+    t.ig_rows = std::min(capacity, std::max(o.knobs.budget, o.knobs.quest_page)) + 1;
+    const uint64_t compact = 2ull * t.h_max * round_up(static_cast<uint64_t>(t.ig_rows) * row_max, 64);
+    const uint64_t chosen =
+        uint64_t{o.max_seqs} * t.h_max * static_cast<uint64_t>(t.ig_rows) * sizeof(int32_t);
+    const auto pages = static_cast<uint64_t>((capacity + o.knobs.quest_page - 1) / o.knobs.quest_page);
+    t.ig_scratch_bytes = compact + chosen + pages * (sizeof(PosRange) + sizeof(int64_t) + sizeof(float));
+    t.max_copies += static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(t.ig_rows + 2));
+  }
   t.queue_slots = 4 * t.n_buffers + 4;
   t.copy_list_bytes = uint64_t{t.queue_slots + 1} * t.max_copies * sizeof(BlockCopy);
   // Pin granularity: every page boundary of either plane is a multiple of it.
@@ -360,11 +377,6 @@ void check_placement_options(const TieredOptions& o) {
          "retention and selection all)",
          policy::representation_name(o.representation),
          o.selection == policy::Selection::kQuest ? "quest" : policy::retention_name(o.retention));
-  }
-  if (o.selection == policy::Selection::kQuest && o.placement.placement != policy::Placement::kResident) {
-    fail(ErrorKind::kInvalidArgument,
-         "quest runs on the resident placement so far (loading only the selected pages of an offloaded cache "
-         "is not built yet); use --kv-policy quest");
   }
   if (o.selection == policy::Selection::kQuest && o.retention != policy::Retention::kNone &&
       o.retention != policy::Retention::kSliding) {
@@ -449,7 +461,7 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
     return f;
   }
   const TieredLayout t = tiered_layout(geo, capacity, n_head, threads, o);
-  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes + t.ig_pk_bytes;
+  f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes + t.ig_pk_bytes + t.quest_bytes;
   f.device_staging = t.staging_bytes;
   f.device_scratch = t.scratch_bytes + t.ig_scratch_bytes;
   (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;

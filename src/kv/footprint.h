@@ -127,6 +127,10 @@ struct TieredLayout {
   int64_t ig_rows = 0;       // rows a compact plane holds: the cap over the context, plus the new token
   uint64_t ig_pk_bytes = 0;  // PartialKeys::bytes
   uint64_t ig_scratch_bytes = 0;
+  // quest (tiered_kv_quest.cpp): the per-page key bounds (compute-local KV); its selected rows use the
+  // infinigen fields above (ig_rows: the budget's rows plus the new token; ig_scratch_bytes: compact
+  // planes, chosen rows, selection scratch).
+  uint64_t quest_bytes = 0;
 };
 // The planes of one staging buffer of `buffer_bytes` for units of `group` KV heads: head h's K and V
 // rows (f16 planes of `pitch` bytes, `rows` rows of the larger of a K and a V row) at

@@ -110,6 +110,7 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   engine_ = std::make_unique<TransferEngine>(*home_, home_block_bytes_, lay_.queue_slots, copies_.size(),
                                              opt_.copy_delay_us, LinkLimit{opt_.link_bytes_per_s, nullptr});
   if (opt_.selection == policy::Selection::kInfinigen) infinigen_init(n_head, ledger);
+  if (quest()) quest_init(ledger);
 }
 
 TieredKv::~TieredKv() {
@@ -339,6 +340,7 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
     }
   }
   if (infinigen()) infinigen_write(layer, rows);
+  if (quest()) quest_write(layer, rows);
 }
 
 void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows, bool this_pass) {
@@ -366,7 +368,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
     add_chosen_rows(*spec, spec_b, seq, u.layer, u.head0 + h, base + 2ull * h * layout_.pitch,
                     base + (2ull * h + 1) * layout_.pitch, rows, n_blocks);
   }
-  if (spec != nullptr) ++ig_.selective_loads;
+  if (spec != nullptr) ++(quest() ? qs_.selective_loads : ig_.selective_loads);
   for (uint32_t h = 0; spec == nullptr && h < u.n_heads; ++h) {
     for (int kv = 0; kv < 2; ++kv) {
       uint8_t* plane = base + (2ull * h + kv) * layout_.pitch;
@@ -430,6 +432,7 @@ void TieredKv::prefetch_ahead(uint64_t visit) {
     const SeqPass& sp = pass_.seqs()[slot.b];
     const int64_t rows = pass_ahead == 0 ? sp.pos0 : sp.pos0 + sp.n;
     if (rows + 1 > layout_.rows) break;  // the next pass will need another layout
+    if (quest_waits(plan_.units[slot.unit].layer, sp, pass_ahead == 0)) break;  // its query is not known yet
     submit_load(v, sp.seq, slot.unit, rows, pass_ahead == 0);
   }
 }
@@ -496,6 +499,7 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
 void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {
   pass_.attend(layer);
   if (infinigen()) infinigen_observe(layer, q, la);
+  if (quest()) quest_select(layer, q, n_head);
   KVTIER_ASSERT(la.window == geo_.window_of(layer) || geo_.window.empty(),
                 "layer {}: attention window {} but the cache was sized for {}", layer, la.window,
                 geo_.window_of(layer));
@@ -533,7 +537,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     if (u.is_static) {
       uint8_t* base = static_base(pass_seq_, layer);
       scatter_new_rows(base, lay_.static_pitch, u, pos0, n);
-      if (const int64_t c = infinigen() ? compact_unit(base, lay_.static_pitch, u, pos0, n) : -1; c >= 0) {
+      if (const int64_t c = selects() ? compact_unit(base, lay_.static_pitch, u, pos0, n) : -1; c >= 0) {
         attend_unit(compact_.data(), compact_pitch_, u, c, n, q, n_head, la, o);
       } else {
         attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
@@ -636,7 +640,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       if (timed) prev_blocked_s_ += visit_clock() - t0;
     }
     // infinigen: attention over the chosen rows (a load of this pass's speculation holds only those).
-    if (const int64_t c = infinigen() ? compact_unit(base, layout_.pitch, u, pos0, n) : -1; c >= 0) {
+    if (const int64_t c = selects() ? compact_unit(base, layout_.pitch, u, pos0, n) : -1; c >= 0) {
       attend_unit(compact_.data(), compact_pitch_, u, c, n, q, n_head, la, o);
     } else {
       attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
@@ -733,6 +737,7 @@ void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
         seq, n_tokens, qend_[seq], qend_[seq]);
   }
   if (n_tokens == 0) qend_[seq] = 0;
+  for (uint32_t l = 0; quest() && l < geo_.n_layer(); ++l) quest_.truncate(seq, l, n_tokens);
   if (infinigen() && n_tokens == 0) {  // the next prompt chooses its own columns
     cols_chosen_[seq] = 0;
     pk_->reset(seq);
@@ -783,6 +788,7 @@ TieredStats TieredKv::stats() const {
   s.mb_balanced = mb_balanced_;
   s.home = home_->describe();
   s.infinigen = ig_;
+  s.quest = qs_;
   return s;
 }
 

@@ -36,6 +36,7 @@
 #include "kv/ledger.h"
 #include "kv/partial_keys.h"
 #include "kv/pass_state.h"
+#include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
 #include "policy/infinigen_select.h"
@@ -63,6 +64,15 @@ struct InfinigenStats {
   uint64_t selective_loads = 0;              // unit loads that moved the chosen rows only
 };
 
+// quest (tiered_kv_quest.cpp): the decode steps' page selections, counted per (sequence, KV head) as
+// InfinigenStats does.
+struct QuestStats {
+  uint64_t layer_steps = 0;      // (decode pass, sequence, layer) selections that left pages out
+  uint64_t rows_total = 0;       // positions before the current token
+  uint64_t rows_fetched = 0;     // of them in the selected pages (loaded and attended)
+  uint64_t selective_loads = 0;  // unit loads that moved the selected pages only
+};
+
 struct TieredStats {
   TransferStats transfer;
   uint32_t group = 0;  // g of the last pass
@@ -84,6 +94,7 @@ struct TieredStats {
   bool mb_balanced = false;   // the last plan weighed profiled rates (else capacity only)
   std::string home;           // where the home tier lives
   InfinigenStats infinigen;   // selection infinigen only
+  QuestStats quest;           // selection quest only
 };
 
 class TieredKv final : public KvCache {
@@ -222,6 +233,20 @@ class TieredKv final : public KvCache {
   void infinigen_write(uint32_t layer, const LayerRows& rows);
   void infinigen_observe(uint32_t layer, const float* q, const LayerAttention& la);
   void build_partial_keys(SeqId seq, int64_t rows);
+  // quest (tiered_kv_quest.cpp): the query is known when a layer attends, so a decode step's load of a
+  // layer that selects waits for that (no prefetch); the selected rows go through the infinigen path
+  // (a Speculation: add_chosen_rows loads them, compact_unit gathers them).
+  bool quest() const { return opt_.selection == policy::Selection::kQuest; }
+  bool selects() const { return infinigen() || quest(); }  // chosen rows may replace the whole unit
+  void quest_init(MemoryLedger& ledger);
+  // Does a decode query at position end - 1 of `layer` attend selected pages (not every position)?
+  bool quest_selects(uint32_t layer, int64_t end) const;
+  // Must the load of `layer` for sequence pass `sp` wait for the layer's selection (this pass), or for a
+  // next pass's query (this_pass false: the next pass assumed a decode step)?
+  bool quest_waits(uint32_t layer, const SeqPass& sp, bool this_pass) const;
+  void quest_write(uint32_t layer, const LayerRows& rows);
+  // attend(): the layer's pages per batch entry and KV head, as the layer's Speculation.
+  void quest_select(uint32_t layer, const float* q, int64_t n_head);
   // The open pass's speculation for `layer`, or null.
   const Speculation* speculation(uint32_t layer) const;
   // Appends the loads of the chosen rows of KV head `head` (index g of the speculation) of batch entry
@@ -344,6 +369,14 @@ class TieredKv final : public KvCache {
   std::vector<float> key_f32_;  // [block_tokens, n_head_kv, head_dim_k] f32
   uint32_t ig_n_head_ = 0;      // query heads
   InfinigenStats ig_;
+
+  // quest
+  QuestIndex quest_;                    // per-page key bounds (compute-local KV)
+  Reservation quest_reservation_;       // quest_ (lay_.quest_bytes)
+  std::vector<PosRange> quest_ranges_;  // [pages] QuestIndex::select scratch
+  std::vector<int64_t> quest_order_;    // [pages]
+  std::vector<float> quest_bound_;      // [pages]
+  QuestStats qs_;
 };
 
 }  // namespace kvtier::kv

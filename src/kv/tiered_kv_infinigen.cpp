@@ -229,7 +229,7 @@ void TieredKv::infinigen_observe(uint32_t layer, const float* q, const LayerAtte
 }
 
 const TieredKv::Speculation* TieredKv::speculation(uint32_t layer) const {
-  if (!infinigen()) return nullptr;
+  if (!selects()) return nullptr;
   const Speculation& s = spec_[layer % 2];
   return s.pass != 0 && s.pass == passes_ && s.layer == layer ? &s : nullptr;
 }

@@ -36,7 +36,7 @@ constexpr AxisValue kValues[] = {
     {Axis::kSelection, "quest", false,
      "Quest: per page of --quest-page keys a per-channel min/max bound; each decode step attends, per KV "
      "head, the pages with the largest bound on q.k, --kv-budget positions in all (prefill stays dense); "
-     "resident placement",
+     "every placement (offloaded: the bounds stay compute-local and a step loads the selected pages only)",
      "--kv-budget --quest-page"},
     {Axis::kSelection, "infinigen", false,
      "InfiniGen: from layer l-1's input, layer l's partial query (SVD-skewed columns of the --skew file) "

@@ -199,8 +199,12 @@ skew::SkewSet load_skew_for(const LoadedModel& model, const std::string& path) {
 }
 
 std::string infinigen_skew_path(const LoadedModel& model, const std::string& path) {
+  return infinigen_skew_path(model.file->path(), path);
+}
+
+std::string infinigen_skew_path(const std::string& model_path, const std::string& path) {
   if (!path.empty()) return path;
-  std::string p = model.file->path();
+  std::string p = model_path;
   constexpr std::string_view kExt = ".gguf";
   if (p.size() >= kExt.size() && p.compare(p.size() - kExt.size(), kExt.size(), kExt) == 0)
     p.resize(p.size() - kExt.size());

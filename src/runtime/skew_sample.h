@@ -63,6 +63,8 @@ skew::SkewSet load_skew_for(const LoadedModel& model, const std::string& path);
 // names it and gives the `kvtier skew` command that makes the right one; nothing is built on the fly
 // (the SVD pass over sample text takes a while and its sample is the user's choice).
 std::string infinigen_skew_path(const LoadedModel& model, const std::string& path);
+// The same from the model file's path (before the model is loaded).
+std::string infinigen_skew_path(const std::string& model_path, const std::string& path);
 skew::SkewSet load_infinigen_skew(const LoadedModel& model, const std::string& path);
 
 struct LayerCheck {

@@ -189,6 +189,34 @@ TEST(SweepGrid, DiscoversEveryPolicyResidentFirst) {
   EXPECT_THROW(sweep_policies("no-such"), Error);
 }
 
+TEST(SweepGrid, DiscoveryWithACheckKeepsRunnablePoliciesAndFallsBackToLayer) {
+  // A check that refuses infinigen and kvpr on the resident placement and locret everywhere.
+  const PolicyCheck check = [](const std::string& s) -> std::string {
+    if (s.rfind("resident+infinigen", 0) == 0 || s.rfind("resident+kvpr", 0) == 0) return "offloaded only";
+    if (s.find("locret") != std::string::npos) return "no heads";
+    return {};
+  };
+  std::vector<SkippedPolicy> skipped;
+  const auto all = discover_policies(check, &skipped);
+  const auto has = [&](const char* p) { return std::find(all.begin(), all.end(), p) != all.end(); };
+  EXPECT_TRUE(has("layer+infinigen") && has("layer+kvpr") && has("resident+quest"));
+  EXPECT_FALSE(has("resident+infinigen") || has("resident+kvpr") || has("resident+locret"));
+  for (const std::string& p : all) EXPECT_EQ(std::count(all.begin(), all.end(), p), 1) << p;
+  // locret is skipped once, with the check's reason; kvpr and infinigen are not (layer runs them).
+  ASSERT_EQ(skipped.size(), 1u);
+  EXPECT_EQ(skipped[0].spec, "resident+locret");
+  EXPECT_EQ(skipped[0].reason, "no heads");
+  // "all" inside a list, with extra policies; one that "all" discovers too is not repeated.
+  const auto sp = sweep_policies("all,layer+quest,layer", check);
+  EXPECT_EQ(sp[0].spec, "resident");
+  EXPECT_EQ(std::count_if(sp.begin(), sp.end(), [](const SweepPolicy& p) { return p.spec == "layer"; }), 1);
+  EXPECT_EQ(sp.back().spec, "layer+quest");
+  EXPECT_TRUE(sp.back().budgeted);
+  EXPECT_EQ(sp.size(), all.size() + 1);
+  EXPECT_THROW(sweep_policies("all,,layer"), Error);
+  EXPECT_THROW(sweep_policies("layer,layer"), Error);
+}
+
 TEST(SweepFile, RunsEveryCellOnceAndResumesAfterAKill) {
   test::TempFile tmp("kvtier_sweep", ".jsonl");
   const size_t total = expand_grid(spec()).size();

@@ -95,8 +95,18 @@ def test_quest_decode_and_knob_errors():
     full = tokens("resident")
     assert tokens("quest", "--kv-budget", 1024) == full  # every page: the resident tokens
     assert tokens("quest", "--kv-budget", 16, "--quest-page", 16) != full  # one page per step: it shows
+
+    def kv(*policy):
+        p = run("run", "-m", model("smollm2"), "-p", prompt, "-n", 8, "--ctx", 1024, "-t", 2, "--ignore-eos", "--json",
+                "--kv-policy", *policy)
+        return json.loads(p.stdout)["kv"]
+
+    # Offloaded: the decode steps load the selected pages only (the prefill's loads are the placement's).
+    lay, q = kv("layer"), kv("layer+quest", "--kv-budget", 64)
+    assert 0 < q["quest"]["rows_fetched"] < q["quest"]["rows_total"] / 2, q["quest"]
+    assert q["quest"]["selective_loads"] > 0 and q["bytes_loaded"] < lay["bytes_loaded"], (q, lay)
     for flags, words in ((["--kv-policy", "quest"], "needs --kv-budget"),
-                         (["--kv-policy", "layer+quest", "--kv-budget", 64], "resident placement"),
+                         (["--kv-policy", "layer+kivi4+quest", "--kv-budget", 64], "does not combine"),
                          (["--kv-policy", "quest", "--kv-budget", 64, "--quest-page", 24], "must divide")):
         p = run("run", "-m", model("smollm2"), "-p", "x", "-n", 1, *flags, check=False)
         assert p.returncode != 0 and words in p.stderr, (flags, p.stderr)

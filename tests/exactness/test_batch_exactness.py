@@ -88,6 +88,8 @@ APPROX = [
     ["--kv-policy", "layer+streaming", "--sinks", "4", "--window", "60"],
     ["--kv-policy", "resident+h2o", "--kv-budget", "64"],
     ["--kv-policy", "resident+quest", "--kv-budget", "64"],
+    ["--kv-policy", "layer+quest", "--kv-budget", "64"],
+    ["--kv-policy", "headinfer+quest", "--kv-budget", "64", "--group", "1"],
     ["--kv-policy", "resident+kivi4", "--kivi-residual", "32"],
     ["--kv-policy", "layer+kivi2", "--kivi-residual", "32"],
     ["--kv-policy", "headinfer+kivi4", "--kivi-residual", "32"],

@@ -2,17 +2,20 @@
 // best-bounded pages with the newest page always in it; a decode step equals a direct softmax over
 // exactly the pages a brute-force ranking picks; a budget covering the context is bit-identical to no
 // selection; prefill stays dense.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <vector>
 
 #include "core/error.h"
 #include "kv/quest_index.h"
 #include "kv/resident_kv.h"
+#include "kv/tiered_kv.h"
 
 namespace kvtier::kv {
 namespace {
@@ -220,7 +223,7 @@ TEST(Quest, ABudgetCoveringTheContextIsBitIdenticalToNoSelection) {
   EXPECT_NE(std::memcmp(a.data() + prefill, c.data() + prefill, (a.size() - prefill) * sizeof(float)), 0);
 }
 
-TEST(Quest, PageMustDivideTheBlockAndOffloadingIsRefused) {
+TEST(Quest, PageMustDivideTheBlockAndKiviIsRefused) {
   ThreadPool pool(1);
   MemoryLedger ledger;
   EXPECT_THROW(
@@ -228,7 +231,64 @@ TEST(Quest, PageMustDivideTheBlockAndOffloadingIsRefused) {
       Error);
   KvOptions o = quest(32, 16);
   o.placement.placement = policy::Placement::kLayer;
+  EXPECT_NO_THROW(check_placement_options(o));
+  o.representation = policy::Representation::kKivi4;
   EXPECT_THROW(check_placement_options(o), Error);
+}
+
+std::string disk_dir() {
+  const auto d = std::filesystem::path(KVTIER_BINARY_DIR) / "test_tmp" / "quest_disk";
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// layer and headinfer, host and disk homes: the decode steps attend the pages the resident placement
+// attends (same selection; f32 rows, only the attention's tiling differs), prefill is bit-identical,
+// the loads move the selected rows only, and a budget covering the context is bit-identical to the
+// placement without quest.
+TEST(Quest, OffloadedPlacementsLoadOnlyTheSelectedPagesAndMatchResident) {
+  ThreadPool pool(2);
+  const int64_t page = 8, budget = 40, cap = 256;
+  const std::vector<int64_t> sizes{100, 96, 1, 1, 1, 1, 1, 1, 1, 1};
+  const auto ps = make_passes(sizes, 2);
+  KvGeometry geo = geometry(cpu::KvDtype::kF32);
+  geo.block_tokens = 64;  // whole 4 KiB home pages: 64 rows x 16 x 4 bytes
+  MemoryLedger lr;
+  ResidentKv res(geo, cap, kHead, lr, pool, cpu::best_isa(), quest(budget, page));
+  const auto want = run(res, sizes, ps);
+  const size_t prefill = static_cast<size_t>(196 * kHead * kD * 2);
+  for (const auto placement : {policy::Placement::kLayer, policy::Placement::kHeadInfer}) {
+    for (const bool disk : {false, true}) {
+      const std::string what = fmt::format(
+          "{} {}", placement == policy::Placement::kLayer ? "layer" : "headinfer", disk ? "disk" : "host");
+      auto options = [&](int64_t b) {
+        KvOptions o = b > 0 ? quest(b, page) : KvOptions{};
+        o.placement.placement = placement;
+        if (placement == policy::Placement::kHeadInfer) o.placement.group = 1;
+        if (disk) o.disk_dir = disk_dir();
+        return o;
+      };
+      MemoryLedger l0, l1, l2;
+      TieredKv plain(geo, cap, kHead, l0, pool, cpu::best_isa(), options(0));
+      TieredKv sel(geo, cap, kHead, l1, pool, cpu::best_isa(), options(budget));
+      TieredKv all(geo, cap, kHead, l2, pool, cpu::best_isa(), options(cap));
+      const auto a = run(plain, sizes, ps), b = run(sel, sizes, ps), c = run(all, sizes, ps);
+      ASSERT_EQ(b.size(), want.size()) << what;
+      EXPECT_EQ(std::memcmp(b.data(), want.data(), prefill * sizeof(float)), 0) << what;
+      double worst = 0;
+      for (size_t j = prefill; j < b.size(); ++j) worst = std::max(worst, std::abs(double{b[j]} - want[j]));
+      EXPECT_LT(worst, 1e-5) << what;
+      EXPECT_EQ(std::memcmp(a.data(), c.data(), a.size() * sizeof(float)), 0) << what;
+      const TieredStats st = sel.stats();
+      EXPECT_EQ(st.quest.layer_steps, 8u * 2) << what;  // 8 decode steps x 2 layers, one sequence
+      EXPECT_GE(st.quest.selective_loads, st.quest.layer_steps) << what;
+      EXPECT_LT(st.quest.rows_fetched * 4, st.quest.rows_total) << what;  // 36 of 196..203 rows per head
+      EXPECT_EQ(all.stats().quest.layer_steps, 0u) << what;
+      if (!disk) {  // host: row-granular loads (a disk home rounds each page of 8 rows to a 4 KiB I/O)
+        EXPECT_LT(st.transfer.bytes_loaded, plain.stats().transfer.bytes_loaded) << what;
+      }
+    }
+  }
 }
 
 }  // namespace

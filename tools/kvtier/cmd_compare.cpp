@@ -21,8 +21,10 @@
 #include "eval/sweep_report.h"
 #include "eval/sweep_run.h"
 #include "eval_common.h"
+#include "kv/footprint.h"
 #include "run_common.h"
 #include "runtime/generate.h"
+#include "runtime/skew_sample.h"
 
 namespace kvtier::cli {
 namespace {
@@ -128,12 +130,50 @@ std::string command_line(const CompareArgs& a) {
   if (!e.kv_mem.empty()) c += " --kv-mem " + e.kv_mem;
   if (!e.kv_disk.empty()) c += " --kv-disk " + e.kv_disk;
   if (e.group > 0) c += fmt::format(" --group {}", e.group);
+  if (!e.skew.empty()) c += " --skew " + e.skew;
+  if (!e.locret_heads.empty()) c += " --locret-heads " + e.locret_heads;
   if (!a.text.empty()) c += " --text " + a.text;
   if (!a.chat_template.empty()) c += " --chat-template " + a.chat_template;
   if (a.no_chat) c += " --no-chat";
   c += " --results " + a.results;
   if (!a.report.empty()) c += " --report " + a.report;
   return c;
+}
+
+// Why `spec` cannot run in this sweep, or "" when it can: the placement rules make_kv_cache applies
+// (kv::check_placement_options), and the files a policy reads (infinigen's skew file, locret's
+// retaining heads). Checked before the model loads, so that a sweep does not stop at such a cell.
+std::string why_not(const EngineArgs& a, const std::string& spec) {
+  EngineArgs e = a;
+  if (e.knobs.budget == 0) e.knobs.budget = 1024;  // nominal: each cell's comes from --budgets
+  try {
+    const policy::KvPolicy p = kv_policy_of(e, spec);
+    const EngineArgs pe = engine_for(e, p);
+    kv::TieredOptions o;
+    o.placement.placement = p.placement;
+    o.placement.group = pe.group;
+    o.placement.static_heads = pe.static_heads;
+    o.representation = p.representation;
+    o.selection = p.selection;
+    o.retention = p.retention;
+    o.knobs = p.knobs;
+    o.disk_dir = pe.kv_disk;
+    kv::check_placement_options(o);
+    if (p.retention == policy::Retention::kLocret && a.locret_heads.empty())
+      return "it needs trained retaining heads: --locret-heads FILE (scripts/train_locret_heads.sh MODEL "
+             "DIR)";
+    if (p.selection == policy::Selection::kInfinigen) {
+      const std::string skew = runtime::infinigen_skew_path(a.model, a.skew);
+      if (!std::filesystem::exists(skew))
+        return fmt::format(
+            "it needs the model's skew file and {} does not exist (kvtier skew -m {} -o {}; "
+            "--skew FILE names another)",
+            skew, a.model, skew);
+    }
+  } catch (const Error& err) {
+    return err.what();
+  }
+  return {};
 }
 
 void print_summary(const std::vector<eval::CellResult>& cells) {
@@ -158,7 +198,16 @@ int run_compare(const CompareArgs& a) {
   eval::SweepSpec spec;
   spec.tasks = eval::parse_task_list(a.tasks);
   spec.lengths = parse_lengths(a.lengths);
-  spec.policies = eval::sweep_policies(a.policies);
+  std::vector<eval::SkippedPolicy> skipped;
+  const eval::PolicyCheck check = [&a](const std::string& s) { return why_not(a.engine, s); };
+  spec.policies = eval::sweep_policies(a.policies, check, &skipped);
+  for (const eval::SkippedPolicy& s : skipped)
+    std::fprintf(stderr, "kvtier compare: --kv-policy all leaves out %s: %s\n", s.spec.c_str(),
+                 s.reason.c_str());
+  for (const eval::SweepPolicy& p : spec.policies) {  // the ones named in the list, checked the same way
+    if (const std::string why = check(p.spec); !why.empty())
+      fail(ErrorKind::kInvalidArgument, "compare: --kv-policy {} cannot run: {}", p.spec, why);
+  }
   spec.budgets = eval::parse_budgets(a.budgets);  // checked even when no policy takes a budget
   eval::SweepOptions opt;
   opt.depths = parse_depths(a.depths);
@@ -294,8 +343,10 @@ void add_compare(CLI::App& app, Runner& run) {
   add_engine_flags(cmd, a->engine, /*with_policy=*/false);
   cmd->add_option(
          "--kv-policy", a->policies,
-         "'all' (every policy `kvtier policies` lists: the presets, and resident with each other axis "
-         "value) or a comma-separated list; resident is always run, as the reference")
+         "'all' (every policy `kvtier policies` lists that can run with these flags: the presets, and "
+         "resident with each other axis value, or layer with those resident refuses; the ones left out "
+         "are named on stderr, e.g. locret without --locret-heads) or a comma-separated list, which may "
+         "include 'all' ('all,layer+quest'); resident is always run, as the reference")
       ->default_val(a->policies);
   cmd->add_option("--budgets", a->budgets,
                   "fractions of the context length for the policies that take --kv-budget (h2o, quest, "

@@ -326,6 +326,17 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   j["splits"] = st->pass_splits;                 // kvpr: the same for each pass (prefill chunks, steps)
   j["payload_x_bytes"] = st->payload_x_bytes;    // kvpr: stored inputs the visits used
   j["payload_kv_bytes"] = st->payload_kv_bytes;  // K/V rows of past positions the visits used
+  if (kv_policy_of(a, a.kv_policy).selection == policy::Selection::kQuest) {
+    // quest on an offloaded placement: the decode steps' page selections and the loads that moved them.
+    const kv::QuestStats& q = st->quest;
+    j["quest"] = {
+        {"layer_steps", q.layer_steps},
+        {"rows_total", q.rows_total},
+        {"rows_fetched", q.rows_fetched},
+        {"fetched_fraction",
+         q.rows_total == 0 ? 1.0 : static_cast<double>(q.rows_fetched) / static_cast<double>(q.rows_total)},
+        {"selective_loads", q.selective_loads}};
+  }
   if (const kv::InfinigenStats& ig = st->infinigen; ig.layer_steps_of.size() > 0) {
     // infinigen: the decode steps' speculations (layers >= 2 without a window of their own).
     nlohmann::json g;
