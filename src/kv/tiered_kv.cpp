@@ -647,15 +647,22 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     if (store_inputs) add_xrows(pass_seq_, layer, xplane(base), pos0, pos0 + n, n_blocks);
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
                      {staging_.get(), buffer_slot(visit)});
+    // kvpr auto's first measurement of the recompute goes before the next load is planned, so that
+    // its split already uses the measured rate (the link idles during this one recompute).
+    const bool first_measurement = calibrate && recompute_s_per_row_ == 0;
+    auto recompute_rest = [&] {
+      if (xfirst < x_mid) {
+        const double t0 = timed || calibrate ? visit_clock() : 0;
+        recompute_unit(base, u, xfirst, x_mid);
+        const double dt = timed || calibrate ? visit_clock() - t0 : 0;
+        if (timed) prev_blocked_s_ += dt;
+        recompute_s += dt;
+      }
+      if (calibrate) calibrate_recompute(u, xrows, recompute_s);
+    };
+    if (first_measurement) recompute_rest();
     prefetch_ahead(visit);
-    if (xfirst < x_mid) {
-      const double t0 = timed || calibrate ? visit_clock() : 0;
-      recompute_unit(base, u, xfirst, x_mid);
-      const double dt = timed || calibrate ? visit_clock() - t0 : 0;
-      if (timed) prev_blocked_s_ += dt;
-      recompute_s += dt;
-    }
-    if (calibrate) calibrate_recompute(u, xrows, recompute_s);
+    if (!first_measurement) recompute_rest();
     if (act_n > 0) {  // hybrid: the ACT rows the store did not need, while the next load runs
       const double t0 = timed ? visit_clock() : 0;
       recompute_act(base, u, xfirst, pos0, xfirst, store_first_row(pos0));
