@@ -103,6 +103,7 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   }
   length_.assign(pages_.n_seqs(), 0);
   qend_.assign(pages_.n_seqs(), 0);
+  x_end_.assign(static_cast<size_t>(pages_.n_seqs()) * geo_.n_layer(), 0);
   // A job moves one extent per page per plane at most (the engine merges adjacent ones into runs).
   copy_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, lay_.copy_list_bytes);
   copies_.resize(lay_.max_copies);
@@ -348,7 +349,10 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   uint8_t* base = buffer(visit);
   const int64_t first = std::min(first_row(u.layer, rows), rows);
   // kvpr: the inputs of [first, first + xrows), K/V from there on.
-  const int64_t xrows = split_rows(u, first, rows);
+  const int64_t xrows = split_rows(seq, u, first, rows);
+  // kvpr: the visit stores its new rows' inputs when it recomputes (or always, lazy_inputs() off), and
+  // that store writes back the I/O page around row `rows`.
+  const bool xcontext = kvpr() && (!lazy_inputs() || xrows > 0);
   // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
   const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(seq, rows));
   size_t n_blocks = 0;
@@ -397,7 +401,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   }
   if (kvpr()) {
     add_xrows(seq, u.layer, xplane(base), first, first + xrows, n_blocks);
-    add_xcontext(seq, u.layer, xplane(base), rows, n_blocks);  // around the rows this visit may store
+    if (xcontext) add_xcontext(seq, u.layer, xplane(base), rows, n_blocks);  // around the rows it may store
   }
   Visit vis;
   vis.visit = visit;
@@ -407,6 +411,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   vis.rows = rows;
   vis.qend = qend;
   vis.xrows = xrows;
+  vis.xcontext = xcontext;
   vis.epoch = epoch_;
   vis.sel_pass = spec != nullptr ? spec->pass : 0;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
@@ -564,10 +569,12 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
          inflight_.front().qend == std::max(inflight_.front().first, quantised_end(pass_seq_, pos0)));
     // (kvpr: any split of the load is right; the visit recomputes what the load did not carry as K/V)
     int64_t xfirst = 0, xrows = 0;  // kvpr: the rows this visit recomputes
+    bool xcontext = false;          // kvpr: the load brought the inputs' page around pos0
     if (ready) {
       engine_->wait(inflight_.front().ticket);
       xfirst = inflight_.front().first;
       xrows = inflight_.front().xrows;
+      xcontext = inflight_.front().xcontext;
       inflight_.erase(inflight_.begin());
     } else {
       // Not prefetched (first visit, after a truncation or a layout change): load now.
@@ -578,6 +585,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       engine_->wait(inflight_.front().ticket);
       xfirst = inflight_.front().first;
       xrows = inflight_.front().xrows;
+      xcontext = inflight_.front().xcontext;
       inflight_.clear();
     }
     // The load has completed and FIFO order completed every earlier job on this buffer: nothing in
@@ -599,15 +607,32 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     // the rest runs after the next visit's load is submitted, so that the link works meanwhile.
     const int64_t xend = xfirst + xrows;
     const int64_t x_mid = std::clamp(store_first_row(pos0), xfirst, xend);
-    if (x_mid < xend) recompute_unit(base, u, x_mid, xend);
+    const bool calibrate = time_visits() && !hybrid() && xrows > 0;  // kvpr auto: time the recompute
+    double recompute_s = 0;
+    if (x_mid < xend) {
+      const double t0 = calibrate ? visit_clock() : 0;
+      recompute_unit(base, u, x_mid, xend);
+      if (calibrate) recompute_s += visit_clock() - t0;
+    }
     if (act_n > 0) recompute_act(base, u, xfirst, pos0, store_first_row(pos0), pos0);
     if (timed) prev_blocked_s_ = visit_clock() - t_start;  // waiting for the load, recomputing
     scatter_new_rows(base, layout_.pitch, u, pos0, n);
-    // kvpr: the layer's first offloaded unit stores the new rows' inputs too.
-    const bool store_inputs = kvpr() && !inputs_stored;
+    // kvpr: the layer's first offloaded unit stores the new rows' inputs too: always at prefill, with
+    // forced splits and hybrid; kvpr auto's decode visits only when they recompute (x_end()).
+    const bool store_inputs =
+        kvpr() && !inputs_stored && x_end(pass_seq_, layer) >= pos0 && (!lazy_inputs() || n > 1 || xrows > 0);
     if (store_inputs) {
+      if (!xcontext) {  // a load at l = 0 left out the page around pos0 (a prefill chunk): load it now
+        size_t nc = 0;
+        add_xcontext(pass_seq_, layer, xplane(base), pos0, nc);
+        if (nc > 0) {
+          engine_->wait(engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), nc),
+                                         {staging_.get(), buffer_slot(visit)}));
+        }
+      }
       scatter_new_inputs(xplane(base), layer, pos0, n);
       inputs_stored = true;
+      x_end(pass_seq_, layer) = pos0 + n;
     }
     // KIVI: the key groups that leave the residual window with this pass, quantised now (this pass
     // still attends their f16 rows; later ones load the quantised pages).
@@ -628,12 +653,22 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     if (store_inputs) add_xrows(pass_seq_, layer, xplane(base), pos0, pos0 + n, n_blocks);
     engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
                      {staging_.get(), buffer_slot(visit)});
+    // kvpr auto's first measurement of the recompute goes before the next load is planned, so that
+    // its split already uses the measured rate (the link idles during this one recompute).
+    const bool first_measurement = calibrate && recompute_s_per_row_ == 0;
+    auto recompute_rest = [&] {
+      if (xfirst < x_mid) {
+        const double t0 = timed || calibrate ? visit_clock() : 0;
+        recompute_unit(base, u, xfirst, x_mid);
+        const double dt = timed || calibrate ? visit_clock() - t0 : 0;
+        if (timed) prev_blocked_s_ += dt;
+        recompute_s += dt;
+      }
+      if (calibrate) calibrate_recompute(u, xrows, recompute_s);
+    };
+    if (first_measurement) recompute_rest();
     prefetch_ahead(visit);
-    if (xfirst < x_mid) {
-      const double t0 = timed ? visit_clock() : 0;
-      recompute_unit(base, u, xfirst, x_mid);
-      if (timed) prev_blocked_s_ += visit_clock() - t0;
-    }
+    if (!first_measurement) recompute_rest();
     if (act_n > 0) {  // hybrid: the ACT rows the store did not need, while the next load runs
       const double t0 = timed ? visit_clock() : 0;
       recompute_act(base, u, xfirst, pos0, xfirst, store_first_row(pos0));
@@ -698,6 +733,7 @@ void TieredKv::abort_pass() {
     const int64_t keep = (length_[sp.seq] + geo_.block_tokens - 1) / geo_.block_tokens;
     for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
       release_pages(sp.seq, l, std::max(keep, pages_.first_block(sp.seq, l)), pages_.max_blocks());
+      if (kvpr()) x_end(sp.seq, l) = std::min(x_end(sp.seq, l), length_[sp.seq]);
     }
   }
   pass_pos0_ = -1;
@@ -755,6 +791,7 @@ void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
     if (n_tokens == 0) pages_.set_first_block(seq, l, 0);
   }
   length_[seq] = n_tokens;
+  for (uint32_t l = 0; kvpr() && l < geo_.n_layer(); ++l) x_end(seq, l) = std::min(x_end(seq, l), n_tokens);
   pass_pos0_ = -1;
 }
 

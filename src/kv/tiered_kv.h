@@ -128,8 +128,9 @@ class TieredKv final : public KvCache {
     SeqId seq = 0;
     int64_t first = 0;  // rows [first, rows) loaded
     int64_t rows = 0;
-    int64_t qend = 0;   // KIVI: rows [first, qend) loaded quantised, [qend, rows) f16
-    int64_t xrows = 0;  // kvpr: rows [first, first + xrows) loaded as inputs, the rest as K/V
+    int64_t qend = 0;       // KIVI: rows [first, qend) loaded quantised, [qend, rows) f16
+    int64_t xrows = 0;      // kvpr: rows [first, first + xrows) loaded as inputs, the rest as K/V
+    bool xcontext = false;  // kvpr: the inputs' I/O page around row `rows` loaded (add_xcontext)
     uint64_t epoch = 0;
     TransferEngine::Ticket ticket = 0;
     uint64_t sel_pass = 0;  // infinigen: the pass whose chosen rows it loaded (0: every row)
@@ -168,7 +169,18 @@ class TieredKv final : public KvCache {
   void quantise_unit(uint8_t* base, const policy::Unit& u, int64_t p0, int64_t p1);
   // kvpr (tiered_kv_kvpr.cpp): inputs of positions [first, first + split) replace their K/V on a visit.
   bool kvpr() const { return lay_.xpage_bytes != 0; }
-  int64_t split_rows(const policy::Unit& u, int64_t first, int64_t rows) const;
+  // The split never passes x_end(seq, u.layer): rows past it have no stored inputs.
+  int64_t split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows) const;
+  // kvpr: positions [0, x_end) of (seq, layer) have their inputs in the home tier. Prefill, hybrid and
+  // forced splits N > 0 store every new row's inputs; with auto, random and 0 a decode visit stores its
+  // row's inputs only when it recomputes (l > 0), so that a step at l = 0 moves no inputs at all (spec
+  // A1: the inputs of the prompt are what the split may use, L_cap = s).
+  bool lazy_inputs() const { return kvpr() && !hybrid() && opt_.knobs.recompute <= 0; }
+  int64_t& x_end(SeqId seq, uint32_t layer) { return x_end_[seq * geo_.n_layer() + layer]; }
+  int64_t x_end(SeqId seq, uint32_t layer) const { return x_end_[seq * geo_.n_layer() + layer]; }
+  // Folds one visit's measured recompute (rows of the unit's heads, seconds) into
+  // recompute_s_per_row_.
+  void calibrate_recompute(const policy::Unit& u, int64_t rows, double seconds);
   // hybrid (HybridServe, tiered_kv_kvpr.cpp): logical block b of every sequence is an activation
   // checkpoint (its inputs loaded, its K/V recomputed) or a KV block, by Eq. 11 with ratio act_ratio_.
   bool hybrid() const { return opt_.representation == policy::Representation::kHybrid; }
@@ -347,6 +359,11 @@ class TieredKv final : public KvCache {
   double hidden_s_ = 0;
   double prev_visit_start_ = -1;  // steady clock of the last visit's start (-1: none yet)
   double prev_blocked_s_ = 0;     // its waiting and recomputing
+  // kvpr auto: measured seconds to recompute one row of a whole layer's K/V (a moving average over
+  // visits that recompute; 0: none yet, the profile's rate is used). The profile is taken once, on
+  // other load and with another call shape; the split follows what recomputing costs now (spec P6).
+  double recompute_s_per_row_ = 0;
+  std::vector<int64_t> x_end_;  // kvpr: [n_seqs * n_layer] see x_end()
   uint64_t payload_x_bytes_ = 0;
   uint64_t payload_kv_bytes_ = 0;
 

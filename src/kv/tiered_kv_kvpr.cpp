@@ -26,9 +26,10 @@ uint64_t round_down(uint64_t v, uint64_t a) {
 
 }  // namespace
 
-int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows) const {
+int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows) const {
   if (!kvpr() || hybrid()) return 0;  // hybrid: the ACT blocks, not a prefix
-  const int64_t visible = rows - first;
+  // Rows past x_end have no stored inputs (kvpr auto stores none at l = 0); their K/V is always stored.
+  const int64_t visible = std::clamp<int64_t>(x_end(seq, u.layer) - first, 0, rows - first);
   if (opt_.knobs.recompute >= 0) return std::min(opt_.knobs.recompute, visible);  // forced
   if (opt_.knobs.recompute == policy::PolicyKnobs::kRecomputeRandom) {
     // Tests: a split in [0, visible] that changes from visit to visit (a hash of the visit's unit and
@@ -47,7 +48,7 @@ int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows)
   c.kv_bytes = static_cast<double>(u.n_heads * (geo_.head_dim_k + geo_.head_dim_v) * esz_);
   c.recompute_flops = static_cast<double>(u.n_heads) / geo_.n_head_kv[u.layer];  // layer projections
   c.v_com_x = c.v_com_kv = opt_.kvpr_link_bytes_per_s;
-  c.v_gpu = opt_.kvpr_tokens_per_s;
+  c.v_gpu = recompute_s_per_row_ > 0 ? 1.0 / recompute_s_per_row_ : opt_.kvpr_tokens_per_s;
   c.hidden_s = hidden_s_;
   // Recomputing even one row reads the unit's rows of W_K and W_V once: a fixed cost the linear model
   // leaves out. On both default models and the 7B shapes it is about one row's projection (a decode
@@ -56,11 +57,26 @@ int64_t TieredKv::split_rows(const policy::Unit& u, int64_t first, int64_t rows)
   const double fixed_s = 2 * c.recompute_flops / c.v_gpu;
   policy::KvprCosts cf = c;
   cf.hidden_s += fixed_s;
-  const int64_t l = policy::kvpr_split(cf, policy::KvprSchedule::kPipelined, visible, visible);
+  const int64_t all = rows - first;  // the step's rows: K/V of those past the cap cross the link anyway
+  const int64_t l = policy::kvpr_split(cf, policy::KvprSchedule::kPipelined, all, visible);
   if (l == 0) return 0;
-  const double t_l = policy::kvpr_step_time(cf, policy::KvprSchedule::kPipelined, visible, l).total;
-  const double t_0 = policy::kvpr_step_time(c, policy::KvprSchedule::kPipelined, visible, 0).total;
+  const double t_l = policy::kvpr_step_time(cf, policy::KvprSchedule::kPipelined, all, l).total;
+  const double t_0 = policy::kvpr_step_time(c, policy::KvprSchedule::kPipelined, all, 0).total;
   return t_l < t_0 ? l : 0;
+}
+
+void TieredKv::calibrate_recompute(const policy::Unit& u, int64_t rows, double seconds) {
+  // Visits of a few rows say more about the weight pass than the per-row rate; the model counts that
+  // pass as two rows (split_rows), so a measurement of r rows is r + 2 rows' worth.
+  constexpr int64_t kMinRows = 8;
+  if (rows < kMinRows || !(seconds > 0)) return;
+  const double share = static_cast<double>(u.n_heads) / geo_.n_head_kv[u.layer];
+  const double per_row = seconds / (static_cast<double>(rows + 2) * share);
+  if (recompute_s_per_row_ == 0) {
+    recompute_s_per_row_ = per_row;
+  } else {
+    recompute_s_per_row_ += 0.3 * (per_row - recompute_s_per_row_);
+  }
 }
 
 uint64_t TieredKv::xpage_offset(uint32_t layer, uint32_t page) const {

@@ -86,3 +86,34 @@ def test_mha_inputs_are_smaller_than_their_kv(tmp_path, preset):
     assert none["payload_x_bytes"] == 0 and full["payload_kv_bytes"] == 0
     assert 2 * full["payload_x_bytes"] < none["payload_kv_bytes"]
     assert full["bytes_loaded"] < none["bytes_loaded"]  # the I/O itself (page-rounded) too
+
+
+def test_split_zero_moves_no_inputs_while_decoding(tmp_path):
+    """A decode step of kvpr at l = 0 moves exactly the bytes `layer` moves: it neither stores the new
+    row's inputs nor loads the direct-I/O page of inputs around it (the inputs of the prompt, stored at
+    prefill, are what a later split may use). `--recompute 0` takes the very path of `auto` choosing
+    l = 0 (which auto does from the first measured step on at fast links; its first step, before the
+    visit's other compute is measured, may recompute a few rows). Measured as the difference between
+    runs of 10 and 2 generated tokens on a disk home, so that the prefill (one pass that stores the
+    prompt's inputs) cancels."""
+    mdl = model("smollm2")
+    ids = ",".join(str(10 + (7 * i) % 250) for i in range(100))
+
+    def kv(policy, n_gen):
+        extra = ["--recompute", 0] if "kvpr" in policy else []
+        p = run("run", "-m", mdl, "--ids", ids, "-n", n_gen, "--ignore-eos", "--chunk", 128, "-t", 2, "--json",
+                "--kv-policy", policy, "--kv-disk", str(tmp_path), *extra)
+        return json.loads(p.stdout)["kv"]
+
+    short, long = kv("kvpr", 2), kv("kvpr", 10)
+    lay_short, lay_long = kv("layer", 2), kv("layer", 10)
+    assert long["recomputed_rows"] == 0 and long["payload_x_bytes"] == 0, long
+    # The counters count executed jobs; the loads prefetched for a pass that never comes may or may not
+    # have run when a run reports (one visit's load, < 30 pages here). Moving the inputs would add
+    # 8 steps x 30 layers x a 4 KiB page each way (983,040 bytes); the bound is a quarter of that.
+    slack = 2 * 30 * 4096
+    for key in ("bytes_loaded", "bytes_stored"):
+        extra = (long[key] - short[key]) - (lay_long[key] - lay_short[key])
+        assert abs(extra) < slack, (key, extra, short, long, lay_short, lay_long)
+    # the prompt's inputs were stored (so a later split could use them): more bytes than layer's prefill
+    assert short["bytes_stored"] > lay_short["bytes_stored"]
