@@ -1,5 +1,8 @@
 """`kvtier plan` through the CLI: the HeadInfer paper's Table 10 (Llama-3-8B, 1M tokens) from the
 llama3-8b preset, budget handling, and bad input."""
+import json
+import math
+
 from kvtier_testlib import model, run, run_json
 
 GIB = 1024**3
@@ -69,3 +72,40 @@ def test_engine_rows_report_budgets_that_do_not_fit():
     assert "engine" not in run_json("plan", "--preset", "llama3-8b", "--ctx", "1K", "--json")
     p = run("plan", "-m", model("smollm2"), "--ctx", "1K", "--kv-policy", "resident,bogus", check=False)
     assert p.returncode == 1 and "bogus" in p.stderr
+
+
+def test_kvpr_and_hybrid_rows_predict_the_kv_phase(tmp_path):
+    """With a kvpr or hybrid row asked for, every offloaded row gets its predicted KV phase per decode
+    step from the profile (here at a 50 MB/s throttle): `layer` moves every row, kvpr takes the split
+    that minimises the engine's pipelined step, hybrid Algorithm 1's ratio; none is slower than layer."""
+    import os
+    env = dict(os.environ, KVTIER_PROFILE_CACHE=str(tmp_path / "profiles.json"))
+    ctx, layers = 2048, 30
+    j = json.loads(run("plan", "-m", model("smollm2"), "--ctx", "2K", "--kv-policy", "resident,layer,kvpr,hybridserve",
+                       "--link-gbps", "0.05", "-t", "2", "--json", env=env).stdout)
+    rows = {r["policy"]: r for r in j["engine"]["policies"]}
+    assert "predicted_kv_phase" not in rows["resident"]
+    lay, kvpr, hyb = (rows[p]["predicted_kv_phase"] for p in ("layer", "layer+kvpr", "layer+hybrid"))
+    link = lay["link_bytes_per_s"]
+    assert 0.04e9 < link <= 0.05e9 * 1.02, link  # the throttle, as measured
+    kv = lay["kv_bytes_per_token_layer"]
+    assert kv == 3 * 64 * 2 * 2  # SmolLM2: 3 KV heads x 64 dims x (K+V) x f16
+    assert math.isclose(lay["step_s"], layers * ctx * kv / link, rel_tol=1e-9)
+    assert lay["step_s"] == lay["offload_step_s"]
+    # kvpr: per layer max(l / rate, (x l + kv (s' - l)) / link), minimised over l by the scheduler.
+    x, rate = kvpr["x_bytes_per_token_layer"], kvpr["recompute_tokens_per_s"]
+
+    def t(l):
+        return layers * max(l / rate, (x * l + kv * (ctx - l)) / link)
+
+    assert 0 <= kvpr["split"] <= ctx
+    assert math.isclose(kvpr["step_s"], t(kvpr["split"]), rel_tol=1e-6)
+    assert kvpr["step_s"] <= min(t(l) for l in range(0, ctx + 1, 8)) * (1 + 1e-6)
+    assert kvpr["step_s"] <= lay["step_s"] and hyb["step_s"] <= lay["step_s"]
+    assert "act_ratio" in hyb and "split" not in hyb
+    for k in (lay, kvpr, hyb):
+        assert math.isclose(k["tokens_per_s_bound"], 1 / k["step_s"], rel_tol=1e-9)
+    # The table says the same.
+    out = run("plan", "-m", model("smollm2"), "--ctx", "2K", "--kv-policy", "layer,kvpr", "--link-gbps", "0.05",
+              "-t", "2", env=env).stdout
+    assert "predicted KV phase per decode step at 2048 tokens" in out and f"split {kvpr['split']} of 2048" in out

@@ -184,6 +184,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.weights_mem = a.weights_mem;
     e.engine.weights_from = a.weights_from;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
+    e.link_bytes_per_s = a.link_gbps * 1e9;
     engine = plan_engine(e, a.json);
   } else if (!a.json) {
     std::cout << "(engine rows need -m MODEL: they count the buffers this engine allocates for that file)\n";

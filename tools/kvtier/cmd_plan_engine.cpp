@@ -3,11 +3,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iostream>
+#include <optional>
 
 #include "cli_util.h"
 #include "core/error.h"
+#include "runtime/kv_phase_predict.h"
 #include "runtime/model_files.h"
+#include "runtime/profile_cache.h"
 #include "runtime/session.h"
 
 namespace kvtier::cli {
@@ -16,6 +20,15 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
   const auto model = runtime::load_model(a.engine.model);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   runtime::SessionOptions first;
+  // kvpr and hybrid rows weigh the home link against recomputation: with one of them asked for, every
+  // offloaded row gets its predicted KV phase from the profile (measured and cached on first use, as
+  // `kvtier run` does).
+  const bool predict = std::any_of(a.policies.begin(), a.policies.end(), [](const policy::KvPolicy& p) {
+    return p.placement != policy::Placement::kResident &&
+           (p.representation == policy::Representation::kKvpr ||
+            p.representation == policy::Representation::kHybrid);
+  });
+  std::optional<runtime::Profile> prof;
   for (size_t i = 0; i < a.policies.size(); ++i) {
     const EngineArgs e = engine_for(a.engine, a.policies[i]);
     const runtime::SessionOptions o =
@@ -30,6 +43,37 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
       const kv::MemoryLedger p = runtime::predict_memory(*model, o);
       r["fits"] = true;
       r["memory"] = memory_json(p);
+      if (predict && o.kv_placement.placement.placement != policy::Placement::kResident) {
+        if (!prof) {  // one profile for every row: the same model, threads, home tier and link
+          runtime::ProfileOptions po;
+          po.threads = o.threads;
+          po.isa = o.isa.value_or(cpu::best_isa());
+          po.disk_dir = o.kv_placement.disk_dir;
+          po.link_bytes_per_s = a.link_bytes_per_s;
+          prof = runtime::get_profile(profile_cache_path(a.engine.profile_cache), *model, po).profile;
+        }
+        if (const auto kp = runtime::predict_kv_phase(*model, o, *prof)) {
+          nlohmann::ordered_json k;
+          k["context"] = kp->context;
+          k["sequences"] = o.kv_placement.max_seqs;
+          k["link_bytes_per_s"] =
+              o.kv_placement.disk_dir.empty() ? prof->host.bytes_per_s : prof->disk->bytes_per_s;
+          k["recompute_tokens_per_s"] = prof->proj_tokens_per_s;
+          k["kv_bytes_per_token_layer"] = prof->kv_bytes_per_token;  // f16 rows, layer 0
+          k["x_bytes_per_token_layer"] = prof->x_bytes_per_token;
+          k["step_s"] = kp->step_s;
+          k["offload_step_s"] = kp->offload_s;
+          k["tokens_per_s_bound"] = kp->tokens_per_s_bound() * o.kv_placement.max_seqs;
+          if (kp->split >= 0) k["split"] = kp->split;
+          if (kp->act_ratio >= 0) {
+            if (std::isinf(kp->act_ratio))
+              k["act_ratio"] = "inf";
+            else
+              k["act_ratio"] = kp->act_ratio;
+          }
+          r["predicted_kv_phase"] = k;
+        }
+      }
     } catch (const Error& err) {
       if (err.kind() != ErrorKind::kBudget) throw;
       r["fits"] = false;
@@ -75,6 +119,22 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
         r["policy"].get<std::string>(), w, g, m(d["weights"]), m(d["kv"]), m(d["activations"]),
         m(d["staging"]), m(d["scratch"]), m(d["logits"]), m(d["total"]), m(r["memory"]["host"]["kv"]),
         m(r["memory"]["disk"]["kv"]));
+    if (r.contains("predicted_kv_phase")) {
+      const auto& k = r["predicted_kv_phase"];
+      std::string what;
+      if (k.contains("split"))
+        what = fmt::format(", split {} of {}", k["split"].get<int64_t>(), k["context"].get<int64_t>());
+      if (k.contains("act_ratio"))
+        what =
+            ", ACT:KV " + (k["act_ratio"].is_string() ? std::string("inf")
+                                                      : fmt::format("{:.3g}", k["act_ratio"].get<double>()));
+      std::cout << fmt::format(
+          "{:<{}} {:>4} predicted KV phase per decode step at {} tokens: {:.2f} ms (all rows over the link: "
+          "{:.2f} "
+          "ms){}; at most {:.1f} tok/s from the KV phase\n",
+          "", w, "", k["context"].get<int64_t>(), 1e3 * k["step_s"].get<double>(),
+          1e3 * k["offload_step_s"].get<double>(), what, k["tokens_per_s_bound"].get<double>());
+    }
     const auto& hw = r["memory"]["host"]["weights"];
     const auto& dw = r["memory"]["disk"]["weights"];
     if (hw.get<uint64_t>() + dw.get<uint64_t>() > 0) {

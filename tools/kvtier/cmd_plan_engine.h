@@ -14,10 +14,16 @@ namespace kvtier::cli {
 struct EnginePlanArgs {
   EngineArgs engine;  // model, ctx, chunk (0: the engine's default), threads, KV flags
   std::vector<policy::KvPolicy> policies;
+  // kvpr/hybrid rows: the home link the predicted KV phase is profiled at (plan's --link-gbps; 0: as
+  // measured, unthrottled).
+  double link_bytes_per_s = 0;
 };
 
 // {"ctx": N, "chunk": N, "threads": N, "kv_mem": B, "policies": [{"policy", "group", "fits",
-//  "memory": {tier: {category: B, "total": B}}} | {"policy", "fits": false, "error": "..."}]}
+//  "memory": {tier: {category: B, "total": B}}, offloaded rows when a kvpr or hybrid row is asked for:
+//  "predicted_kv_phase": {"context", "sequences", "link_bytes_per_s", "recompute_tokens_per_s",
+//  "kv_bytes_per_token_layer", "x_bytes_per_token_layer", "step_s", "offload_step_s", "tokens_per_s_bound",
+//  kvpr: "split", hybrid: "act_ratio"}} | {"policy", "fits": false, "error": "..."}]}
 // Prints a table to stdout unless `json`.
 nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json);
 

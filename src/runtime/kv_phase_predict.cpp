@@ -1,0 +1,78 @@
+#include "runtime/kv_phase_predict.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "model/forward.h"
+#include "policy/hybrid_plan.h"
+#include "policy/kvpr_schedule.h"
+
+namespace kvtier::runtime {
+
+double KvPhasePrediction::tokens_per_s_bound() const {
+  return step_s > 0 ? 1.0 / step_s : std::numeric_limits<double>::infinity();
+}
+
+std::optional<KvPhasePrediction> predict_kv_phase(const LoadedModel& model, const SessionOptions& o,
+                                                  const Profile& profile) {
+  const kv::KvOptions& ko = o.kv_placement;
+  if (ko.placement.placement == policy::Placement::kResident) return std::nullopt;
+  const auto& cfg = model.config;
+  const kv::KvGeometry geo = model::kv_geometry(cfg, o.kv_block_tokens, o.kv_dtype);
+  const double b = ko.max_seqs;  // sequences in the step
+  policy::KvprCosts c = kvpr_costs(profile, !ko.disk_dir.empty());
+  // The profile's per-token sizes are layer 0's, in f16; scale the K/V rows to this dtype.
+  const double kv_row = c.kv_bytes * static_cast<double>(cpu::kv_dtype_bytes(o.kv_dtype)) / 2.0;
+  c.kv_bytes = kv_row * b;
+  c.x_bytes *= b;
+  c.recompute_flops *= b;
+  c.hidden_s = 0;
+  KvPhasePrediction p;
+  p.context = o.n_ctx;
+  // Rows each layer holds at s' (a sliding layer only its window).
+  auto rows = [&](uint32_t l) {
+    const int64_t w = geo.window_of(l);
+    return w > 0 ? std::min<int64_t>(o.n_ctx, w) : o.n_ctx;
+  };
+  for (uint32_t l = 0; l < geo.n_layer(); ++l)
+    p.offload_s += static_cast<double>(rows(l)) * c.kv_bytes / c.v_com_kv;
+  switch (ko.representation) {
+    case policy::Representation::kKvpr: {
+      for (uint32_t l = 0; l < geo.n_layer(); ++l) {
+        const policy::KvprDecision d =
+            policy::kvpr_decide(c, policy::KvprSchedule::kPipelined, rows(l), rows(l));
+        p.step_s += d.at_l.total;
+        if (l == 0) p.split = d.l;
+      }
+      break;
+    }
+    case policy::Representation::kHybrid: {
+      // Algorithm 1 as TieredKv::hybrid_ratio runs it (per layer and token, the home sized for s').
+      const int64_t bt = geo.block_tokens;
+      policy::HostAllocInput in;
+      in.block_tokens = bt;
+      in.s_kv = kv_row * static_cast<double>(bt) * geo.n_layer();
+      in.s_act = profile.x_bytes_per_token * static_cast<double>(bt) * geo.n_layer();
+      const int64_t blocks = (o.n_ctx + bt - 1) / bt;
+      in.m_host = in.s_kv * static_cast<double>(blocks) * b;
+      in.gen = {1.0 / profile.proj_tokens_per_s, 0};
+      in.load = {kv_row / c.v_com_kv, 0};
+      in.lact_slope = profile.x_bytes_per_token / c.v_com_x;
+      const policy::HostAllocResult r = policy::host_block_allocation(in);
+      const double ratio = ko.knobs.act_ratio >= 0 ? ko.knobs.act_ratio : r.ratio;
+      p.act_ratio = ratio;
+      // The per-layer time at this ratio's split of the context's blocks (Eq. 11's counts).
+      const int64_t act = policy::act_blocks_of(ratio, blocks * static_cast<int64_t>(b));
+      const int64_t kvb = blocks * static_cast<int64_t>(b) - act;
+      p.step_s = static_cast<double>(geo.n_layer()) *
+                 std::max(policy::hybrid_t_pcie(in, act, kvb), policy::hybrid_t_comp(in, act));
+      break;
+    }
+    default:
+      p.step_s = p.offload_s;
+      break;
+  }
+  return p;
+}
+
+}  // namespace kvtier::runtime
