@@ -224,7 +224,9 @@ void add_plan(CLI::App& app, Runner& run) {
   cmd->add_option("--kv-bytes", a->kv_bytes, "Bytes per KV element")->capture_default_str();
   cmd->add_option("--act-bytes", a->act_bytes, "Bytes per activation element")->capture_default_str();
   cmd->add_option("--peak-tflops", a->peak_tflops, "Compute rate for a roofline time estimate (TFLOP/s)");
-  cmd->add_option("--link-gbps", a->link_gbps, "Host-to-compute link bandwidth for the estimate (GB/s)");
+  cmd->add_option("--link-gbps", a->link_gbps,
+                  "Host-to-compute link bandwidth for the estimate (GB/s); with -m, also the throttle the "
+                  "engine rows' predicted KV phase (kvpr, hybridserve) is profiled at");
   cmd->add_option("--mem-gbps", a->mem_gbps, "Compute-local memory bandwidth for the decode estimate (GB/s)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   // The engine rows (with -m): the same flags as `kvtier run`.
