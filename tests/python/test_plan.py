@@ -77,7 +77,7 @@ def test_engine_rows_report_budgets_that_do_not_fit():
 def test_kvpr_and_hybrid_rows_predict_the_kv_phase(tmp_path):
     """With a kvpr or hybrid row asked for, every offloaded row gets its predicted KV phase per decode
     step from the profile (here at a 50 MB/s throttle): `layer` moves every row, kvpr takes the split
-    that minimises the engine's pipelined step, hybrid Algorithm 1's ratio; none is slower than layer."""
+    that minimises the engine's pipelined step (never slower than layer), hybrid Algorithm 1's ratio."""
     import os
     env = dict(os.environ, KVTIER_PROFILE_CACHE=str(tmp_path / "profiles.json"))
     ctx, layers = 2048, 30
@@ -87,7 +87,7 @@ def test_kvpr_and_hybrid_rows_predict_the_kv_phase(tmp_path):
     assert "predicted_kv_phase" not in rows["resident"]
     lay, kvpr, hyb = (rows[p]["predicted_kv_phase"] for p in ("layer", "layer+kvpr", "layer+hybrid"))
     link = lay["link_bytes_per_s"]
-    assert 0.04e9 < link <= 0.05e9 * 1.02, link  # the throttle, as measured
+    assert 0.01e9 < link <= 0.05e9 * 1.02, link  # the throttle, as measured (a loaded CPU measures less)
     kv = lay["kv_bytes_per_token_layer"]
     assert kv == 3 * 64 * 2 * 2  # SmolLM2: 3 KV heads x 64 dims x (K+V) x f16
     assert math.isclose(lay["step_s"], layers * ctx * kv / link, rel_tol=1e-9)
@@ -101,7 +101,10 @@ def test_kvpr_and_hybrid_rows_predict_the_kv_phase(tmp_path):
     assert 0 <= kvpr["split"] <= ctx
     assert math.isclose(kvpr["step_s"], t(kvpr["split"]), rel_tol=1e-6)
     assert kvpr["step_s"] <= min(t(l) for l in range(0, ctx + 1, 8)) * (1 + 1e-6)
-    assert kvpr["step_s"] <= lay["step_s"] and hyb["step_s"] <= lay["step_s"]
+    assert kvpr["step_s"] <= lay["step_s"]
+    # Algorithm 1 moves whole 256-token blocks, so its balance can overshoot the all-KV time by at most
+    # one block's recompute per layer.
+    assert hyb["step_s"] <= lay["step_s"] + layers * 256 / rate
     assert "act_ratio" in hyb and "split" not in hyb
     for k in (lay, kvpr, hyb):
         assert math.isclose(k["tokens_per_s_bound"], 1 / k["step_s"], rel_tol=1e-9)
