@@ -187,15 +187,9 @@ double TieredKv::hybrid_ratio() const {
     kv_row += static_cast<double>(geo_.n_head_kv[l] * (geo_.head_dim_k + geo_.head_dim_v) * esz_);
     x_row += static_cast<double>(geo_.act_row_bytes[l]);
   }
-  policy::HostAllocInput in;
-  in.block_tokens = bt;
-  in.s_kv = kv_row * static_cast<double>(bt);
-  in.s_act = x_row * static_cast<double>(bt);
-  in.m_host = in.s_kv * static_cast<double>(pages_.max_blocks() * pages_.n_seqs());
-  in.t_w = opt_.weight_load_s;
-  in.gen = {1.0 / opt_.kvpr_tokens_per_s, 0};
-  in.load = {kv_row / n_layer / opt_.kvpr_link_bytes_per_s, 0};
-  in.lact_slope = x_row / n_layer / opt_.kvpr_link_bytes_per_s;
+  const policy::HostAllocInput in = policy::engine_alloc_input(
+      kv_row, x_row, n_layer, bt, static_cast<double>(pages_.max_blocks() * pages_.n_seqs()),
+      opt_.kvpr_link_bytes_per_s, opt_.kvpr_tokens_per_s, opt_.weight_load_s);
   return policy::host_block_allocation(in).ratio;
 }
 

@@ -46,6 +46,22 @@ double hybrid_t_comp(const HostAllocInput& in, int64_t n_act_host) {
   return cost(in.gen, static_cast<double>(in.n_act_gpu + n_act_host) * b) + fwd;
 }
 
+HostAllocInput engine_alloc_input(double kv_bytes_token, double x_bytes_token, uint32_t n_layer,
+                                  int64_t block_tokens, double home_blocks, double link_bytes_per_s,
+                                  double recompute_tokens_per_s, double t_w) {
+  const double bt = static_cast<double>(block_tokens);
+  HostAllocInput in;
+  in.block_tokens = block_tokens;
+  in.s_kv = kv_bytes_token * bt;
+  in.s_act = x_bytes_token * bt;
+  in.m_host = in.s_kv * home_blocks;
+  in.t_w = t_w;
+  in.gen = {1.0 / recompute_tokens_per_s, 0};
+  in.load = {kv_bytes_token / n_layer / link_bytes_per_s, 0};
+  in.lact_slope = x_bytes_token / n_layer / link_bytes_per_s;
+  return in;
+}
+
 HostAllocResult host_block_allocation(const HostAllocInput& in) {
   check_nonneg(in.m_host, "m_host");
   check_nonneg(in.m_w_host, "m_w_host");

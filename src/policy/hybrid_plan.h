@@ -55,6 +55,14 @@ struct HostAllocResult {
 // ≤ 0, or load/gen slopes ≤ 0. A home too small for the weights gives 0 blocks of each.
 HostAllocResult host_block_allocation(const HostAllocInput& in);
 
+// Algorithm 1's input for this engine (TieredKv's --act-ratio auto and kvtier plan's prediction):
+// one token's K/V and stored-input bytes summed over the n_layer layers, a home of home_blocks
+// blocks of block_tokens tokens, the home link and the K/V recompute rate (per layer), and T_w.
+// Per-layer times are the layers' average; no compute-local ACT pool.
+HostAllocInput engine_alloc_input(double kv_bytes_token, double x_bytes_token, uint32_t n_layer,
+                                  int64_t block_tokens, double home_blocks, double link_bytes_per_s,
+                                  double recompute_tokens_per_s, double t_w);
+
 // The predicted link and compute time per layer of a given split (spec §4.7).
 double hybrid_t_pcie(const HostAllocInput& in, int64_t n_act_host, int64_t n_kv_host);
 double hybrid_t_comp(const HostAllocInput& in, int64_t n_act_host);

@@ -47,17 +47,12 @@ std::optional<KvPhasePrediction> predict_kv_phase(const LoadedModel& model, cons
       break;
     }
     case policy::Representation::kHybrid: {
-      // Algorithm 1 as TieredKv::hybrid_ratio runs it (per layer and token, the home sized for s').
+      // Algorithm 1 as TieredKv::hybrid_ratio runs it (the home sized for s').
       const int64_t bt = geo.block_tokens;
-      policy::HostAllocInput in;
-      in.block_tokens = bt;
-      in.s_kv = kv_row * static_cast<double>(bt) * geo.n_layer();
-      in.s_act = profile.x_bytes_per_token * static_cast<double>(bt) * geo.n_layer();
       const int64_t blocks = (o.n_ctx + bt - 1) / bt;
-      in.m_host = in.s_kv * static_cast<double>(blocks) * b;
-      in.gen = {1.0 / profile.proj_tokens_per_s, 0};
-      in.load = {kv_row / c.v_com_kv, 0};
-      in.lact_slope = profile.x_bytes_per_token / c.v_com_x;
+      const policy::HostAllocInput in = policy::engine_alloc_input(
+          kv_row * geo.n_layer(), profile.x_bytes_per_token * geo.n_layer(), geo.n_layer(), bt,
+          static_cast<double>(blocks) * b, c.v_com_kv, profile.proj_tokens_per_s, 0.0);
       const policy::HostAllocResult r = policy::host_block_allocation(in);
       const double ratio = ko.knobs.act_ratio >= 0 ? ko.knobs.act_ratio : r.ratio;
       p.act_ratio = ratio;
