@@ -272,20 +272,23 @@ void register_all() {
   struct Shape {
     int64_t tokens, k, n;
   };
-  for (const Shape s : {Shape{512, 576, 1536}, Shape{512, 2048, 640}, Shape{512, 4096, 4096}}) {
+  for (const Shape s :
+       {Shape{512, 576, 1536}, Shape{512, 640, 2048}, Shape{512, 2048, 640}, Shape{512, 4096, 4096}}) {
     for (GgmlType type : types) {
-      const bool big = s.k == 4096;
-      if (big && type != GgmlType::kF16 && type != GgmlType::kQ8_0)
-        continue;                                             // the slow shape: goal types only
-      if (s.k % ggml_traits(type).block_size != 0) continue;  // 576 is not a K-quant size
-      for (int t : {1, 2}) {
-        const std::string name = "matmul/" + std::string(ggml_type_name(type)) + "/" +
-                                 std::to_string(s.tokens) + "x" + std::to_string(s.k) + "->" +
-                                 std::to_string(s.n) + "/" + std::string(cpu::isa_name(best)) +
-                                 "/threads:" + std::to_string(t);
-        auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, best, t, s.tokens, s.k, s.n);
-        b->UseRealTime()->Unit(benchmark::kMillisecond);
-        if (big) b->Iterations(1);
+      for (Isa isa : isas) {
+        const bool big = s.k == 4096;
+        if (big && type != GgmlType::kF16 && type != GgmlType::kQ8_0)
+          continue;                                             // the slow shape: goal types only
+        if (s.k % ggml_traits(type).block_size != 0) continue;  // 576 is not a K-quant size
+        for (int t : {1, 2}) {
+          const std::string name = "matmul/" + std::string(ggml_type_name(type)) + "/" +
+                                   std::to_string(s.tokens) + "x" + std::to_string(s.k) + "->" +
+                                   std::to_string(s.n) + "/" + std::string(cpu::isa_name(isa)) +
+                                   "/threads:" + std::to_string(t);
+          auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, isa, t, s.tokens, s.k, s.n);
+          b->UseRealTime()->Unit(benchmark::kMillisecond);
+          if (big) b->Iterations(1);
+        }
       }
     }
   }

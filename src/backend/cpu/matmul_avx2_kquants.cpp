@@ -122,9 +122,9 @@ void fill_avx2_ktiles(KernelTable& t) {
   // No one-token tiles: measured slower than vec_dot for these types (bench_matmul_cputime, one
   // token against [16384, 2048]: q4_K 15.5 -> 13.1, q6_K 14.6 -> 12.1 GB per CPU second).
   auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
-  set(GgmlType::kQ4_K, TileKernel{tile_q45_k<false, BlockQ4_K, 2, 4>, 2, 4});
-  set(GgmlType::kQ5_K, TileKernel{tile_q45_k<true, BlockQ5_K, 2, 4>, 2, 4});
-  set(GgmlType::kQ6_K, TileKernel{tile_q6_k<2, 4>, 2, 4});
+  set(GgmlType::kQ4_K, TileKernel{tile_q45_k<false, BlockQ4_K, 1, 8>, 1, 8});
+  set(GgmlType::kQ5_K, TileKernel{tile_q45_k<true, BlockQ5_K, 1, 8>, 1, 8});
+  set(GgmlType::kQ6_K, TileKernel{tile_q6_k<1, 8>, 1, 8});
 }
 
 }  // namespace kvtier::cpu
