@@ -5,7 +5,9 @@
 //                             GB/s of weight bytes, and pct_copy = GB/s / copy GB/s at the same threads
 //   matmul/TYPE/TOKxK->N/threads:T  prefill shapes (2048 -> 640: Gemma-3-270M's FFN down, a K-quant size);
 //   GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
-//                             / measured FMA peak (f32 lanes of the widest ISA used, same thread count)
+//                             / measured FMA peak (f32 lanes of the ISA used, same thread count);
+//                             quantised types also pct_int8_peak = GFLOP/s / measured int8 dot peak
+//                             (AVX2: vpmaddubsw + vpmaddwd + vpaddd; AVX-512: vpdpbusd)
 // Run with --benchmark_repetitions=N --benchmark_report_aggregates_only=true and read medians.
 #include <benchmark/benchmark.h>
 
@@ -20,6 +22,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/quantize_act.h"
 #include "core/ggml_type.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -28,6 +31,8 @@ namespace kvtier::bench {
 
 float fma_loop_avx2(int64_t iters);
 float fma_loop_avx512(int64_t iters);
+int int8_loop_avx2(int64_t iters);
+int int8_loop_avx512(int64_t iters);
 
 namespace {
 
@@ -153,6 +158,35 @@ double fma_peak(Isa isa, int threads) {
   return threads == 1 ? avx2_1 : avx2_2;
 }
 
+// int8 dot peak in OP/s (2 per u8 x s8 product) of `isa`'s integer dot instructions on `threads`
+// threads, measured once: AVX2 vpmaddubsw + vpmaddwd + vpaddd per 32 products, AVX-512 one
+// vpdpbusd per 64. The quantised kernels are built from exactly these.
+double int8_peak(Isa isa, int threads) {
+  auto measure = [](Isa i, int t) {
+    const int64_t iters = 20'000'000;
+    ThreadPool pool(t);
+    std::vector<int> sink(static_cast<size_t>(t));
+    const double products = i == Isa::kAvx512 ? 64.0 : 32.0;
+    std::vector<double> runs;
+    for (int rep = 0; rep < 3; ++rep) {
+      runs.push_back(seconds_of([&] {
+        pool.run(t, [&](int p) {
+          sink[static_cast<size_t>(p)] = i == Isa::kAvx512 ? int8_loop_avx512(iters) : int8_loop_avx2(iters);
+        });
+      }));
+    }
+    std::sort(runs.begin(), runs.end());
+    benchmark::DoNotOptimize(sink.data());
+    return 2.0 * products * 12.0 * static_cast<double>(iters) * t / runs[1];
+  };
+  static const double avx2_1 = measure(Isa::kAvx2, 1), avx2_2 = measure(Isa::kAvx2, 2);
+  if (isa == Isa::kAvx512) {
+    static const double avx512_1 = measure(Isa::kAvx512, 1), avx512_2 = measure(Isa::kAvx512, 2);
+    return threads == 1 ? avx512_1 : avx512_2;
+  }
+  return threads == 1 ? avx2_1 : avx2_2;
+}
+
 void bm_copy(benchmark::State& state, int threads) {
   std::vector<uint8_t> src(kBigBytes, 1), dst(kBigBytes, 0);
   ThreadPool pool(threads);
@@ -221,6 +255,12 @@ void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int
   state.counters["peak_GFLOPs"] = peak / 1e9;
   state.counters["pct_peak"] =
       benchmark::Counter(flops * 100.0 / peak, benchmark::Counter::kIsIterationInvariantRate);
+  if (cpu::act_format_for(type) != cpu::ActFormat::kF32) {  // quantised weights: integer dots
+    const double ipeak = int8_peak(isa, threads);
+    state.counters["int8_peak_GOPs"] = ipeak / 1e9;
+    state.counters["pct_int8_peak"] =
+        benchmark::Counter(flops * 100.0 / ipeak, benchmark::Counter::kIsIterationInvariantRate);
+  }
 }
 
 // InfiniGen's estimated scores for one KV head: SmolLM2's shape (3 query heads per KV head, 19

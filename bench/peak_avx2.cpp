@@ -20,3 +20,23 @@ float fma_loop_avx2(int64_t iters) {
 }
 
 }  // namespace kvtier::bench
+
+namespace kvtier::bench {
+
+// int8 dot throughput (the exact building block of the AVX2 quantised kernels): per 32 u8 x s8
+// products, vpmaddubsw + vpmaddwd + vpaddd into 12 independent i32 accumulators; each accumulator
+// feeds its own next u8 operand, so nothing is loop-invariant. Returns a value to keep the loop.
+int int8_loop_avx2(int64_t iters) {
+  __m256i acc[12];
+  for (int j = 0; j < 12; ++j) acc[j] = _mm256_set1_epi32(j + 1);
+  const __m256i s = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+  for (int64_t i = 0; i < iters; ++i) {
+    for (int j = 0; j < 12; ++j)
+      acc[j] = _mm256_add_epi32(acc[j], _mm256_madd_epi16(_mm256_maddubs_epi16(acc[j], s), ones));
+  }
+  __m256i t = acc[0];
+  for (int j = 1; j < 12; ++j) t = _mm256_add_epi32(t, acc[j]);
+  return _mm256_extract_epi32(t, 0);
+}
+
+}  // namespace kvtier::bench
