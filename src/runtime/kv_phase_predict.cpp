@@ -29,9 +29,13 @@ std::optional<KvPhasePrediction> predict_kv_phase(const LoadedModel& model, cons
   c.hidden_s = 0;
   KvPhasePrediction p;
   p.context = o.n_ctx;
-  // Rows each layer holds at s' (a sliding layer only its window).
+  // Rows each layer's visit loads at s': a layer with a window of its own only the window where the
+  // retention drops what it cannot see (`+sliding`, or streaming, which leaves such layers to their
+  // window: TieredKv::first_row); without it the engine keeps and loads every row.
+  const bool windowed =
+      ko.retention == policy::Retention::kSliding || ko.retention == policy::Retention::kStreaming;
   auto rows = [&](uint32_t l) {
-    const int64_t w = geo.window_of(l);
+    const int64_t w = windowed ? geo.window_of(l) : 0;
     return w > 0 ? std::min<int64_t>(o.n_ctx, w) : o.n_ctx;
   };
   for (uint32_t l = 0; l < geo.n_layer(); ++l)
@@ -56,11 +60,22 @@ std::optional<KvPhasePrediction> predict_kv_phase(const LoadedModel& model, cons
       const policy::HostAllocResult r = policy::host_block_allocation(in);
       const double ratio = ko.knobs.act_ratio >= 0 ? ko.knobs.act_ratio : r.ratio;
       p.act_ratio = ratio;
-      // The per-layer time at this ratio's split of the context's blocks (Eq. 11's counts).
-      const int64_t act = policy::act_blocks_of(ratio, blocks * static_cast<int64_t>(b));
-      const int64_t kvb = blocks * static_cast<int64_t>(b) - act;
-      p.step_s = static_cast<double>(geo.n_layer()) *
-                 std::max(policy::hybrid_t_pcie(in, act, kvb), policy::hybrid_t_comp(in, act));
+      // The per-layer time at this ratio's split of the blocks the layer visits (Eq. 11's counts): all
+      // of the context's, or for a sliding layer those its window reaches at s' (blocks keep their
+      // type by index, block_type_at, so those are the ACT blocks among the last ones).
+      const auto nb = static_cast<int64_t>(b);
+      for (uint32_t l = 0; l < geo.n_layer(); ++l) {
+        int64_t act = 0, kvb = 0;
+        if (rows(l) < o.n_ctx) {
+          const int64_t hi = blocks, lo = std::max<int64_t>(0, (o.n_ctx - rows(l)) / bt);
+          act = (policy::act_blocks_of(ratio, hi) - policy::act_blocks_of(ratio, lo)) * nb;
+          kvb = (hi - lo) * nb - act;
+        } else {
+          act = policy::act_blocks_of(ratio, blocks * nb);
+          kvb = blocks * nb - act;
+        }
+        p.step_s += std::max(policy::hybrid_t_pcie(in, act, kvb), policy::hybrid_t_comp(in, act));
+      }
       break;
     }
     default:

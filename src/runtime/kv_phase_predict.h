@@ -5,7 +5,11 @@
 //   kvpr:                    per layer  the scheduler's pipelined step at its split (policy/kvpr_schedule.h,
 //                                       no other compute assumed to hide the transfer)
 //   hybrid:                  per layer  max(T_pcie, T_comp) of Algorithm 1's block allocation
-//                                       (policy/hybrid_plan.h), as the engine's --act-ratio auto picks it
+//                                       (policy/hybrid_plan.h), as the engine's --act-ratio auto picks it,
+//                                       over the blocks the layer visits
+//
+// A layer with a window of its own (Gemma-3's local layers) counts only its window where the retention
+// drops the rest (`+sliding`, streaming), as the engine loads it; otherwise the whole context.
 //
 // times n_layer, for max_seqs sequences of s' = n_ctx tokens. The weights' own streaming and the
 // layers' other compute are not in it, so batch / step is an upper bound on decode tokens per second

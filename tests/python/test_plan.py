@@ -112,3 +112,29 @@ def test_kvpr_and_hybrid_rows_predict_the_kv_phase(tmp_path):
     out = run("plan", "-m", model("smollm2"), "--ctx", "2K", "--kv-policy", "layer,kvpr", "--link-gbps", "0.05",
               "-t", "2", env=env).stdout
     assert "predicted KV phase per decode step at 2048 tokens" in out and f"split {kvpr['split']} of 2048" in out
+
+
+def test_kv_phase_counts_a_sliding_layer_window_only_where_the_engine_drops_the_rest(tmp_path):
+    """Gemma-3's local layers have windows of their own. The engine loads only a local layer's window
+    when the retention drops what it cannot see (`+sliding`), and every row otherwise, so the predicted
+    `layer` step is n_global * s' + n_local * window rows with +sliding and n_layer * s' without; the
+    window and the layer pattern come from the GGUF (the `gguf` package), not from kvtier. Hybrid at
+    R = 0 (all KV) moves the same rows as layer, with and without +sliding."""
+    import os
+
+    import gguf
+    env = dict(os.environ, KVTIER_PROFILE_CACHE=str(tmp_path / "profiles.json"))
+    r = gguf.GGUFReader(model("gemma3"))
+    n_layer = int(r.fields["gemma3.block_count"].parts[-1][0])
+    window = int(r.fields["gemma3.attention.sliding_window"].parts[-1][0])
+    n_global = len(range(5, n_layer, 6))  # Gemma-3: every sixth layer is global, the others local
+    ctx = 8192
+    j = json.loads(run("plan", "-m", model("gemma3"), "--ctx", str(ctx), "--kv-policy",
+                       "layer+kvpr,layer+kvpr+sliding,layer+hybrid,layer+hybrid+sliding", "--act-ratio", "0",
+                       "--link-gbps", "0.05", "-t", "2", "--json", env=env).stdout)
+    rows = {p["policy"]: p["predicted_kv_phase"] for p in j["engine"]["policies"] if "predicted_kv_phase" in p}
+    full, slid = rows["layer+kvpr"]["offload_step_s"], rows["layer+kvpr+sliding"]["offload_step_s"]
+    expect = (n_global * ctx + (n_layer - n_global) * min(window, ctx)) / (n_layer * ctx)
+    assert math.isclose(slid / full, expect, rel_tol=1e-9), (slid / full, expect)
+    assert math.isclose(rows["layer+hybrid"]["step_s"], full, rel_tol=1e-9)
+    assert math.isclose(rows["layer+hybrid+sliding"]["step_s"], slid, rel_tol=1e-9)
