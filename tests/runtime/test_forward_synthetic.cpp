@@ -20,6 +20,7 @@
 #include "kv/resident_kv.h"
 #include "model/presets.h"
 #include "model/synthetic.h"
+#include "runtime/greedy_alone.h"
 #include "runtime/session.h"
 
 namespace kvtier::runtime {
@@ -237,19 +238,9 @@ TEST(SyntheticForward, InterleavedSequencesInOneSessionMatchRunningAlone) {
   const auto a = prompt(100);
   std::vector<TokenId> b;
   for (size_t i = 0; i < 70; ++i) b.push_back(static_cast<TokenId>((i * 101 + 3) % 256));
-  // Alone: prefill, then 10 greedy steps; the logits of every step.
-  auto alone = [&](const std::vector<TokenId>& p) {
-    Session s(*model, o);
-    std::vector<float> out;
-    auto l = s.prefill(p);
-    for (int step = 0; step < 10; ++step) {
-      out.insert(out.end(), l.begin(), l.end());
-      const auto next = static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
-      l = s.decode(next);
-    }
-    return out;
-  };
-  const auto ref_a = alone(a), ref_b = alone(b);
+  // Alone: prefill, then greedy steps; the logits of 10 generated tokens.
+  const auto ref_a = test::greedy_logits_alone(*model, o, a, 10),
+             ref_b = test::greedy_logits_alone(*model, o, b, 10);
   SessionOptions o2 = o;
   o2.kv_placement.max_seqs = 2;
   Session s(*model, o2);
@@ -321,16 +312,7 @@ TEST(SyntheticForward, BatchedStepsMatchEachSequenceAloneForEveryExactPolicy) {
     o.kv_placement.retention = pol.retention;
     // Alone: the logits each generated token is chosen from.
     std::vector<std::vector<float>> ref;
-    for (const auto& p : prompts) {
-      Session s(*model, o);
-      std::vector<float> out;
-      auto l = s.prefill(p);
-      for (int g = 0; g < kGen; ++g) {
-        out.insert(out.end(), l.begin(), l.end());
-        l = s.decode(static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin()));
-      }
-      ref.push_back(out);
-    }
+    for (const auto& p : prompts) ref.push_back(test::greedy_logits_alone(*model, o, p, kGen));
     SessionOptions ob = o;
     ob.kv_placement.max_seqs = 4;
     Session s(*model, ob);

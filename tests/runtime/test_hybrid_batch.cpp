@@ -12,6 +12,7 @@
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "model/weight_stream.h"
+#include "runtime/greedy_alone.h"
 #include "runtime/session.h"
 
 namespace kvtier::runtime {
@@ -38,10 +39,6 @@ std::vector<TokenId> prompt_of(size_t len) {
   return p;
 }
 
-TokenId argmax(std::span<const float> l) {
-  return static_cast<TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
-}
-
 TEST(HybridBatch, MiniBatchedStepsWithStreamedWeightsMatchEachSequenceAloneUnderResident) {
   const auto model = load_model(opt8_file());
   const size_t V = model->config.n_vocab;
@@ -55,16 +52,7 @@ TEST(HybridBatch, MiniBatchedStepsWithStreamedWeightsMatchEachSequenceAloneUnder
   o.threads = 2;
   // Alone, resident: the logits each generated token is chosen from.
   std::vector<std::vector<float>> ref;
-  for (const auto& p : prompts) {
-    Session s(*model, o);
-    std::vector<float> out;
-    auto l = s.prefill(p);
-    for (int g = 0; g < kGen; ++g) {
-      out.insert(out.end(), l.begin(), l.end());
-      l = s.decode(argmax(l));
-    }
-    ref.push_back(out);
-  }
+  for (const auto& p : prompts) ref.push_back(test::greedy_logits_alone(*model, o, p, kGen));
   // The smallest weight budget: the weights outside the layers and two slots (every layer streamed).
   model::WeightStreamOptions probe;
   probe.budget = 1;
@@ -101,7 +89,7 @@ TEST(HybridBatch, MiniBatchedStepsWithStreamedWeightsMatchEachSequenceAloneUnder
     for (size_t b = 0; b < prompts.size(); ++b) {
       const auto l = s.prefill(static_cast<kv::SeqId>(b), prompts[b]);
       got[b].insert(got[b].end(), l.begin(), l.end());
-      next.push_back(argmax(l));
+      next.push_back(test::greedy_argmax(l));
     }
     const uint64_t loads0 = s.weight_stats().layer_loads;
     for (int g = 1; g < kGen; ++g) {
@@ -112,7 +100,7 @@ TEST(HybridBatch, MiniBatchedStepsWithStreamedWeightsMatchEachSequenceAloneUnder
       for (size_t b = 0; b < prompts.size(); ++b) {
         const auto l = logits.subspan(b * V, V);
         got[b].insert(got[b].end(), l.begin(), l.end());
-        next[b] = argmax(l);
+        next[b] = test::greedy_argmax(l);
       }
     }
     // One weight pass per step for all three sequences (each streamed layer loaded once per pass).
