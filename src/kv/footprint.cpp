@@ -37,6 +37,10 @@ int64_t max_new_rows(int64_t capacity, const KvOptions& o) {
   return o.max_new_rows > 0 ? o.max_new_rows : capacity;
 }
 
+int64_t tiered_home_rows(int64_t capacity, const KvOptions& o) {
+  return o.retention == policy::Retention::kLocret ? locret_rows(capacity, o) : capacity;
+}
+
 int64_t layer_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
   const int64_t max_blocks = (capacity + geo.block_tokens - 1) / geo.block_tokens;
   const int64_t max_new = max_new_rows(capacity, o);
@@ -383,17 +387,13 @@ void check_placement_options(const TieredOptions& o) {
     fail(ErrorKind::kInvalidArgument,
          "quest selects among every stored token: combine it with retention none or sliding");
   }
-  if (o.retention == policy::Retention::kLocret && (o.placement.placement != policy::Placement::kResident ||
-                                                    kivi || o.selection != policy::Selection::kAll)) {
+  if (o.retention == policy::Retention::kLocret && (kivi || o.selection != policy::Selection::kAll)) {
     fail(ErrorKind::kInvalidArgument,
-         "locret keeps --kv-budget rows per layer and KV head in compute-local memory: it runs on the "
-         "resident "
-         "placement with f16 or f32 rows and selection all (--kv-policy locret); {}{} is not supported yet",
-         o.placement.placement != policy::Placement::kResident ? "offloading its bounded cache"
-         : kivi                                                ? "a KIVI representation"
-                                                               : "selection ",
-         o.placement.placement == policy::Placement::kResident && !kivi ? policy::selection_name(o.selection)
-                                                                        : "");
+         "locret runs on the resident, layer and headinfer placements (host or --kv-disk home) with f16 or "
+         "f32 rows and selection all; {}{} is not supported yet",
+         kivi ? "a KIVI representation (" : "selection ",
+         kivi ? std::string(policy::representation_name(o.representation)) + ")"
+              : std::string(policy::selection_name(o.selection)));
   }
   if (o.selection == policy::Selection::kInfinigen) {
     if (o.placement.placement == policy::Placement::kResident) {
@@ -443,7 +443,8 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
                          int threads) {
   check_placement_options(o);
   KvFootprint f;
-  if (o.retention == policy::Retention::kLocret || o.retention == policy::Retention::kH2o) {
+  const bool offloaded = o.placement.placement != policy::Placement::kResident;
+  if ((o.retention == policy::Retention::kLocret && !offloaded) || o.retention == policy::Retention::kH2o) {
     const bool locret = o.retention == policy::Retention::kLocret;
     const BoundedLayout h = locret ? locret_layout(geo, capacity, n_head, threads, o)
                                    : h2o_layout(geo, capacity, n_head, threads, o);
@@ -460,12 +461,14 @@ KvFootprint kv_footprint(const TieredOptions& o, const KvGeometry& geo, int64_t 
     f.device_scratch = r.scratch_bytes;
     return f;
   }
-  const TieredLayout t = tiered_layout(geo, capacity, n_head, threads, o);
+  const TieredLayout t = tiered_layout(geo, tiered_home_rows(capacity, o), n_head, threads, o);
   f.device_kv = t.static_bytes + uint64_t{t.n_buffers} * t.buffer_bytes + t.ig_pk_bytes + t.quest_bytes;
   f.device_staging = t.staging_bytes;
   f.device_scratch = t.scratch_bytes + t.ig_scratch_bytes;
   (o.disk_dir.empty() ? f.host_kv : f.disk_kv) = t.home_bytes;
   f.host_kv += t.home_pin_bytes + t.table_bytes + t.copy_list_bytes;
+  // locret: the scores and pre-RoPE keys beside the home tier (TieredKv::locret_init)
+  if (o.retention == policy::Retention::kLocret) f.host_kv += locret_side_bytes(geo, capacity, o);
   return f;
 }
 

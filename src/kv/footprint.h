@@ -155,6 +155,9 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
 uint64_t retention_scratch(const KvGeometry& geo, int64_t capacity, uint32_t n_head, const KvOptions& o);
 // Passes of up to this many tokens (options.max_new_rows, else the capacity).
 int64_t max_new_rows(int64_t capacity, const KvOptions& o);
+// Positions an offloaded placement's home tier and staging hold per (sequence, layer, KV head): the
+// capacity, or with locret the rows it keeps at compact positions (locret_rows).
+int64_t tiered_home_rows(int64_t capacity, const KvOptions& o);
 
 // The extra rows (KvNeed bits) a cache built with these options asks the model for.
 uint32_t kv_needs(const KvOptions& options);

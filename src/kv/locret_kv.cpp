@@ -44,6 +44,40 @@ BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_
   return r;
 }
 
+std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max_new, int64_t local_tail,
+                                           int64_t* evicting_tokens) {
+  const int64_t b = std::min(chunk, max_new);
+  // The first n - n_loc tokens in chunks of B (evicting), then the n_loc tail (appended), spec §3.4.
+  const int64_t n_pref = std::max<int64_t>(0, n - local_tail);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < n_pref; i += b) out.push_back(std::min(b, n_pref - i));
+  for (int64_t i = n_pref; i < n; i += b) out.push_back(std::min(b, n - i));
+  *evicting_tokens = n_pref;
+  return out;
+}
+
+void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protect, std::span<int64_t> order,
+                      std::span<uint8_t> keep_mask) {
+  // Candidates by (score, protected first, later row first: rows are in position order); the
+  // stabilizers' +INF lives only in this ordering, the stored scores stay the real ones.
+  const int64_t first_protected = n - n_protect;
+  auto key = [&](int64_t r) { return r >= first_protected ? std::numeric_limits<float>::infinity() : sc[r]; };
+  mark_best(n, keep, order, keep_mask, [&](int64_t a, int64_t b) {
+    const float ka = key(a), kb = key(b);
+    return ka != kb ? ka > kb : a > b;
+  });
+}
+
+uint64_t locret_side_bytes(const KvGeometry& geo, int64_t capacity, const KvOptions& o) {
+  const auto rows = static_cast<uint64_t>(locret_rows(capacity, o));
+  const uint64_t rk = static_cast<uint64_t>(geo.head_dim_k) * cpu::kv_dtype_bytes(geo.dtype);
+  const uint64_t heads = uint64_t{geo.n_layer()} * geo.max_head_kv();  // [n_layer][h_max] cells
+  return uint64_t{std::max<uint32_t>(o.max_seqs, 1)} * heads * rows * (sizeof(float) + rk) +
+         static_cast<uint64_t>(max_new_rows(capacity, o)) * geo.max_head_kv() * sizeof(float) +
+         rows * (1 + sizeof(int64_t)) +
+         rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + sizeof(int64_t));
+}
+
 LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
                    ThreadPool& pool, cpu::Isa isa, const KvOptions& options)
     : geo_(geometry),
@@ -106,12 +140,9 @@ float LocretKv::score(SeqId seq, uint32_t layer, uint32_t head, int64_t r) const
 std::vector<int64_t> LocretKv::plan_prefill(SeqId seq, int64_t n, int64_t chunk) {
   pass_.check_seq(seq, "plan_prefill");
   KVTIER_ASSERT(n >= 0 && chunk > 0, "plan of {} tokens in chunks of {}", n, chunk);
-  const int64_t b = std::min(chunk, max_new_rows(capacity_, opt_));
-  // The first n - n_loc tokens in chunks of B (evicting), then the n_loc tail (appended), spec §3.4.
-  const int64_t n_pref = std::max<int64_t>(0, n - opt_.knobs.local_tail);
-  std::vector<int64_t> out;
-  for (int64_t i = 0; i < n_pref; i += b) out.push_back(std::min(b, n_pref - i));
-  for (int64_t i = n_pref; i < n; i += b) out.push_back(std::min(b, n - i));
+  int64_t n_pref = 0;
+  std::vector<int64_t> out =
+      locret_prefill_passes(n, chunk, max_new_rows(capacity_, opt_), opt_.knobs.local_tail, &n_pref);
   plan_end_[seq] = n_pref > 0 ? length_[seq] + n_pref : 0;
   return out;
 }
@@ -185,16 +216,7 @@ void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
 }
 
 void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
-  const float* sc = s.score.data() + s.cell(h, 0);
-  const int64_t* pos = s.pos.data() + s.cell(h, 0);
-  // Candidates by (score, protected first, later position first); the stabilizers' +INF lives only in
-  // this ordering, the stored scores stay the real ones.
-  const int64_t first_protected = n - n_protect;
-  auto key = [&](int64_t r) { return r >= first_protected ? std::numeric_limits<float>::infinity() : sc[r]; };
-  mark_best(n, keep, order_, keep_, [&](int64_t a, int64_t b) {
-    const float ka = key(a), kb = key(b);
-    return ka != kb ? ka > kb : pos[a] > pos[b];
-  });
+  locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, n_protect, order_, keep_);
   // Compact in place (kept rows in position order) and re-rotate every moved key to its new row.
   const int64_t dk = geo_.head_dim_k;
   int64_t n_rot = 0;

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/attention.h"
@@ -42,6 +43,19 @@ int64_t locret_rows(int64_t capacity, const KvOptions& o);
 // attention scratch, the pass's scores and the eviction's and re-rotation's work rows (scratch).
 BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                             const KvOptions& o);
+// The passes of a prompt of n tokens (spec §3.4): the first n - n_loc in chunks of min(chunk, max_new)
+// (evicting), then the n_loc tail (appended). *evicting_tokens: n - n_loc (0 when that is empty).
+std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max_new, int64_t local_tail,
+                                           int64_t* evicting_tokens);
+// The eviction decision of one (layer, KV head) holding rows [0, n) in position order: keep[r] = 1 for
+// the `keep` rows with the largest key, where the key is score[r], or +inf for the last n_protect rows
+// (stabilizers); ties go to the later row (the later position). order: work space of n entries.
+void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect,
+                      std::span<int64_t> order, std::span<uint8_t> keep_mask);
+// Host bytes locret keeps beside an offloaded placement's home tier (TieredKv): per (sequence, layer,
+// KV head) locret_rows() scores (f32) and pre-RoPE keys (KV dtype), the pass's scores and the
+// eviction's work rows.
+uint64_t locret_side_bytes(const KvGeometry& geo, int64_t capacity, const KvOptions& o);
 
 class LocretKv final : public KvCache {
  public:

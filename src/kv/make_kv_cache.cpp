@@ -12,7 +12,7 @@ std::unique_ptr<KvCache> make_kv_cache(const TieredOptions& o, const KvGeometry&
                                        uint32_t n_head, MemoryLedger& ledger, ThreadPool& pool,
                                        cpu::Isa isa) {
   check_placement_options(o);
-  if (o.retention == policy::Retention::kLocret)
+  if (o.retention == policy::Retention::kLocret && o.placement.placement == policy::Placement::kResident)
     return std::make_unique<LocretKv>(geometry, capacity, n_head, ledger, pool, isa, o);
   if (o.retention == policy::Retention::kH2o)
     return std::make_unique<H2oKv>(geometry, capacity, n_head, ledger, pool, isa, o);

@@ -43,12 +43,14 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
       opt_(options),
       pass_(geometry.n_layer(), std::max<uint32_t>(options.max_seqs, 1), capacity),
       pages_(std::max<uint32_t>(options.max_seqs, 1), std::vector<uint32_t>(geometry.n_layer(), 1),
-             std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)),
+             std::max<int64_t>(1, (tiered_home_rows(capacity, options) + geometry.block_tokens - 1) /
+                                      geometry.block_tokens)),
       kivi_(kivi_format_of(geometry, options)),
       qpages_(std::max<uint32_t>(options.max_seqs, 1),
               std::vector<uint32_t>(kivi_.bits == 0 ? 0 : geometry.n_layer(), 1),
               std::max<int64_t>(1, (capacity + geometry.block_tokens - 1) / geometry.block_tokens)) {
-  lay_ = tiered_layout(geo_, capacity_, n_head, pool.size(), opt_);  // validates, checks the budget
+  // validates, checks the budget (locret: sized for the rows it holds, not the context)
+  lay_ = tiered_layout(geo_, tiered_home_rows(capacity_, opt_), n_head, pool.size(), opt_);
   if (opt_.max_new_rows <= 0) opt_.max_new_rows = capacity_;
   esz_ = cpu::kv_dtype_bytes(geo_.dtype);
   row_max_ = std::max(geo_.head_dim_k, geo_.head_dim_v) * esz_;
@@ -112,6 +114,8 @@ TieredKv::TieredKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
                                              opt_.copy_delay_us, LinkLimit{opt_.link_bytes_per_s, nullptr});
   if (opt_.selection == policy::Selection::kInfinigen) infinigen_init(n_head, ledger);
   if (quest()) quest_init(ledger);
+  lr_n_head_ = n_head;
+  if (locret()) locret_init(ledger);
 }
 
 TieredKv::~TieredKv() {
@@ -125,7 +129,7 @@ TieredKv::~TieredKv() {
 
 int64_t TieredKv::positions(SeqId seq) const {
   pass_.check_seq(seq, "positions");
-  return length_[seq];
+  return locret() ? lr_len_[seq] : length_[seq];
 }
 
 uint32_t TieredKv::needs() const {
@@ -254,6 +258,7 @@ TieredKv::Layout TieredKv::layout_for(uint32_t group) const {
 }
 
 std::span<const PassPositions> TieredKv::begin_batch(std::span<const PassInfo> seqs) {
+  if (locret()) locret_begin(seqs);
   pass_.begin(seqs, length_);
   try {
     KVTIER_ASSERT(pass_.total() <= opt_.max_new_rows, "pass of {} rows, staging for {}", pass_.total(),
@@ -342,6 +347,7 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
   }
   if (infinigen()) infinigen_write(layer, rows);
   if (quest()) quest_write(layer, rows);
+  if (locret()) locret_write(layer, rows);
 }
 
 void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows, bool this_pass) {
@@ -436,7 +442,8 @@ void TieredKv::prefetch_ahead(uint64_t visit) {
     const VisitSlot slot = visit_order_[rel % n_visits];
     const SeqPass& sp = pass_.seqs()[slot.b];
     const int64_t rows = pass_ahead == 0 ? sp.pos0 : sp.pos0 + sp.n;
-    if (rows + 1 > layout_.rows) break;  // the next pass will need another layout
+    if (pass_ahead == 1 && locret_evicts_after(sp)) break;  // the next pass loads the rows kept
+    if (rows + 1 > layout_.rows) break;                     // the next pass will need another layout
     if (quest_waits(plan_.units[slot.unit].layer, sp, pass_ahead == 0)) break;  // its query is not known yet
     submit_load(v, sp.seq, slot.unit, rows, pass_ahead == 0);
   }
@@ -718,6 +725,7 @@ void TieredKv::end_pass() {
       }
     }
   }
+  if (locret()) locret_end_pass();
 }
 
 void TieredKv::abort_pass() {
@@ -740,6 +748,7 @@ void TieredKv::abort_pass() {
 }
 
 void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
+  if (locret()) n_tokens = locret_truncate(seq, n_tokens);  // the rows held at compact positions
   pass_.check_truncate(seq, n_tokens, length_[seq]);
   const int64_t bt = geo_.block_tokens;
   if (opt_.retention == policy::Retention::kStreaming && n_tokens > 0) {

@@ -39,6 +39,7 @@
 #include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
+#include "kv/unit_scorer.h"
 #include "policy/infinigen_select.h"
 #include "policy/placement.h"
 
@@ -113,11 +114,14 @@ class TieredKv final : public KvCache {
   void attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) override;
   uint32_t needs() const override;
   void set_compute(KvCompute* compute) override { compute_ = compute; }
+  std::vector<int64_t> plan_prefill(SeqId seq, int64_t n, int64_t chunk) override;
   void end_pass() override;
   void abort_pass() override;
   void truncate(SeqId seq, int64_t n) override;
 
   TieredStats stats() const;
+  // locret (tests): evictions so far, and rows (K/V) each (layer, KV head) of the sequence holds.
+  uint64_t locret_evictions() const { return lr_evictions_; }
   // Home blocks and staging buffers pinned by transfers in flight now (tests).
   size_t pinned_blocks() const;
 
@@ -275,6 +279,32 @@ class TieredKv final : public KvCache {
   void attend_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n,
                    const float* q, int64_t n_head, const LayerAttention& la, float* o);
 
+  // locret (tiered_kv_locret.cpp): Locret's retention on the offloaded placement. length_ counts the rows
+  // each (layer, KV head) holds, at compact positions (row i at position i) as in LocretKv; the home
+  // tier holds their K (after RoPE) and V and moves them like any rows. Eviction decisions are
+  // LocretKv's (locret_mark_keep) over scores kept in host memory beside the home tier, with each
+  // row's pre-RoPE key, from which a moved row's key is re-rotated (KvCompute::rope_k_rows). An
+  // eviction (after a chunk of the prefill plan, or before a pass that would overflow the rows) loads
+  // each unit's rows, compacts them in the staging buffer and stores the rows that changed.
+  bool locret() const { return opt_.retention == policy::Retention::kLocret; }
+  void locret_init(MemoryLedger& ledger);
+  void locret_begin(std::span<const PassInfo> seqs);  // evictions of passes that would overflow
+  void locret_write(uint32_t layer, const LayerRows& rows);
+  void locret_end_pass();  // the prefill plan's evictions
+  // Will the open pass's sequence `sp` evict when the pass ends (its next pass then starts anew)?
+  bool locret_evicts_after(const SeqPass& sp) const;
+  int64_t locret_truncate(SeqId seq, int64_t n);  // the compact row count for true length n
+  // Keeps `keep` of the sequence's rows in every (layer, KV head) (the last n_protect protected).
+  void locret_evict(SeqId seq, int64_t keep, int64_t n_protect);
+  // Compacts rows [0, n) of the unit's heads in a staging buffer (or static planes) to their `keep`
+  // best; returns the first row whose bytes changed.
+  int64_t locret_compact_unit(uint8_t* base, uint64_t pitch, const policy::Unit& u, SeqId seq, int64_t n,
+                              int64_t keep, int64_t n_protect);
+  size_t lr_cell(SeqId seq, uint32_t layer, int64_t head) const {  // first row of (seq, layer, head)
+    return ((static_cast<size_t>(seq) * geo_.n_layer() + layer) * lay_.h_max + static_cast<size_t>(head)) *
+           static_cast<size_t>(lr_cap_);
+  }
+
   KvGeometry geo_;
   int64_t capacity_;
   ThreadPool& threads_;
@@ -394,6 +424,24 @@ class TieredKv final : public KvCache {
   std::vector<int64_t> quest_order_;    // [pages]
   std::vector<float> quest_bound_;      // [pages]
   QuestStats qs_;
+
+  // locret
+  int64_t lr_cap_ = 0;      // rows per (sequence, layer, KV head): locret_rows()
+  int64_t lr_protect_ = 0;  // n_s
+  int64_t lr_n_head_ = 0;   // query heads
+  std::shared_ptr<UnitScorer> lr_scorer_;
+  Reservation lr_reservation_;          // everything below (host: locret_side_bytes)
+  std::vector<float> lr_score_;         // [n_seqs][n_layer][h_max][cap] f32 each row's score
+  std::vector<uint8_t> lr_kpre_;        // [n_seqs][n_layer][h_max][cap][head_dim_k] KV dtype, before RoPE
+  std::vector<int64_t> lr_len_;         // [n_seqs] tokens each sequence has seen
+  std::vector<int64_t> lr_plan_end_;    // [n_seqs] true position where the evicting prefill ends (0: none)
+  std::vector<int64_t> lr_evicted_at_;  // [n_seqs] length when the sequence last evicted
+  std::vector<float> lr_pass_scores_;   // [max_new_rows, h_max] f32 the pass's scores
+  std::vector<uint8_t> lr_keep_;        // [cap]
+  std::vector<int64_t> lr_order_;       // [cap]
+  std::vector<float> lr_rot_in_, lr_rot_out_;  // [cap, head_dim_k] f32 keys being re-rotated
+  std::vector<int64_t> lr_rot_pos_;            // [cap] their rows
+  uint64_t lr_evictions_ = 0;
 };
 
 }  // namespace kvtier::kv

@@ -64,7 +64,8 @@ constexpr AxisValue kValues[] = {
      "Locret: prefill in chunks of --chunk; trained retaining heads (--locret-heads FILE) score every new "
      "KV unit once, and after each chunk each (layer, KV head) keeps the --kv-budget best-scored units, "
      "the last --stabilizers always among them; the prompt's last --local-tail tokens and decoded tokens "
-     "are not evicted; positions are renumbered compactly; resident placement",
+     "are not evicted; positions are renumbered compactly; resident, layer or headinfer placement (host "
+     "or --kv-disk home)",
      "--kv-budget --locret-heads --stabilizers --local-tail"},
 };
 

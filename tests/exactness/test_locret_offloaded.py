@@ -1,0 +1,94 @@
+"""Locret on the offloaded placements (layer+locret, headinfer+locret; host and disk homes) on SmolLM2:
+with a budget far below the prompt (evictions after every prefill chunk, and decode steps past the
+b + n_loc + B reserved rows, which evict before the step), every placement gives the bits of
+`resident+locret` with the same flags and heads file (logits at every position and tokens). The
+heads are untrained (`train-locret --steps 0`): their scores decide evictions as trained ones would.
+A decode step of layer+locret moves the rows held (b + n_loc + steps so far per layer and KV head),
+not the context: checked from `run --json`'s bytes between two generation lengths.
+The degenerate rows (a budget covering the context is the placement without locret) are rows of the
+exactness matrix (test_exactness.py, DEGENERATE["locret"])."""
+import json
+import sys
+import pathlib
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
+from kvtier_testlib import model, run  # noqa: E402
+
+PROMPT = (
+    "The tiered cache keeps the keys and values of every layer where they fit. Chapter one: the river "
+    "bends twice before the old mill, and the miller counts the sacks each morning. " * 14
+)
+BUDGET, TAIL, CHUNK = 64, 16, 37
+LOCRET = ["--kv-budget", BUDGET, "--local-tail", TAIL, "--chunk", CHUNK]
+# b + n_loc + B = 117 rows; the prefill leaves b + n_loc = 80: the 38th decode step evicts first.
+N_GEN = 44
+
+
+@pytest.fixture(scope="module")
+def heads(tmp_path_factory):
+    h = tmp_path_factory.mktemp("locret") / "smollm2.locret.gguf"
+    run("train-locret", "-m", model("smollm2"), "-o", h, "--steps", 0, "--d-m", 16)
+    return h
+
+
+def generate(policy, heads, n_gen=N_GEN, extra=()):
+    p = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", n_gen, "--ctx", 1024, "-t", 2, "--ignore-eos",
+            "--json", "--logits-digest", "--kv-policy", policy, *LOCRET, "--locret-heads", heads, *extra)
+    return json.loads(p.stdout)
+
+
+def test_offloaded_placements_give_resident_locret_bits(heads, tmp_path):
+    ref = generate("resident+locret", heads)
+    assert ref["n_prompt"] > 4 * BUDGET
+    plain = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "--ctx", 1024, "-t", 2, "--ignore-eos",
+                "--json", "--logits-digest", "--kv-policy", "resident", "--chunk", CHUNK)
+    # the budget evicts (or the rows below could not fail)
+    assert json.loads(plain.stdout)["logits_digest"] != ref["logits_digest"]
+    disk = tmp_path / "kvdisk"
+    disk.mkdir()
+    rows = [
+        ["--kv-policy", "layer+locret"],
+        ["--kv-policy", "layer+locret", "--kv-disk", disk],
+        ["--kv-policy", "headinfer+locret", "--group", 1],
+        ["--kv-policy", "headinfer+locret", "--group", 1, "--static-heads", 2, "--prefetch-depth", 2, "--kv-disk", disk],
+        ["--kv-policy", "headinfer+locret", "--group", 3, "--kv-disk", disk],
+    ]
+    for r in rows:
+        got = generate(r[1], heads, extra=r[2:])
+        what = " ".join(map(str, r))
+        assert got["tokens"] == ref["tokens"], what
+        assert got["logits_digest"] == ref["logits_digest"], what
+        assert got["kv"]["bytes_loaded"] > 0, what
+    assert list(disk.iterdir()) == [], "the disk tier left files behind"
+
+
+def test_decode_steps_move_the_rows_held(heads):
+    """payload_kv_bytes counts the K/V rows of past positions each unit visit used: between -n 4 and
+    -n 12 exactly the rows held per step (b + n_loc, then one more per step) of 30 layers x 3 KV heads,
+    64-dim f16 K and V; the loads moved them in pages, a fraction of what `layer` moves."""
+    n1, n2 = 4, 12
+    a, b = generate("layer+locret", heads, n1), generate("layer+locret", heads, n2)
+    row = 30 * 3 * (64 + 64) * 2
+    # -n N runs N - 1 decode passes; pass s (from 0) attends b + n_loc + s rows held
+    held = [BUDGET + TAIL + s for s in range(n1 - 1, n2 - 1)]
+    assert b["kv"]["payload_kv_bytes"] - a["kv"]["payload_kv_bytes"] == sum(held) * row
+    loaded = b["kv"]["bytes_loaded"] - a["kv"]["bytes_loaded"]
+    steps = n2 - n1
+    # each plane's rows load as whole 4 KiB pages: at most one page more per plane and step
+    assert loaded <= sum(held) * row + steps * 30 * 3 * 2 * 4096
+    la = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", n1, "--ctx", 1024, "-t", 2, "--ignore-eos",
+             "--json", "--kv-policy", "layer", "--chunk", CHUNK)
+    lb = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", n2, "--ctx", 1024, "-t", 2, "--ignore-eos",
+             "--json", "--kv-policy", "layer", "--chunk", CHUNK)
+    plain = json.loads(lb.stdout)["kv"]["bytes_loaded"] - json.loads(la.stdout)["kv"]["bytes_loaded"]
+    assert loaded * 3 < plain, (loaded, plain)
+
+
+def test_unsupported_combinations_name_themselves(heads):
+    for spec, word in [("layer+locret+kivi4", "kivi4"), ("layer+locret+quest", "quest")]:
+        p = run("run", "-m", model("smollm2"), "-p", "x", "-n", 1, "--kv-policy", spec, *LOCRET,
+                "--locret-heads", heads, check=False)
+        assert p.returncode != 0
+        assert word in p.stderr, p.stderr
