@@ -108,7 +108,7 @@ TEST(KvPolicy, PoolIsARetentionOfInfinigen) {
   EXPECT_EQ(p.retention, Retention::kPool);
   EXPECT_FALSE(p.exact());
   EXPECT_EQ(p.spec(), "layer+infinigen+pool");
-  EXPECT_EQ(parse_kv_policy("headinfer+infinigen+pool").placement, Placement::kHeadinfer);
+  EXPECT_EQ(parse_kv_policy("headinfer+infinigen+pool").placement, Placement::kHeadInfer);
   EXPECT_NO_THROW(check_knobs(p));  // no limit: nothing is evicted
   p.knobs.pool_limit = 64ull << 20;
   p.knobs.pool_eviction = PoolEviction::kLru;
