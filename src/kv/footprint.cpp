@@ -180,7 +180,13 @@ int64_t infinigen_pool_slots(const KvGeometry& geo, int64_t capacity, const KvOp
          "bytes",
          o.knobs.pool_limit, std::max<uint32_t>(o.max_seqs, 1), heads, row, need);
   }
-  return slots >= capacity ? 0 : slots;  // as many slots as positions: nothing to bound
+  if (slots >= capacity) return 0;  // as many slots as positions: nothing to bound
+  if (!o.disk_dir.empty()) {
+    fail(ErrorKind::kUnsupported,
+         "--kv-pool-limit with --kv-disk is not supported yet: a new token's row goes to its victim's "
+         "slot, which a disk home would have to rewrite as a whole I/O page; use a host home");
+  }
+  return slots;
 }
 
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
@@ -452,11 +458,6 @@ void check_placement_options(const TieredOptions& o) {
       fail(ErrorKind::kInvalidArgument,
            "retention pool is InfiniGen's bounded pool and needs selection infinigen (--kv-policy "
            "layer+infinigen+pool or headinfer+infinigen+pool)");
-    }
-    if (!o.disk_dir.empty() && o.knobs.pool_limit != 0) {
-      fail(ErrorKind::kUnsupported,
-           "--kv-pool-limit with --kv-disk is not supported yet: a new token's row goes to its victim's "
-           "slot, which a disk home would have to rewrite as a whole I/O page; use a host home");
     }
   }
   if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {

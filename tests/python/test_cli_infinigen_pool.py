@@ -114,5 +114,8 @@ def test_bad_pool_flags_are_refused_with_clear_messages(skew, tmp_path):
     err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 16 * SLOT_BYTES)
     assert "does not fit the KV pool's 16 slots" in err and "--kv-pool-limit" in err
     assert "needs selection infinigen" in fails(*base, "--kv-policy", "layer+pool")
-    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "64MiB", "--kv-disk", tmp_path)
+    # a disk home with a limit that bounds (fewer slots than --ctx); one that bounds nothing runs
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 512 * SLOT_BYTES, "--kv-disk",
+                tmp_path)
     assert "--kv-disk is not supported yet" in err
+    run(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 1024 * SLOT_BYTES, "--kv-disk", tmp_path)
