@@ -181,12 +181,15 @@ int64_t infinigen_pool_slots(const KvGeometry& geo, int64_t capacity, const KvOp
          o.knobs.pool_limit, std::max<uint32_t>(o.max_seqs, 1), heads, row, need);
   }
   if (slots >= capacity) return 0;  // as many slots as positions: nothing to bound
+  // The home tier holds whole pages of block_tokens rows: from one page on, the slots fill whole pages,
+  // so that the pool's rows stay within the limit (below one page, that page is the smallest unit).
+  const int64_t slots_paged = slots >= geo.block_tokens ? slots - slots % geo.block_tokens : slots;
   if (!o.disk_dir.empty()) {
     fail(ErrorKind::kUnsupported,
          "--kv-pool-limit with --kv-disk is not supported yet: a new token's row goes to its victim's "
          "slot, which a disk home would have to rewrite as a whole I/O page; use a host home");
   }
-  return slots;
+  return slots_paged;
 }
 
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,

@@ -151,8 +151,9 @@ StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint6
 // infinigen: does the layer speculate (>= 2, no window of its own)? Only those layers are pooled.
 bool infinigen_speculates(const KvGeometry& geo, uint32_t layer);
 // retention pool: slots per (sequence, layer that speculates, KV head) that --kv-pool-limit holds
-// (spec infinigen.md §15.14), 0 when unbounded (no limit, or at least `capacity` slots). Throws
-// Error(kBudget) naming the minimum when the limit cannot hold one slot of each.
+// (spec infinigen.md §15.14; from one page of block_tokens rows on, rounded down to whole pages, so
+// that the home tier's pages of the pool stay within the limit), 0 when unbounded (no limit, or at least
+// `capacity` slots). Throws Error(kBudget) naming the minimum when the limit cannot hold one slot of each.
 int64_t infinigen_pool_slots(const KvGeometry& geo, int64_t capacity, const KvOptions& o);
 // Rows of the partial key cache per (sequence, layer, KV head): the pool's slots, else the capacity.
 inline int64_t ig_pk_slots(const TieredLayout& t, int64_t capacity) {

@@ -73,11 +73,10 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
   cmd->add_option_function<std::string>(
          "--kv-pool-limit",
          [&knobs](const std::string& v) { knobs.pool_limit = parse_bytes(v, "--kv-pool-limit"); },
-         "pool (layer+infinigen+pool): bytes of K/V rows the layers that speculate keep, e.g. 64MiB (slots "
-         "per "
-         "layer, sequence and KV head = limit / (their KV heads x sequences x 2 x row bytes)); past that "
-         "each "
-         "new token replaces a victim's row; the prompt must fit; default: no limit")
+         "pool (layer+infinigen+pool): bytes of K/V rows the layers that speculate keep, e.g. 64MiB; "
+         "slots per layer, sequence and KV head = limit / (their KV heads x sequences x 2 x row bytes), "
+         "whole 256-row pages from 256 on; past that each new token replaces a victim's row; the prompt "
+         "must fit; default: no limit")
       ->default_str("none");
   cmd->add_option_function<std::string>(
          "--kv-pool-eviction",
