@@ -163,6 +163,39 @@ StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint6
   return s;
 }
 
+bool infinigen_speculates(const KvGeometry& geo, uint32_t layer) {
+  return layer >= 2 && geo.window_of(layer) == 0;
+}
+
+int64_t infinigen_pool_slots(const KvGeometry& geo, int64_t capacity, const KvOptions& o) {
+  if (o.retention != policy::Retention::kPool || o.knobs.pool_limit == 0) return 0;
+  uint64_t heads = 0;  // KV heads of the layers that speculate (the pooled ones)
+  for (uint32_t l = 0; l < geo.n_layer(); ++l)
+    if (infinigen_speculates(geo, l)) heads += geo.n_head_kv[l];
+  if (heads == 0) return 0;
+  const uint64_t row = std::max(geo.head_dim_k, geo.head_dim_v) * cpu::kv_dtype_bytes(geo.dtype);
+  const int64_t slots = policy::pool_slots(o.knobs.pool_limit, 1, std::max<uint32_t>(o.max_seqs, 1),
+                                           static_cast<int64_t>(heads), row);
+  if (slots < 1) {
+    const uint64_t need = uint64_t{std::max<uint32_t>(o.max_seqs, 1)} * heads * 2 * row;
+    fail(ErrorKind::kBudget,
+         "--kv-pool-limit {} bytes cannot hold one slot per (layer, sequence, KV head): the pool's K and V "
+         "rows of {} sequence(s) x {} KV heads of the layers that speculate x 2 x {} bytes need at least {} "
+         "bytes",
+         o.knobs.pool_limit, std::max<uint32_t>(o.max_seqs, 1), heads, row, need);
+  }
+  if (slots >= capacity) return 0;  // as many slots as positions: nothing to bound
+  // The home tier holds whole pages of block_tokens rows: from one page on, the slots fill whole pages,
+  // so that the pool's rows stay within the limit (below one page, that page is the smallest unit).
+  const int64_t slots_paged = slots >= geo.block_tokens ? slots - slots % geo.block_tokens : slots;
+  if (!o.disk_dir.empty()) {
+    fail(ErrorKind::kUnsupported,
+         "--kv-pool-limit with --kv-disk is not supported yet: a new token's row goes to its victim's "
+         "slot, which a disk home would have to rewrite as a whole I/O page; use a host home");
+  }
+  return slots_paged;
+}
+
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                            const TieredOptions& o) {
   geo.validate();
@@ -265,10 +298,14 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
            geo.block_tokens, t.page_bytes[kv] / geo.block_tokens, t.page_bytes[kv], kPageAlign);
     }
   }
+  // infinigen's bounded pool: the layers that speculate hold ig_pool_slots rows per (sequence, KV head).
+  t.ig_pool_slots = infinigen_pool_slots(geo, capacity, o);
   int64_t most_blocks = 0;
   std::vector<uint32_t> groups(L, 1);
   for (uint32_t l = 0; l < L; ++l) {
-    const int64_t blocks = layer_blocks(geo, l, capacity, o);
+    int64_t blocks = layer_blocks(geo, l, capacity, o);
+    if (t.ig_pool_slots > 0 && infinigen_speculates(geo, l))
+      blocks = std::min(blocks, (t.ig_pool_slots + geo.block_tokens - 1) / geo.block_tokens);
     most_blocks = std::max(most_blocks, blocks);
     // KIVI: f16 pages for the residual window only, quantised pages for every block.
     const int64_t f16_blocks = t.kivi.bits == 0 ? blocks : kivi_layer_f16_blocks(geo, l, capacity, o);
@@ -290,11 +327,18 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
   t.table_bytes =
       BlockTable::bytes(o.max_seqs, groups, t.max_blocks) * (t.kivi.bits == 0 ? 1 : 2) + free_list;
+  if (t.ig_pool_slots > 0) {  // the pools' slot metadata (policy::PoolSlots: position, counter, last use)
+    uint64_t heads = 0;
+    for (uint32_t l = 0; l < L; ++l)
+      if (infinigen_speculates(geo, l)) heads += geo.n_head_kv[l];
+    t.table_bytes += uint64_t{o.max_seqs} * heads * static_cast<uint64_t>(t.ig_pool_slots) *
+                     (2 * sizeof(int64_t) + sizeof(uint8_t));
+  }
   if (o.selection == policy::Selection::kInfinigen) {
     // Partial keys: per (sequence, layer, KV head) a row of ig_cols f32 per position (PartialKeys).
     t.ig_cols = o.skew ? int64_t{o.skew->partial_columns}
                        : static_cast<int64_t>(std::floor(0.3 * static_cast<double>(geo.head_dim_k)));
-    t.ig_pk_bytes = uint64_t{o.max_seqs} * t.n_heads_total * static_cast<uint64_t>(capacity) *
+    t.ig_pk_bytes = uint64_t{o.max_seqs} * t.n_heads_total * static_cast<uint64_t>(ig_pk_slots(t, capacity)) *
                     static_cast<uint64_t>(t.ig_cols) * sizeof(float);
     // A decode step attends at most the cap's rows per KV head, plus its own.
     const auto cap =
@@ -406,9 +450,17 @@ void check_placement_options(const TieredOptions& o) {
       fail(ErrorKind::kInvalidArgument, "infinigen gathers f16 or f32 rows, not {}",
            policy::representation_name(o.representation));
     }
-    if (o.retention != policy::Retention::kNone && o.retention != policy::Retention::kSliding) {
-      fail(ErrorKind::kInvalidArgument, "infinigen combines with retention none or sliding, not {}",
+    if (o.retention != policy::Retention::kNone && o.retention != policy::Retention::kSliding &&
+        o.retention != policy::Retention::kPool) {
+      fail(ErrorKind::kInvalidArgument, "infinigen combines with retention none, sliding or pool, not {}",
            policy::retention_name(o.retention));
+    }
+  }
+  if (o.retention == policy::Retention::kPool) {
+    if (o.selection != policy::Selection::kInfinigen) {
+      fail(ErrorKind::kInvalidArgument,
+           "retention pool is InfiniGen's bounded pool and needs selection infinigen (--kv-policy "
+           "layer+infinigen+pool or headinfer+infinigen+pool)");
     }
   }
   if (o.retention == policy::Retention::kH2o && o.placement.placement != policy::Placement::kResident) {

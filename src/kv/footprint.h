@@ -127,6 +127,7 @@ struct TieredLayout {
   int64_t ig_rows = 0;       // rows a compact plane holds: the cap over the context, plus the new token
   uint64_t ig_pk_bytes = 0;  // PartialKeys::bytes
   uint64_t ig_scratch_bytes = 0;
+  int64_t ig_pool_slots = 0;  // retention pool: slots per (sequence, layer that speculates, KV head); 0: none
   // quest (tiered_kv_quest.cpp): the per-page key bounds (compute-local KV); its selected rows use the
   // infinigen fields above (ig_rows: the budget's rows plus the new token; ig_scratch_bytes: compact
   // planes, chosen rows, selection scratch).
@@ -147,6 +148,17 @@ StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint6
                              uint32_t group);
 
 // Throws Error(kBudget) naming needed and available bytes when options.kv_mem cannot hold it.
+// infinigen: does the layer speculate (>= 2, no window of its own)? Only those layers are pooled.
+bool infinigen_speculates(const KvGeometry& geo, uint32_t layer);
+// retention pool: slots per (sequence, layer that speculates, KV head) that --kv-pool-limit holds
+// (spec infinigen.md §15.14; from one page of block_tokens rows on, rounded down to whole pages, so
+// that the home tier's pages of the pool stay within the limit), 0 when unbounded (no limit, or at least
+// `capacity` slots). Throws Error(kBudget) naming the minimum when the limit cannot hold one slot of each.
+int64_t infinigen_pool_slots(const KvGeometry& geo, int64_t capacity, const KvOptions& o);
+// Rows of the partial key cache per (sequence, layer, KV head): the pool's slots, else the capacity.
+inline int64_t ig_pk_slots(const TieredLayout& t, int64_t capacity) {
+  return t.ig_pool_slots > 0 ? t.ig_pool_slots : capacity;
+}
 TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                            const TieredOptions& options);
 

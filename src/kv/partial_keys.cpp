@@ -110,6 +110,17 @@ void PartialKeys::write(SeqId seq, uint32_t layer, int64_t slot0, const float* k
   }
 }
 
+void PartialKeys::write_row(SeqId seq, uint32_t layer, uint32_t g, int64_t slot, const float* k) {
+  KVTIER_ASSERT(slot >= 0 && slot < shape_.slots, "partial-key row {} of {} slots", slot, shape_.slots);
+  const size_t u = unit(seq, layer, g);
+  const float* b = &b_[u * static_cast<size_t>(d_ * k_)];
+  float* o =
+      &pk_[(u * static_cast<size_t>(shape_.slots) + static_cast<size_t>(slot)) * static_cast<size_t>(k_)];
+  std::fill(o, o + k_, 0.0f);
+  for (int64_t i = 0; i < d_; ++i)
+    for (int64_t c = 0; c < k_; ++c) o[c] += k[i] * b[i * k_ + c];
+}
+
 const float* PartialKeys::rows(SeqId seq, uint32_t layer, uint32_t g) const {
   return &pk_[unit(seq, layer, g) * static_cast<size_t>(shape_.slots * k_)];
 }

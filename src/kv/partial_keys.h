@@ -48,6 +48,9 @@ class PartialKeys {
   void choose_columns(SeqId seq);
   // Rows of the keys k: [n, n_head_kv, d] f32 (after RoPE) at slots slot0 .. slot0 + n - 1.
   void write(SeqId seq, uint32_t layer, int64_t slot0, const float* k, int64_t n);
+  // The row of one key k: [d] f32 (after RoPE) of KV head g at `slot` (the bounded pool: each head's new
+  // token takes its own victim's slot).
+  void write_row(SeqId seq, uint32_t layer, uint32_t g, int64_t slot, const float* k);
   // Partial keys of (seq, layer, KV head g): [slots, k_cols] f32.
   const float* rows(SeqId seq, uint32_t layer, uint32_t g) const;
   // B of (seq, layer, g): [d, k_cols] f32 (partial query: RoPE(q)·B); cols: [k_cols] ascending.

@@ -271,6 +271,7 @@ std::span<const PassPositions> TieredKv::begin_batch(std::span<const PassInfo> s
     // One plan for the batch, for its longest sequence (the group choice does not change the bits).
     int64_t s_kv = 0;
     for (const SeqPass& sp : pass_.seqs()) s_kv = std::max(s_kv, sp.pos0 + sp.n);
+    if (!pools_.empty()) pool_check(pass_.seqs());
     plan(s_kv);
     if (infinigen()) infinigen_begin();
     plan_mini_batches();
@@ -327,7 +328,9 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
     compute_->encode_inputs(layer, rows.x, n, new_x_.data());
   }
   for (const SeqPass& sp : pass_.seqs()) {
-    ensure_pages(sp.seq, layer, sp.pos0, sp.pos0 + sp.n);
+    // (a pooled layer's rows are its slots: pages for the first C only)
+    if (const int64_t r0 = pool_row(layer, sp.pos0), r1 = pool_row(layer, sp.pos0 + sp.n); r1 > r0)
+      ensure_pages(sp.seq, layer, r0, r1);
     if (kivi_.bits != 0) {
       ensure_qpages(sp.seq, layer, std::max(quantised_end(sp.seq, sp.pos0), first_row(layer, sp.pos0)),
                     quantised_end(sp.seq, sp.pos0 + sp.n));
@@ -353,6 +356,7 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
 void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t rows, bool this_pass) {
   const policy::Unit& u = plan_.units[unit_index];
   uint8_t* base = buffer(visit);
+  rows = pool_row(u.layer, rows);  // a pooled layer: its live slots
   const int64_t first = std::min(first_row(u.layer, rows), rows);
   // kvpr: the inputs of [first, first + xrows), K/V from there on.
   const int64_t xrows = split_rows(seq, u, first, rows);
@@ -521,6 +525,7 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
     pass_pos0_ = sp.pos0;
     pass_n_ = sp.n;
     pass_row0_ = sp.row0;
+    pass_b_ = b;
     attend_seq(layer, q + sp.row0 * n_head * geo_.head_dim_k, n_head, la,
                o + sp.row0 * n_head * geo_.head_dim_v);
   }
@@ -528,7 +533,9 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
 
 void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la,
                           float* o) {
-  const int64_t pos0 = pass_pos0_;
+  // Where the pass's rows go in the buffers: its positions, or in a pooled layer its live slots.
+  const int64_t pos0 = pool_row(layer, pass_pos0_);
+  const bool evicts = pool_full(layer, pass_pos0_);  // the new row is stored in its victims' slots
   const int64_t n = pass_n_;
   if (streams(layer)) {  // the queries that attend the sinks, rotated to the sink position
     const int64_t sinks = opt_.knobs.sinks;
@@ -553,6 +560,17 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
         attend_unit(compact_.data(), compact_pitch_, u, c, n, q, n_head, la, o);
       } else {
         attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
+      }
+      if (evicts) {  // the new row into its victims' slots, now that this step attended them
+        for (uint32_t h = 0; h < u.n_heads; ++h) {
+          const int32_t slot = pool_slot_[pass_b_ * lay_.h_max + u.head0 + h];
+          for (int kv = 0; kv < 2; ++kv) {
+            const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
+            uint8_t* plane = base + (2ull * h + kv) * lay_.static_pitch;
+            std::memcpy(plane + static_cast<uint64_t>(slot) * rb, plane + static_cast<uint64_t>(pos0) * rb,
+                        rb);
+          }
+        }
       }
       continue;
     }
@@ -650,7 +668,8 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     // first new row in its page are the loaded rows, those after the last are never read as valid),
     // and the quantised pages of new groups (whole pages: the rest of a page is loaded or not valid).
     size_t n_blocks = 0;
-    for (uint32_t h = 0; h < u.n_heads; ++h) {
+    if (evicts) pool_store(base, u, pos0, n_blocks);
+    for (uint32_t h = 0; h < u.n_heads && !evicts; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
         add_rows(pass_seq_, layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pos0, pos0 + n,
                  n_blocks);
@@ -738,6 +757,11 @@ void TieredKv::abort_pass() {
   inflight_.clear();
   ++epoch_;
   for (const SeqPass& sp : pass_.seqs()) {
+    if (!pools_.empty() && sp.pos0 >= lay_.ig_pool_slots) {
+      pool_broken_[sp.seq] = 1;  // its pools may have replaced rows: no way back
+    } else if (!pools_.empty()) {
+      pool_reset(sp.seq, length_[sp.seq]);
+    }
     const int64_t keep = (length_[sp.seq] + geo_.block_tokens - 1) / geo_.block_tokens;
     for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
       release_pages(sp.seq, l, std::max(keep, pages_.first_block(sp.seq, l)), pages_.max_blocks());
@@ -787,6 +811,7 @@ void TieredKv::truncate(SeqId seq, int64_t n_tokens) {
     cols_chosen_[seq] = 0;
     pk_->reset(seq);
   }
+  if (!pools_.empty()) pool_reset(seq, n_tokens);  // refuses to bring back evicted rows
   // Waits for every transfer in flight: their pins drop before rows are forgotten (a store of rows
   // being truncated lands first; prefetched loads of the old length are void after the epoch bump).
   engine_->drain();
@@ -834,6 +859,7 @@ TieredStats TieredKv::stats() const {
   s.mb_balanced = mb_balanced_;
   s.home = home_->describe();
   s.infinigen = ig_;
+  if (infinigen()) pool_stats(s.infinigen);
   s.quest = qs_;
   return s;
 }

@@ -41,6 +41,7 @@
 #include "kv/transfer_engine.h"
 #include "kv/unit_scorer.h"
 #include "policy/infinigen_select.h"
+#include "policy/kv_pool.h"
 #include "policy/placement.h"
 
 namespace kvtier::kv {
@@ -63,6 +64,15 @@ struct InfinigenStats {
   double pk_build_seconds = 0;               // partial keys of the prompts, from the home tier's keys
   uint64_t pk_build_bytes = 0;               // home-tier bytes read for them
   uint64_t selective_loads = 0;              // unit loads that moved the chosen rows only
+  // retention pool (the layers that speculate; per (sequence, layer, KV head) pool of pool_slots slots):
+  int64_t pool_slots = 0;                      // 0: no pool limit
+  int64_t pool_live_max = 0;                   // most rows any pool holds now
+  uint64_t pool_live_rows = 0;                 // rows all pools hold now
+  uint64_t pool_evictions = 0;                 // new tokens that took a victim's slot (per KV head)
+  uint64_t pool_young_victims = 0;             // of them, victims not from the older half (none was eligible)
+  int64_t pool_max_evicted_pos = -1;           // the newest position evicted
+  std::vector<uint64_t> layer_pool_evictions;  // [n_layer]
+  std::vector<int64_t> layer_pool_min_live;    // [n_layer] oldest position a pool of the layer holds (-1)
 };
 
 // quest (tiered_kv_quest.cpp): the decode steps' page selections, counted per (sequence, KV head) as
@@ -243,6 +253,25 @@ class TieredKv final : public KvCache {
     std::vector<int64_t> n_past;  // [batch] T of each sequence
   };
   bool infinigen() const { return pk_ != nullptr; }
+  // retention pool (tiered_kv_infinigen.cpp): a layer that speculates keeps C = lay_.ig_pool_slots rows
+  // per (sequence, KV head); row r of its home planes is slot r. A sequence's positions fill slots
+  // 0, 1, ... (slot = position) until the pool is full; then each new token (a decode step) takes the
+  // slot of a victim per KV head (policy::PoolSlots), its row staged at row C of the unit's buffer.
+  bool pooled(uint32_t layer) const { return lay_.ig_pool_slots > 0 && speculates(layer); }
+  // Rows a pass at `pos` finds in the layer (the live slots), where its new rows are staged.
+  int64_t pool_row(uint32_t layer, int64_t pos) const {
+    return pooled(layer) ? std::min(pos, lay_.ig_pool_slots) : pos;
+  }
+  // Does a new token at `pos` evict in the layer (its pool is full)?
+  bool pool_full(uint32_t layer, int64_t pos) const { return pooled(layer) && pos >= lay_.ig_pool_slots; }
+  policy::PoolSlots& pool(SeqId seq, uint32_t layer, uint32_t g) {
+    return pools_[seq * pool_heads_ + pool_head0_[layer] + g];
+  }
+  void pool_check(std::span<const SeqPass> seqs) const;  // begin_batch: passes the pools can take
+  void pool_insert(uint32_t layer);                      // write(): the pass's tokens into the pools
+  void pool_reset(SeqId seq, int64_t n);                 // truncate/abort: the pools hold [0, n)
+  void pool_store(uint8_t* base, const policy::Unit& u, int64_t row, size_t& n);  // evicting store
+  void pool_stats(InfinigenStats& s) const;
   bool speculates(uint32_t layer) const { return infinigen() && layer >= 2 && geo_.window_of(layer) == 0; }
   void infinigen_init(uint32_t n_head, MemoryLedger& ledger);
   void infinigen_begin();  // begin_batch: the columns and partial keys of prompts that end now
@@ -416,6 +445,13 @@ class TieredKv final : public KvCache {
   std::vector<float> key_f32_;  // [block_tokens, n_head_kv, head_dim_k] f32
   uint32_t ig_n_head_ = 0;      // query heads
   InfinigenStats ig_;
+  // retention pool
+  std::vector<policy::PoolSlots> pools_;  // [n_seqs, pool_heads_] one per (sequence, pooled layer, KV head)
+  std::vector<size_t> pool_head0_;        // [n_layer] the layer's first pool within a sequence's
+  size_t pool_heads_ = 0;                 // pools per sequence
+  std::vector<int32_t> pool_slot_;        // [batch, h_max] slots the open layer's new rows take (decode)
+  std::vector<uint8_t> pool_broken_;      // [n_seqs] an aborted pass evicted: truncate to 0 first
+  uint32_t pass_b_ = 0;                   // batch index of pass_seq_
 
   // quest
   QuestIndex quest_;                    // per-page key bounds (compute-local KV)

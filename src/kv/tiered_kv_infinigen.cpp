@@ -58,7 +58,7 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
   const uint32_t n_seqs = pages_.n_seqs();
   PartialKeysShape ps;
   ps.n_head = n_head;
-  ps.slots = capacity_;
+  ps.slots = ig_pk_slots(lay_, capacity_);  // a pooled layer's rows are its slots
   ps.max_seqs = n_seqs;
   pk_ = std::make_unique<PartialKeys>(sk, ps, ledger);
   // The scratch tiered_layout() sized (ig_scratch_bytes): reserved as one, allocated below.
@@ -89,6 +89,117 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
   ig_.layer_rows_fetched.assign(L, 0);
   ig_.layer_n_sel_sum.assign(L, 0);
   ig_.layer_steps_of.assign(L, 0);
+  ig_.layer_pool_evictions.assign(L, 0);
+  if (lay_.ig_pool_slots >
+      0) {  // retention pool with a limit: one PoolSlots per (seq, pooled layer, KV head)
+    pool_head0_.assign(L, 0);
+    for (uint32_t l = 0; l < L; ++l) {
+      pool_head0_[l] = pool_heads_;
+      if (pooled(l)) pool_heads_ += geo_.n_head_kv[l];
+    }
+    pools_.reserve(size_t{n_seqs} * pool_heads_);
+    for (size_t i = 0; i < size_t{n_seqs} * pool_heads_; ++i)
+      pools_.emplace_back(lay_.ig_pool_slots, opt_.knobs.pool_eviction);
+    pool_slot_.assign(size_t{n_seqs} * lay_.h_max, 0);
+    pool_broken_.assign(n_seqs, 0);
+  }
+}
+
+void TieredKv::pool_check(std::span<const SeqPass> seqs) const {
+  const int64_t C = lay_.ig_pool_slots;
+  for (const SeqPass& sp : seqs) {
+    if (pool_broken_[sp.seq]) {
+      fail(ErrorKind::kInvalidArgument,
+           "sequence {}: a failed pass had already replaced rows of its KV pool; truncate it to 0 and "
+           "prefill again",
+           sp.seq);
+    }
+    if (sp.n > 1 && sp.pos0 + sp.n > C) {
+      const uint64_t need =
+          static_cast<uint64_t>(sp.pos0 + sp.n) * pages_.n_seqs() * pool_heads_ * 2 * row_max_;
+      fail(
+          ErrorKind::kBudget,
+          "a pass of {} tokens at positions {}..{} does not fit the KV pool's {} slots per (layer, sequence, "
+          "KV head): prefill does not evict, so the prompt must fit the pool; --kv-pool-limit {} bytes holds "
+          "{} positions",
+          sp.n, sp.pos0, sp.pos0 + sp.n - 1, C, need, sp.pos0 + sp.n);
+    }
+  }
+}
+
+void TieredKv::pool_insert(uint32_t layer) {
+  const int64_t hk = geo_.n_head_kv[layer];
+  const auto& seqs = pass_.seqs();
+  for (size_t b = 0; b < seqs.size(); ++b) {
+    const SeqPass& sp = seqs[b];
+    for (int64_t t = 0; t < sp.n; ++t) {
+      const int64_t pos = sp.pos0 + t;
+      for (int64_t g = 0; g < hk; ++g) {
+        const policy::PoolSlots::Insert ins =
+            pool(sp.seq, layer, static_cast<uint32_t>(g)).insert(pos, passes_);
+        if (ins.evicted >= 0) {
+          ++ig_.pool_evictions;
+          ++ig_.layer_pool_evictions[layer];
+          if (ins.evicted >= pos / 2) ++ig_.pool_young_victims;
+          ig_.pool_max_evicted_pos = std::max(ig_.pool_max_evicted_pos, ins.evicted);
+        } else {
+          KVTIER_ASSERT(ins.slot == pos, "pool slot {} for position {} before the pool is full", ins.slot,
+                        pos);
+        }
+        if (sp.n == 1) pool_slot_[b * lay_.h_max + static_cast<size_t>(g)] = ins.slot;
+      }
+    }
+  }
+}
+
+void TieredKv::pool_reset(SeqId seq, int64_t n) {
+  const int64_t C = lay_.ig_pool_slots;
+  if (n > 0 && n < length_[seq] && length_[seq] > C) {
+    fail(ErrorKind::kInvalidArgument,
+         "cannot truncate sequence {} to {} tokens: its KV pool already replaced rows (it holds {} slots of "
+         "{} positions); truncate to 0 and prefill again",
+         seq, n, C, length_[seq]);
+  }
+  if (n > C) return;  // nothing to roll back
+  for (size_t i = 0; i < pool_heads_; ++i) {
+    policy::PoolSlots& p = pools_[seq * pool_heads_ + i];
+    p = policy::PoolSlots(C, opt_.knobs.pool_eviction);
+    for (int64_t t = 0; t < n; ++t) p.insert(t, 0);  // slot = position while the pool is not full
+  }
+  pool_broken_[seq] = 0;
+}
+
+void TieredKv::pool_store(uint8_t* base, const policy::Unit& u, int64_t row, size_t& n) {
+  const int64_t bt = geo_.block_tokens;
+  for (uint32_t h = 0; h < u.n_heads; ++h) {
+    const int32_t slot = pool_slot_[pass_b_ * lay_.h_max + u.head0 + h];
+    const BlockEntry& e = pages_.at(pass_seq_, u.layer, 0, slot / bt);
+    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "pool slot {} of layer {} has no home page", slot, u.layer);
+    for (int kv = 0; kv < 2; ++kv) {
+      const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
+      add_copy(page_offset(u.layer, u.head0 + h, kv, e.slot) + static_cast<uint64_t>(slot % bt) * rb,
+               base + (2ull * h + kv) * layout_.pitch + static_cast<uint64_t>(row) * rb, rb, n);
+    }
+  }
+}
+
+void TieredKv::pool_stats(InfinigenStats& s) const {
+  s.pool_slots = lay_.ig_pool_slots;
+  s.layer_pool_min_live.assign(geo_.n_layer(), -1);
+  for (uint32_t seq = 0; seq < pages_.n_seqs() && !pools_.empty(); ++seq) {
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
+      if (!pooled(l)) continue;
+      for (uint32_t g = 0; g < geo_.n_head_kv[l]; ++g) {
+        const policy::PoolSlots& p = pools_[seq * pool_heads_ + pool_head0_[l] + g];
+        s.pool_live_max = std::max(s.pool_live_max, p.live());
+        s.pool_live_rows += static_cast<uint64_t>(p.live());
+        for (int32_t i = 0; i < p.live(); ++i) {
+          int64_t& m = s.layer_pool_min_live[l];
+          m = m < 0 ? p.position(i) : std::min(m, p.position(i));
+        }
+      }
+    }
+  }
 }
 
 void TieredKv::infinigen_begin() {
@@ -143,10 +254,21 @@ void TieredKv::build_partial_keys(SeqId seq, int64_t rows) {
 void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   new_k_f32_ = rows.k;
   const int64_t dk = geo_.head_dim_k;
-  if (speculates(layer)) {  // the new keys' partial rows, for sequences past their prompt
+  if (pooled(layer)) pool_insert(layer);  // the slots the new rows take (after this layer's speculation)
+  if (speculates(layer)) {                // the new keys' partial rows, for sequences past their prompt
     const int64_t hk = geo_.n_head_kv[layer];
-    for (const SeqPass& sp : pass_.seqs()) {
-      if (cols_chosen_[sp.seq]) pk_->write(sp.seq, layer, sp.pos0, rows.k + sp.row0 * hk * dk, sp.n);
+    const auto& seqs = pass_.seqs();
+    for (size_t b = 0; b < seqs.size(); ++b) {
+      const SeqPass& sp = seqs[b];
+      if (!cols_chosen_[sp.seq]) continue;
+      if (pool_full(layer, sp.pos0)) {  // each head's row at its victim's slot
+        for (int64_t g = 0; g < hk; ++g)
+          pk_->write_row(sp.seq, layer, static_cast<uint32_t>(g),
+                         pool_slot_[b * lay_.h_max + static_cast<size_t>(g)],
+                         rows.k + (sp.row0 * hk + g) * dk);
+      } else {
+        pk_->write(sp.seq, layer, sp.pos0, rows.k + sp.row0 * hk * dk, sp.n);
+      }
     }
   }
   // The look-ahead for the next layer, on decode passes of sequences with partial keys.
@@ -169,8 +291,9 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   for (int64_t b = 0; b < B; ++b) {
     const SeqPass& sp = seqs[static_cast<size_t>(b)];
     la_pos_[static_cast<size_t>(b)] = sp.pos0;
-    la_cap_[static_cast<size_t>(b)] = policy::speculation_cap(opt_.knobs.infinigen_budget, sp.pos0);
-    s.n_past.push_back(sp.pos0);
+    const int64_t T = pool_row(t, sp.pos0);  // the rows layer t holds (a pooled layer: its live slots)
+    la_cap_[static_cast<size_t>(b)] = policy::speculation_cap(opt_.knobs.infinigen_budget, T);
+    s.n_past.push_back(T);
   }
   // Layer t's queries of this pass's tokens from layer t-1's normed input (§6.2; the pass's own q code).
   compute_->project_q(t, rows.x, std::span<const int64_t>(la_pos_.data(), static_cast<size_t>(B)),
@@ -199,6 +322,10 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   policy::speculate(in, static_cast<float>(opt_.knobs.infinigen_alpha), s.r);
   s.pass = passes_;
   s.layer = t;
+  for (int64_t b = 0; pooled(t) && b < B; ++b) {  // the pools count this step's fetches (§8)
+    for (int64_t g = 0; g < hk; ++g)
+      pool(seqs[static_cast<size_t>(b)].seq, t, static_cast<uint32_t>(g)).touch(s.r.rows(b, g, hk), passes_);
+  }
   // Figures.
   ig_.n_sel_min = ig_.layer_steps == 0 ? s.r.n_sel : std::min(ig_.n_sel_min, s.r.n_sel);
   ig_.n_sel_max = std::max(ig_.n_sel_max, s.r.n_sel);

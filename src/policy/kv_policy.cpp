@@ -67,6 +67,12 @@ constexpr AxisValue kValues[] = {
      "are not evicted; positions are renumbered compactly; resident, layer or headinfer placement (host "
      "or --kv-disk home)",
      "--kv-budget --locret-heads --stabilizers --local-tail"},
+    {Axis::kRetention, "pool", false,
+     "InfiniGen's bounded KV pool: the layers that speculate hold at most --kv-pool-limit bytes of K/V rows "
+     "(slots per layer, sequence and KV head); past that each new token takes a victim's slot, chosen by "
+     "--kv-pool-eviction (counter: fewest fetches, fifo: oldest, lru: least recently fetched) among the "
+     "older half; without --kv-pool-limit nothing is evicted; selection infinigen, host home",
+     "--kv-pool-limit --kv-pool-eviction"},
 };
 
 constexpr Preset kPresets[] = {
@@ -183,6 +189,8 @@ std::string_view retention_name(Retention r) {
       return "h2o";
     case Retention::kLocret:
       return "locret";
+    case Retention::kPool:
+      return "pool";
   }
   return "?";
 }
@@ -237,6 +245,12 @@ void check_knobs(const KvPolicy& p) {
     if (!(k.infinigen_budget > 0.0 && k.infinigen_budget <= 1.0))
       fail(ErrorKind::kInvalidArgument,
            "--infinigen-budget {}: the cap's share of the rows must be in (0, 1]", k.infinigen_budget);
+  }
+  if (p.retention == Retention::kPool && p.selection != Selection::kInfinigen) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: retention pool is InfiniGen's bounded pool and needs selection infinigen (--kv-policy "
+         "layer+infinigen+pool or headinfer+infinigen+pool)",
+         spec);
   }
   if (p.representation == Representation::kKvpr && k.recompute < PolicyKnobs::kRecomputeRandom)
     fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto, random or a number of positions >= 0",
@@ -329,7 +343,7 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
       case Axis::kRetention:
         p.retention = value_of(part,
                                {Retention::kNone, Retention::kSliding, Retention::kStreaming, Retention::kH2o,
-                                Retention::kLocret},
+                                Retention::kLocret, Retention::kPool},
                                retention_name);
         break;
     }

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "policy/kv_pool.h"
 #include "policy/placement.h"
 
 namespace kvtier::policy {
@@ -49,6 +50,8 @@ enum class Retention {
   kStreaming,  // StreamingLLM: attention sinks + a recent window, the rest freed
   kH2o,        // H2O: recent tokens + heavy hitters by accumulated attention, within --kv-budget
   kLocret,     // Locret: chunked prefill evicting to --kv-budget by trained retaining heads' scores
+  kPool,       // InfiniGen's bounded pool: --kv-pool-limit bytes of K/V rows, a new token takes a victim's
+               // slot (--kv-pool-eviction); selection infinigen, host home
 };
 
 // Tuning of the approximate values (each field names the flag that sets it). Exact values ignore
@@ -77,6 +80,8 @@ struct PolicyKnobs {
   int64_t stabilizers = -1;       // --stabilizers: locret's n_s, the last units protected after a non-final
                                   // prefill chunk (-1: --kv-budget / 4)
   int64_t local_tail = 100;       // --local-tail: locret's n_loc, the prompt's last tokens never evicted
+  uint64_t pool_limit = 0;  // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
+  PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   bool operator==(const PolicyKnobs&) const = default;
 };
 

@@ -81,7 +81,13 @@ DEGENERATE = {
     "infinigen": (["--infinigen-alpha", "inf", "--infinigen-budget", "1", "--skew", SKEW], ["layer", "headinfer"]),
     # the budget covers --ctx: nothing is evicted, whatever the (untrained) heads score
     "locret": (["--kv-budget", "1024", "--locret-heads", "{locret_heads}"], None),
+    # infinigen's pool (with infinigen's degenerate knobs), its limit covering --ctx: nothing is bounded.
+    # A bounded pool that holds the whole run is checked against infinigen in cli.infinigen_pool.
+    "pool": (["--infinigen-alpha", "inf", "--infinigen-budget", "1", "--skew", SKEW, "--kv-pool-limit", "1GiB"],
+             ["layer", "headinfer"]),
 }
+# Values that run only with another axis' value: the spec names both (placement+that+value).
+NEEDS = {"pool": "infinigen"}
 
 
 def with_model_files(cfg, mdl, tmp):
@@ -109,7 +115,8 @@ def degenerate_configs(n_kv_heads):
     for value in approximate_values():
         knobs, placements = DEGENERATE[value]
         for placement in placements or exact_values("placement"):
-            flags = ["--kv-policy", f"{placement}+{value}", *knobs]
+            spec = f"{placement}+{NEEDS[value]}+{value}" if value in NEEDS else f"{placement}+{value}"
+            flags = ["--kv-policy", spec, *knobs]
             if placement == "headinfer":
                 flags += ["--group", "1"]
             out.append((flags, placement != "resident"))

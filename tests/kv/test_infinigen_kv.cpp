@@ -310,5 +310,98 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
   EXPECT_EQ(st.selective_loads, 2u);
 }
 
+// The bounded pool (retention pool, FIFO, every live row chosen): once full, each decode token's K and V
+// take the slot of the oldest position, so a step of a pooled layer (>= 2) attends exactly the last C
+// positions and itself; a wrong slot for K or V (or a stale row) changes the output. Layers 0-1 attend
+// everything.
+TEST(InfinigenExecutor, PoolSlotsKeepEachTokensKeyAndValueTogether) {
+  constexpr uint32_t L = 4;
+  constexpr int64_t kPrompt = 100, kSteps = 60, kC = 128;
+  constexpr float kScale = 0.25f;
+  std::mt19937 rng(5);
+  auto skew = std::make_shared<skew::SkewSet>();
+  skew->head_dim = kD;
+  skew->partial_ratio = 0.25f;
+  skew->partial_columns = 4;
+  for (uint32_t l = 0; l < L; ++l) {
+    skew::LayerSkew Ls;
+    Ls.n_head_kv = kHk;
+    for (int64_t g = 0; g < kHk; ++g) {
+      const auto a = skew::skew_matrix(random_rows(rng, 50 * kD), 50, kD);
+      Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
+      Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
+      for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
+    }
+    skew->layers.push_back(std::move(Ls));
+  }
+  KvGeometry geo;
+  geo.n_head_kv.assign(L, kHk);
+  geo.head_dim_k = geo.head_dim_v = kD;
+  geo.block_tokens = 128;
+  KvOptions o;
+  o.placement.placement = policy::Placement::kLayer;
+  o.selection = policy::Selection::kInfinigen;
+  o.retention = policy::Retention::kPool;
+  o.knobs.infinigen_alpha = std::numeric_limits<double>::infinity();
+  o.knobs.infinigen_budget = 1.0;
+  o.knobs.pool_eviction = policy::PoolEviction::kFifo;
+  o.knobs.pool_limit = kC * (2 * kHk) * 2 * kD * 2;  // C slots of the 2 pooled layers' K and V f16 rows
+  o.skew = skew;
+  ThreadPool pool(2);
+  MemoryLedger ledger;
+  TieredKv kv(geo, 256, kHeads, ledger, pool, cpu::best_isa(), o);
+  LookaheadCompute hook;
+  kv.set_compute(&hook);
+  for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
+  std::vector<std::vector<float>> k(L), v(L);  // [layer] every position's rows
+  const LayerAttention la{kScale, 0.0f, 0};
+  std::vector<float> x(4, 0.0f);
+  int64_t checked = 0;
+  for (int64_t step = 0; step <= kSteps; ++step) {
+    const int64_t pos0 = step == 0 ? 0 : kPrompt + step - 1;
+    const int64_t n = step == 0 ? kPrompt : 1;
+    kv.begin_pass({0, n});
+    for (uint32_t l = 0; l < L; ++l) {
+      const auto qn = random_rows(rng, n * kHeads * kD), kn = random_rows(rng, n * kHk * kD),
+                 vn = random_rows(rng, n * kHk * kD);
+      k[l].insert(k[l].end(), kn.begin(), kn.end());
+      v[l].insert(v[l].end(), vn.begin(), vn.end());
+      LayerRows rows;
+      rows.k = kn.data();
+      rows.v = vn.data();
+      rows.x = x.data();
+      kv.write(l, rows);
+      std::vector<float> out(static_cast<size_t>(n * kHeads * kD), 0.0f);
+      kv.attend(l, qn.data(), kHeads, la, out.data());
+      if (n != 1) continue;
+      // FIFO: the live rows are the last min(pos0, C) positions before this token
+      const int64_t first = l >= 2 ? std::max<int64_t>(0, pos0 - kC) : 0;
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const int64_t g = h / (kHeads / kHk);
+        std::vector<const float*> ks, vs;
+        for (int64_t row = first; row <= pos0; ++row) {
+          ks.push_back(k[l].data() + (row * kHk + g) * kD);
+          vs.push_back(v[l].data() + (row * kHk + g) * kD);
+        }
+        const auto ref = attend_rows(qn.data() + h * kD, ks, vs, kScale);
+        for (int64_t i = 0; i < kD; ++i)
+          ASSERT_NEAR(out[static_cast<size_t>(h * kD + i)], ref[static_cast<size_t>(i)], 1e-4f)
+              << "layer " << l << " position " << pos0 << " head " << h << " element " << i;
+      }
+      ++checked;
+    }
+    kv.end_pass();
+  }
+  EXPECT_EQ(checked, kSteps * L);
+  const InfinigenStats st = kv.stats().infinigen;
+  const int64_t written = kPrompt + kSteps, evicted = written - kC;
+  EXPECT_EQ(st.pool_slots, kC);
+  EXPECT_EQ(st.pool_live_max, kC);
+  EXPECT_EQ(st.pool_evictions, static_cast<uint64_t>(evicted * 2 * kHk));
+  EXPECT_EQ(st.pool_max_evicted_pos, evicted - 1);
+  EXPECT_EQ(st.layer_pool_min_live[2], evicted);
+  EXPECT_EQ(st.layer_pool_min_live[0], -1);  // layers 0-1 are not pooled
+}
+
 }  // namespace
 }  // namespace kvtier::kv

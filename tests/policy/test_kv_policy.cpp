@@ -101,5 +101,27 @@ TEST(KvPolicy, KvprIsAPresetAloneAndARepresentationInACombination) {
   EXPECT_THROW(check_knobs(bad), Error);
 }
 
+TEST(KvPolicy, PoolIsARetentionOfInfinigen) {
+  KvPolicy p = parse_kv_policy("layer+infinigen+pool");
+  EXPECT_EQ(p.placement, Placement::kLayer);
+  EXPECT_EQ(p.selection, Selection::kInfinigen);
+  EXPECT_EQ(p.retention, Retention::kPool);
+  EXPECT_FALSE(p.exact());
+  EXPECT_EQ(p.spec(), "layer+infinigen+pool");
+  EXPECT_EQ(parse_kv_policy("headinfer+infinigen+pool").placement, Placement::kHeadInfer);
+  EXPECT_NO_THROW(check_knobs(p));  // no limit: nothing is evicted
+  p.knobs.pool_limit = 64ull << 20;
+  p.knobs.pool_eviction = PoolEviction::kLru;
+  EXPECT_NO_THROW(check_knobs(p));
+  KvPolicy q = parse_kv_policy("layer+pool");  // parses, but the pool belongs to infinigen
+  try {
+    check_knobs(q);
+    ADD_FAILURE() << "layer+pool accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs selection infinigen"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(error_of("layer+infinigen+pool+sliding").find("two retention values"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvtier::policy

@@ -70,6 +70,20 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "--infinigen-budget", knobs.infinigen_budget,
          "infinigen: at most this share of a sequence's rows loaded per KV head and step (1: no cap)")
       ->default_val(k.infinigen_budget);
+  cmd->add_option_function<std::string>(
+         "--kv-pool-limit",
+         [&knobs](const std::string& v) { knobs.pool_limit = parse_bytes(v, "--kv-pool-limit"); },
+         "pool (layer+infinigen+pool): bytes of K/V rows the layers that speculate keep, e.g. 64MiB; "
+         "slots per layer, sequence and KV head = limit / (their KV heads x sequences x 2 x row bytes), "
+         "whole 256-row pages from 256 on; past that each new token replaces a victim's row; the prompt "
+         "must fit; default: no limit")
+      ->default_str("none");
+  cmd->add_option_function<std::string>(
+         "--kv-pool-eviction",
+         [&knobs](const std::string& v) { knobs.pool_eviction = policy::parse_pool_eviction(v); },
+         "pool: the victim among the older half of the slots: counter (fewest fetches, counters halved at "
+         "255; the paper's), fifo (oldest position) or lru (least recently fetched)")
+      ->default_str("counter");
 }
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
@@ -366,6 +380,26 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
     g["partial_keys_build_s"] = ig.pk_build_seconds;
     g["partial_keys_build_bytes"] = ig.pk_build_bytes;
     g["selective_loads"] = ig.selective_loads;
+    if (ig.pool_slots > 0) {  // retention pool with a limit (layers that speculate)
+      nlohmann::json pool;
+      pool["limit_bytes"] = a.knobs.pool_limit;
+      pool["eviction"] = policy::pool_eviction_name(a.knobs.pool_eviction);
+      pool["slots"] = ig.pool_slots;  // per (sequence, layer, KV head)
+      pool["live_max"] = ig.pool_live_max;
+      pool["live_rows"] = ig.pool_live_rows;
+      pool["evictions"] = ig.pool_evictions;
+      pool["young_victims"] = ig.pool_young_victims;
+      pool["max_evicted_pos"] = ig.pool_max_evicted_pos;
+      nlohmann::json pl = nlohmann::json::array();
+      for (size_t l = 0; l < ig.layer_pool_min_live.size(); ++l) {
+        if (ig.layer_pool_min_live[l] < 0) continue;
+        pl.push_back({{"layer", l},
+                      {"evictions", ig.layer_pool_evictions[l]},
+                      {"min_live_pos", ig.layer_pool_min_live[l]}});
+      }
+      pool["layers"] = pl;
+      g["pool"] = pool;
+    }
     j["infinigen"] = g;
   }
   return j;

@@ -1,0 +1,121 @@
+"""InfiniGen's bounded KV pool (retention `pool`, spec infinigen.md §8, A8) through the CLI on SmolLM2:
+- a limit that holds the whole run evicts nothing and gives the very logits of `infinigen` without one
+  (XXH3 digest of every logits row), with a smaller home tier;
+- a small limit keeps every pool at its slots, the speculation sees only live slots, and each eviction
+  policy picks its victims from the older half (FIFO: exactly the oldest positions);
+- bad values of the flags, a limit below one slot and a prompt larger than the pool are clear errors."""
+import json
+import shutil
+
+import pytest
+
+from kvtier_testlib import model, run
+
+PROMPT = open("/usr/share/common-licenses/GPL-2", encoding="utf-8").read()[:700]
+N_GEN = 48
+# SmolLM2-135M: 30 layers (28 speculate: 2..29), 3 KV heads, head size 64, f16 rows of 128 bytes.
+POOL_HEADS = 28 * 3
+SLOT_BYTES = POOL_HEADS * 2 * 128  # one slot of every pooled (layer, KV head), one sequence
+
+
+@pytest.fixture(scope="module")
+def skew(tmp_path_factory):
+    out = tmp_path_factory.mktemp("igpool")
+    f = out / "smollm2.skew.gguf"
+    run("skew", "-m", model("smollm2"), "-o", f, "--tokens", 128, "-t", 2)
+    yield f
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def run_json(skew, *extra):
+    p = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "-t", 2, "--ctx", 1024, "--ignore-eos",
+            "--json", "--logits-digest", "--skew", skew, *extra)
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def plain(skew):
+    return run_json(skew, "--kv-policy", "infinigen")
+
+
+def host_kv(j):
+    return j["peak_memory_bytes"]["host"]["kv"]
+
+
+def test_a_limit_that_holds_the_run_is_bit_identical_to_no_limit(skew, plain):
+    positions = plain["n_prompt"] + N_GEN  # more than the run writes; far less than --ctx 1024
+    assert positions < 1024
+    pooled = run_json(skew, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", positions * SLOT_BYTES)
+    assert pooled["kv"]["policy"] == "layer+infinigen+pool"
+    assert pooled["tokens"] == plain["tokens"]
+    assert pooled["logits_digest"] == plain["logits_digest"]
+    p = pooled["kv"]["infinigen"]["pool"]
+    assert p["slots"] == positions and p["evictions"] == 0 and p["eviction"] == "counter"
+    assert p["live_max"] <= positions
+    # the speculation saw the same rows
+    for k in ("rows_total", "rows_fetched", "n_sel_min", "n_sel_max", "layer_steps"):
+        assert pooled["kv"]["infinigen"][k] == plain["kv"]["infinigen"][k], k
+    # the home tier holds the pooled layers' slots only
+    assert host_kv(pooled) < host_kv(plain)
+    # pool without a limit: nothing bounded, the same run
+    unbounded = run_json(skew, "--kv-policy", "layer+infinigen+pool")
+    assert unbounded["logits_digest"] == plain["logits_digest"]
+    assert "pool" not in unbounded["kv"]["infinigen"]
+
+
+@pytest.mark.parametrize("eviction", ["counter", "fifo", "lru"])
+def test_a_small_limit_keeps_the_pools_at_their_slots(skew, plain, eviction):
+    P = plain["n_prompt"]
+    C = P + 8  # slots per (layer, KV head): the prompt and 8 decoded tokens, then evictions
+    j = run_json(skew, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", C * SLOT_BYTES + SLOT_BYTES - 1,
+                 "--kv-pool-eviction", eviction)
+    g = j["kv"]["infinigen"]
+    p = g["pool"]
+    assert p["slots"] == C and p["eviction"] == eviction
+    steps = g["layer_steps"] // 28  # decode passes that speculated (positions P .. P + steps - 1)
+    assert steps >= N_GEN - 2
+    written = P + steps  # positions each pooled layer received (the last decode pass's token included)
+    E = written - C  # evictions per (layer, KV head)
+    assert 0 < E < C
+    assert p["live_max"] == C and p["live_rows"] == C * POOL_HEADS
+    assert p["evictions"] == E * POOL_HEADS
+    assert [x["layer"] for x in p["layers"]] == list(range(2, 30))
+    assert all(x["evictions"] == 3 * E for x in p["layers"])
+    # victims only from the older half of the positions
+    assert p["young_victims"] == 0
+    assert 0 <= p["max_evicted_pos"] < written / 2
+    # each speculation ran over the live slots only: min(position, C) rows per KV head
+    assert g["rows_total"] == 28 * 3 * sum(min(P + i, C) for i in range(steps))
+    assert 0 < g["rows_fetched"] <= 0.2 * g["rows_total"] + 28 * 3 * steps
+    mins = [x["min_live_pos"] for x in p["layers"]]
+    if eviction == "fifo":  # the oldest positions go first: exactly 0 .. E-1 are gone
+        assert mins == [E] * 28 and p["max_evicted_pos"] == E - 1
+    else:  # fetched rows stay: the attention sink at position 0 survives somewhere
+        assert min(mins) < E
+    assert len(j["tokens"]) == len(plain["tokens"])
+
+
+def fails(*args):
+    p = run(*args, check=False)
+    assert p.returncode != 0, p.stdout
+    return p.stderr
+
+
+def test_bad_pool_flags_are_refused_with_clear_messages(skew, tmp_path):
+    base = ["run", "-m", model("smollm2"), "-p", PROMPT, "-n", 2, "-t", 2, "--skew", skew, "--ctx", 1024]
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "64MiB", "--kv-pool-eviction", "mru")
+    assert "unknown pool eviction 'mru'" in err and "counter, fifo, lru" in err
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "lots")
+    assert "--kv-pool-limit" in err
+    # below one slot of every (layer, KV head): the message names the minimum
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "1KiB")
+    assert "cannot hold one slot" in err and f"at least {SLOT_BYTES} bytes" in err
+    # a prompt larger than the pool: prefill does not evict
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 16 * SLOT_BYTES)
+    assert "does not fit the KV pool's 16 slots" in err and "--kv-pool-limit" in err
+    assert "needs selection infinigen" in fails(*base, "--kv-policy", "layer+pool")
+    # a disk home with a limit that bounds (fewer slots than --ctx); one that bounds nothing runs
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 512 * SLOT_BYTES, "--kv-disk",
+                tmp_path)
+    assert "--kv-disk is not supported yet" in err
+    run(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 1024 * SLOT_BYTES, "--kv-disk", tmp_path)
