@@ -82,9 +82,15 @@ class DiskStore final : public HomeStore {
 #endif
     if (fd_ >= 0) ::close(fd_);
   }
-  Tier tier() const override { return Tier::kDisk; }
-  uint64_t alignment() const override { return direct_ ? kDirectAlign : 1; }
-  uint64_t size() const override { return size_; }
+  Tier tier() const override {
+    return Tier::kDisk;
+  }
+  uint64_t alignment() const override {
+    return direct_ ? kDirectAlign : 1;
+  }
+  uint64_t size() const override {
+    return size_;
+  }
 
   void read(uint64_t offset, uint8_t* dst, uint64_t bytes) override {
     KVTIER_ASSERT(offset + bytes <= size_);
@@ -109,8 +115,12 @@ class DiskStore final : public HomeStore {
 #endif
     for (const BlockCopy& r : reads) read(r.home_offset, r.buf, r.bytes);
   }
-  uint32_t queue_depth() const override { return ring_ok_ ? kDiskQueueDepth : 1; }
-  uint64_t gather_gap() const override { return ring_ok_ ? kDiskGatherGap : kDiskGatherGapSerial; }
+  uint32_t queue_depth() const override {
+    return ring_ok_ ? kDiskQueueDepth : 1;
+  }
+  uint64_t gather_gap() const override {
+    return ring_ok_ ? kDiskGatherGap : kDiskGatherGapSerial;
+  }
 
   void write(uint64_t offset, const uint8_t* src, uint64_t bytes) override {
     KVTIER_ASSERT(offset + bytes <= size_);
@@ -132,8 +142,9 @@ class DiskStore final : public HomeStore {
   }
 
   std::string describe() const override {
-    return fmt::format("disk file in {}, {} bytes, {}, {}", dir_, size_, direct_ ? "O_DIRECT" : "buffered I/O",
-                       ring_ok_ ? fmt::format("io_uring reads (queue depth {})", kDiskQueueDepth) : ring_note_);
+    return fmt::format(
+        "disk file in {}, {} bytes, {}, {}", dir_, size_, direct_ ? "O_DIRECT" : "buffered I/O",
+        ring_ok_ ? fmt::format("io_uring reads (queue depth {})", kDiskQueueDepth) : ring_note_);
   }
 
  private:
@@ -267,7 +278,9 @@ class DiskStore final : public HomeStore {
 
 }  // namespace
 
-bool disk_io_uring_built() { return KVTIER_HAVE_LIBURING != 0; }
+bool disk_io_uring_built() {
+  return KVTIER_HAVE_LIBURING != 0;
+}
 
 std::unique_ptr<HomeStore> make_host_store(MemoryLedger& ledger, uint64_t bytes) {
   return std::make_unique<HostStore>(ledger, bytes);

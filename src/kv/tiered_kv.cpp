@@ -418,8 +418,9 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   // last read the buffer (a zero-byte job is still a FIFO fence). A selective load is a gather: the
   // visit reads only the chosen rows and the new ones from the buffer (compact_unit), so the engine
   // may read through short gaps between them.
-  vis.ticket = engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
-                                {staging_.get(), buffer_slot(visit)}, spec != nullptr ? Gaps::kGather : Gaps::kExact);
+  vis.ticket =
+      engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
+                       {staging_.get(), buffer_slot(visit)}, spec != nullptr ? Gaps::kGather : Gaps::kExact);
   inflight_.push_back(vis);
 }
 

@@ -4,9 +4,9 @@
 // long histories are fewer runs than blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -175,8 +175,8 @@ TEST(TransferEngine, GathersReadThroughShortGapsAndCountTheSlack) {
   // (not merged); then a copy with another displacement (not merged whatever its gap).
   const BlockCopy copies[] = {
       {1000, buf + 1000, 100},
-      {1400, buf + 1400, 100},                            // gap 300
-      {1500 + 2 * kBlock, buf + 1500 + 2 * kBlock, 100},  // gap 2 blocks: merged
+      {1400, buf + 1400, 100},                                    // gap 300
+      {1500 + 2 * kBlock, buf + 1500 + 2 * kBlock, 100},          // gap 2 blocks: merged
       {1600 + 4 * kBlock + 1, buf + 1600 + 4 * kBlock + 1, 100},  // gap 2 blocks + 1: a new run
       {1800 + 4 * kBlock, buf + 10 * kBlock, 100},                // other displacement: a new run
   };
