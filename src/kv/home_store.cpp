@@ -78,7 +78,7 @@ class DiskStore final : public HomeStore {
   }
   ~DiskStore() override {
 #if KVTIER_HAVE_LIBURING
-    if (ring_ok_) io_uring_queue_exit(&ring_);
+    if (ring_open_) io_uring_queue_exit(&ring_);
 #endif
     if (fd_ >= 0) ::close(fd_);
   }
@@ -151,7 +151,7 @@ class DiskStore final : public HomeStore {
   void open_ring() {
 #if KVTIER_HAVE_LIBURING
     const int rc = io_uring_queue_init(kDiskQueueDepth, &ring_, 0);
-    ring_ok_ = rc == 0;
+    ring_ok_ = ring_open_ = rc == 0;
     if (!ring_ok_) ring_note_ = fmt::format("reads one by one (io_uring: {})", std::strerror(-rc));
     pending_.resize(kDiskQueueDepth);
     free_.reserve(kDiskQueueDepth);
@@ -272,8 +272,9 @@ class DiskStore final : public HomeStore {
   uint64_t written_ = 0;
   int fd_ = -1;
   bool direct_ = false;
-  bool ring_ok_ = false;   // read_batch() goes through the io_uring
-  std::string ring_note_;  // why not, for describe()
+  bool ring_open_ = false;  // the io_uring exists (closed in the destructor)
+  bool ring_ok_ = false;    // read_batch() goes through it
+  std::string ring_note_;   // why not, for describe()
 };
 
 }  // namespace
