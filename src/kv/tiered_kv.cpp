@@ -425,9 +425,12 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   vis.epoch = epoch_;
   vis.sel_pass = spec != nullptr ? spec->pass : 0;
   // Submitted even with nothing to load: waiting on it also orders this visit after the store that
-  // last read the buffer (a zero-byte job is still a FIFO fence).
-  vis.ticket = engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
-                                {staging_.get(), buffer_slot(visit)});
+  // last read the buffer (a zero-byte job is still a FIFO fence). A selective load is a gather: the
+  // visit reads only the chosen rows and the new ones from the buffer (compact_unit), so the engine
+  // may read through short gaps between them.
+  vis.ticket =
+      engine_->prepare(CopyDir::kLoad, std::span(copies_.data(), n_blocks),
+                       {staging_.get(), buffer_slot(visit)}, spec != nullptr ? Gaps::kGather : Gaps::kExact);
   inflight_.push_back(vis);
 }
 

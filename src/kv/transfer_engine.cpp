@@ -62,7 +62,7 @@ bool TransferEngine::home_pinned(uint64_t offset, uint64_t bytes) const {
 }
 
 TransferEngine::Ticket TransferEngine::prepare(CopyDir dir, std::span<const BlockCopy> copies,
-                                               BufferRef buffer) {
+                                               BufferRef buffer, Gaps gaps) {
   std::unique_lock<std::mutex> lk(mu_);
   KVTIER_ASSERT(copies.size() <= slots_.front().runs.size(), "{} copies in one job", copies.size());
   cv_done_.wait(lk, [&] { return submitted_ - completed_ < slots_.size() || error_; });
@@ -71,9 +71,10 @@ TransferEngine::Ticket TransferEngine::prepare(CopyDir dir, std::span<const Bloc
   s.dir = dir;
   s.buffer = buffer;
   // Coalesce: a copy that continues the previous one in both the home tier and the buffer extends
-  // its run.
+  // its run; in a gather, so does one a short gap further on in both (the gap is read too).
+  const uint64_t max_gap = dir == CopyDir::kLoad && gaps == Gaps::kGather ? home_.gather_gap() : 0;
   s.n_runs = 0;
-  uint64_t n_blocks = 0;
+  uint64_t n_blocks = 0, slack = 0;
   for (const BlockCopy& b : copies) {
     if (b.bytes > 0)
       n_blocks += (b.home_offset + b.bytes - 1) / home_block_bytes_ - b.home_offset / home_block_bytes_ + 1;
@@ -85,12 +86,20 @@ TransferEngine::Ticket TransferEngine::prepare(CopyDir dir, std::span<const Bloc
         r.bytes += b.bytes;
         continue;
       }
+      const uint64_t r_end = r.home_offset + r.bytes;
+      if (b.bytes > 0 && b.home_offset > r_end && b.home_offset - r_end <= max_gap &&
+          b.buf - r.buf == static_cast<ptrdiff_t>(b.home_offset - r.home_offset)) {
+        slack += b.home_offset - r_end;
+        r.bytes = b.home_offset + b.bytes - r.home_offset;
+        continue;
+      }
     }
     s.runs[s.n_runs++] = b;
   }
   pin_runs(s);
   stats_.blocks += n_blocks;
   stats_.runs += s.n_runs;
+  stats_.slack_bytes += slack;
   const Ticket t = ++submitted_;
   lk.unlock();
   cv_work_.notify_one();
@@ -149,14 +158,15 @@ void TransferEngine::worker() {
         deadline = pacer_.reserve(job_bytes);
       }
       try {
-        for (size_t i = 0; i < s.n_runs; ++i) {
-          const BlockCopy& r = s.runs[i];
-          if (s.dir == CopyDir::kLoad) {
-            home_.read(r.home_offset, r.buf, r.bytes);
-          } else {
+        if (s.dir == CopyDir::kLoad) {
+          home_.read_batch(std::span<const BlockCopy>(s.runs.data(), s.n_runs));
+          for (size_t i = 0; i < s.n_runs; ++i) bytes += s.runs[i].bytes;
+        } else {
+          for (size_t i = 0; i < s.n_runs; ++i) {
+            const BlockCopy& r = s.runs[i];
             home_.write(r.home_offset, r.buf, r.bytes);
+            bytes += r.bytes;
           }
-          bytes += r.bytes;
         }
       } catch (...) {
         err = std::current_exception();

@@ -43,14 +43,6 @@
 
 namespace kvtier::kv {
 
-// One copy of a job: `bytes` at `home_offset` in the home tier <-> `buf` in compute memory (one home
-// block, or an extent of consecutive blocks).
-struct BlockCopy {
-  uint64_t home_offset = 0;
-  uint8_t* buf = nullptr;
-  uint64_t bytes = 0;
-};
-
 // The compute-side buffer of a job (a slot of a block pool), pinned while the job is in flight.
 struct BufferRef {
   BlockPool* pool = nullptr;
@@ -59,12 +51,19 @@ struct BufferRef {
 
 enum class CopyDir { kLoad, kStore };  // home -> buffer, buffer -> home
 
+// What the buffer bytes between a load's copies are. kExact: they must stay as they are (only the named
+// bytes move). kGather: nobody reads them (a gather of chosen rows into their places in a staging plane),
+// so copies with the same home-to-buffer displacement whose gap is at most HomeStore::gather_gap() are
+// read as one run through the gap: fewer, longer reads for a few unneeded bytes (stats: slack_bytes).
+enum class Gaps { kExact, kGather };
+
 struct TransferStats {
-  uint64_t bytes_loaded = 0;  // home -> compute
+  uint64_t bytes_loaded = 0;  // home -> compute: the bytes read (page-rounded, gather slack included)
+  uint64_t slack_bytes = 0;   // of bytes_loaded: gaps read through to merge a gather's copies (Gaps)
   uint64_t bytes_stored = 0;  // compute -> home
   uint64_t jobs = 0;
   uint64_t blocks = 0;          // home blocks the prepared copies cover (counted per copy)
-  uint64_t runs = 0;            // I/O calls issued for them after coalescing
+  uint64_t runs = 0;            // I/O calls issued for them after coalescing (and merging gathers)
   double wait_seconds = 0;      // time the compute thread spent blocked in wait()
   double busy_seconds = 0;      // time the copy thread spent copying (and, throttled, holding the link)
   double throttle_seconds = 0;  // of busy_seconds: sleeps of the link throttle
@@ -90,8 +89,10 @@ class TransferEngine {
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;
 
-  // Phase one (see above). Copies run in the order given; an empty job is a FIFO fence.
-  Ticket prepare(CopyDir dir, std::span<const BlockCopy> copies, BufferRef buffer = {});
+  // Phase one (see above). Copies run in the order given; an empty job is a FIFO fence. A load's runs
+  // are read together (HomeStore::read_batch: several in flight on a disk home).
+  Ticket prepare(CopyDir dir, std::span<const BlockCopy> copies, BufferRef buffer = {},
+                 Gaps gaps = Gaps::kExact);
   // Blocks until the job has completed (its pins released); rethrows the engine's first error.
   void wait(Ticket t);
   bool done(Ticket t) const;

@@ -4,9 +4,11 @@
 // long histories are fewer runs than blocks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -43,6 +45,7 @@ class GatedStore final : public HomeStore {
     ++writes;
   }
   std::string describe() const override { return "gated test store"; }
+  uint64_t gather_gap() const override { return gap; }
 
   void close_gate() {
     std::lock_guard<std::mutex> lk(mu_);
@@ -60,6 +63,7 @@ class GatedStore final : public HomeStore {
 
   // Read by the test only after the engine drained (the copy thread wrote them before completing).
   uint64_t reads = 0, writes = 0, read_bytes = 0;
+  uint64_t gap = 0;  // gather_gap()
 
  private:
   void pass_gate() {
@@ -155,6 +159,88 @@ TEST(TransferEngine, AdjacentBlocksCoalesceIntoOneIo) {
   EXPECT_EQ(st.blocks, 8u + 8u + 2u + 2u + 4u);
   EXPECT_EQ(st.runs, 1u + 8u + 2u + 1u + 1u);
   EXPECT_EQ(engine.home_pins().pinned_blocks(), 0u);
+}
+
+// A gather may read through gaps of at most gather_gap() bytes between copies that keep the same
+// home-to-buffer displacement; the named bytes land where they would without merging, the gaps are
+// counted as slack, and exact loads and stores never merge across a gap.
+TEST(TransferEngine, GathersReadThroughShortGapsAndCountTheSlack) {
+  MemoryLedger ledger;
+  GatedStore store(64 * kBlock);
+  store.gap = 2 * kBlock;
+  BlockPool buffers(ledger, Tier::kDevice, 64 * kBlock, 1, 4096);
+  uint8_t* buf = buffers.data(buffers.acquire());
+  TransferEngine engine(store, kBlock, 4, 16);
+  // Rows of 100 bytes at home offsets = buffer offsets: gaps of 300 B, 2 blocks (merged), 2 blocks + 1
+  // (not merged); then a copy with another displacement (not merged whatever its gap).
+  const BlockCopy copies[] = {
+      {1000, buf + 1000, 100},
+      {1400, buf + 1400, 100},                                    // gap 300
+      {1500 + 2 * kBlock, buf + 1500 + 2 * kBlock, 100},          // gap 2 blocks: merged
+      {1600 + 4 * kBlock + 1, buf + 1600 + 4 * kBlock + 1, 100},  // gap 2 blocks + 1: a new run
+      {1800 + 4 * kBlock, buf + 10 * kBlock, 100},                // other displacement: a new run
+  };
+  std::memset(buf, 0xEE, 64 * kBlock);
+  engine.wait(engine.prepare(CopyDir::kLoad, copies, {}, Gaps::kGather));
+  EXPECT_EQ(store.reads, 3u);
+  auto st = engine.stats();
+  EXPECT_EQ(st.runs, 3u);
+  EXPECT_EQ(st.slack_bytes, 300 + 2 * kBlock);
+  EXPECT_EQ(st.bytes_loaded, 5 * 100 + st.slack_bytes);
+  EXPECT_EQ(store.read_bytes, st.bytes_loaded);
+  for (const BlockCopy& c : copies) EXPECT_EQ(std::memcmp(c.buf, store.bytes(c.home_offset), c.bytes), 0);
+  EXPECT_EQ(buf[999], 0xEE);  // before the first copy and after the runs: untouched
+  EXPECT_EQ(buf[1600 + 4 * kBlock], 0xEE);
+  EXPECT_EQ(buf[1700 + 4 * kBlock + 1], 0xEE);
+  // The same copies as an exact load, and as a store: one run each, no slack.
+  engine.wait(engine.prepare(CopyDir::kLoad, copies));
+  engine.wait(engine.prepare(CopyDir::kStore, copies, {}, Gaps::kGather));
+  st = engine.stats();
+  EXPECT_EQ(st.runs, 3u + 5u + 5u);
+  EXPECT_EQ(st.slack_bytes, 300 + 2 * kBlock);
+  EXPECT_EQ(store.writes, 5u);
+  // Without a gather gap (host memory), a gather is exact too.
+  store.gap = 0;
+  engine.wait(engine.prepare(CopyDir::kLoad, copies, {}, Gaps::kGather));
+  EXPECT_EQ(engine.stats().runs, 3u + 5u + 5u + 5u);
+  EXPECT_EQ(engine.home_pins().pinned_blocks(), 0u);
+}
+
+// The disk home's batched reads (io_uring where built and allowed) land the same bytes as one read at a
+// time: many extents (more than the queue depth), of 4 KiB to 1 MiB, in any order.
+TEST(DiskStore, BatchedReadsMatchSingleReads) {
+  MemoryLedger ledger;
+  const auto dir = std::filesystem::path(KVTIER_BINARY_DIR) / "test_tmp" / "batch_disk";
+  std::filesystem::create_directories(dir);
+  constexpr uint64_t kSize = 8 << 20;
+  auto store = make_disk_store(ledger, dir.string(), kSize);
+  EXPECT_EQ(store->gather_gap(), store->queue_depth() > 1 ? kDiskGatherGap : kDiskGatherGapSerial);
+  if (disk_io_uring_built() && store->describe().find("io_uring:") == std::string::npos) {
+    EXPECT_EQ(store->queue_depth(), kDiskQueueDepth) << store->describe();
+    EXPECT_NE(store->describe().find("io_uring reads"), std::string::npos) << store->describe();
+  }
+  BlockPool mem(ledger, Tier::kHost, kSize, 3, 4096);
+  uint8_t* src = mem.data(mem.acquire());
+  uint8_t* a = mem.data(mem.acquire());
+  uint8_t* b = mem.data(mem.acquire());
+  std::mt19937 rng(7);
+  for (uint64_t i = 0; i < kSize; ++i) src[i] = static_cast<uint8_t>(rng());
+  store->write(0, src, kSize);
+  std::vector<BlockCopy> reads;
+  uint64_t off = 0;
+  while (off < kSize) {  // one extent of 1 MiB, then of 1..48 I/O pages, gaps of 0..3 pages; shuffled
+    const uint64_t n = std::min<uint64_t>(off == 0 ? 256 * kBlock : (1 + rng() % 48) * kBlock, kSize - off);
+    reads.push_back({off, a + off, n});
+    off += n + (rng() % 4) * kBlock;
+  }
+  std::shuffle(reads.begin(), reads.end(), rng);
+  ASSERT_GT(reads.size(), size_t{kDiskQueueDepth});
+  std::memset(a, 0, kSize);
+  std::memset(b, 0, kSize);
+  store->read_batch(reads);
+  for (const BlockCopy& r : reads) store->read(r.home_offset, b + r.home_offset, r.bytes);
+  EXPECT_EQ(std::memcmp(a, b, kSize), 0);
+  for (const BlockCopy& r : reads) EXPECT_EQ(std::memcmp(a + r.home_offset, src + r.home_offset, r.bytes), 0);
 }
 
 TEST(TransferEngine, AFailedCopyReleasesItsPinsAndStopsTheEngine) {

@@ -91,3 +91,32 @@ def test_bad_combinations_and_knobs_are_refused(skews):
     assert "not kivi4" in fails(*base, "--kv-policy", "layer+infinigen+kivi4")
     assert "--infinigen-alpha" in fails(*base, "--kv-policy", "infinigen", "--infinigen-alpha", "0")
     assert "--infinigen-budget" in fails(*base, "--kv-policy", "infinigen", "--infinigen-budget", "1.5")
+
+
+def test_disk_home_gathers_give_the_host_homes_bits(skews, tmp_path):
+    """A selective load on a disk home reads through short gaps between the chosen rows' I/O pages and
+    issues its reads together (io_uring): the attention must still see exactly the chosen rows, so the
+    logits are bit-identical to the same selection on a host home (row-exact loads), for infinigen at its
+    default alpha and for quest with a budget below the context. The slack is counted in bytes_loaded."""
+    def digests(*extra):
+        p = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", 8, "-t", 2, "--ctx", 1024, "--ignore-eos",
+                "--json", "--logits-digest", *extra)
+        return json.loads(p.stdout)
+
+    cases = [("infinigen", ["--kv-policy", "infinigen", "--skew", skews["smollm2"]]),
+             ("quest", ["--kv-policy", "layer+quest", "--kv-budget", "128"]),
+             ("headinfer+infinigen", ["--kv-policy", "headinfer+infinigen", "--group", "1", "--skew",
+                                      skews["smollm2"]])]
+    for name, flags in cases:
+        host = digests(*flags)
+        disk = digests(*flags, "--kv-disk", tmp_path)
+        assert "O_DIRECT" in disk["kv"]["home"], disk["kv"]["home"]
+        assert disk["logits_digest"] == host["logits_digest"], name
+        assert disk["tokens"] == host["tokens"], name
+        key = "quest" if name == "quest" else "infinigen"
+        assert disk["kv"][key]["rows_fetched"] == host["kv"][key]["rows_fetched"] > 0, name
+        assert disk["kv"][key]["fetched_fraction"] < 0.5, name
+        # host memory copies the rows only; the disk home reads some gaps to merge its reads
+        assert host["kv"]["bytes_slack"] == 0, name
+        assert 0 < disk["kv"]["bytes_slack"] < disk["kv"]["bytes_loaded"], name
+    assert list(tmp_path.iterdir()) == [], "the disk tier left files behind"

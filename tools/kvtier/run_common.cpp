@@ -320,7 +320,8 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
   }
   j["group"] = st->group;
   j["home"] = st->home;
-  j["bytes_loaded"] = st->transfer.bytes_loaded;
+  j["bytes_loaded"] = st->transfer.bytes_loaded;  // read from the home tier: page-rounded, slack included
+  j["bytes_slack"] = st->transfer.slack_bytes;    // of them: gaps read through to merge a gather's reads
   j["bytes_stored"] = st->transfer.bytes_stored;
   j["stall_s"] = st->transfer.wait_seconds;
   j["copy_busy_s"] = st->transfer.busy_seconds;
