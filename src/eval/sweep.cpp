@@ -129,6 +129,10 @@ std::vector<std::string> discover_policies(const PolicyCheck& check, std::vector
     }
     const policy::KvPolicy p = policy::parse_kv_policy(fmt::format("resident+{}", v.name));
     if (p == defaults) continue;
+    if (p.retention == policy::Retention::kPool) {  // InfiniGen's bounded pool runs only with its selection
+      add(policy::parse_kv_policy(fmt::format("layer+infinigen+{}", v.name)).spec());
+      continue;
+    }
     add(p.spec(), policy::parse_kv_policy(fmt::format("layer+{}", v.name)).spec());
   }
   return out;

@@ -68,9 +68,10 @@ def test_list_discovers_policies_and_budgets(first):
     budgeted = [a["value"] for a in axes if "--kv-budget" in a["flags"].split() and a["axis"] != "placement"]
     unbudgeted = [a["value"] for a in axes if a["value"] not in budgeted and a["value"] not in ("f16", "all", "none")]
     assert out[0] == "done passkey 512 resident" and out[1] == "done passkey 512 layer"
-    # Without a skew file or retaining heads, infinigen and locret are left out (test_compare_all_e2e.py runs
-    # them); a value the resident placement refuses (kvpr, hybrid) runs on layer.
-    unbudgeted = [v for v in unbudgeted if v != "infinigen"]
+    # Without a skew file or retaining heads, infinigen (and pool, which runs as layer+infinigen+pool) and locret
+    # are left out (test_compare_all_e2e.py runs them); a value the resident placement refuses (kvpr, hybrid) runs
+    # on layer.
+    unbudgeted = [v for v in unbudgeted if v not in ("infinigen", "pool")]
     budgeted = [v for v in budgeted if v != "locret"]
     for v in unbudgeted:
         placement = any(a["value"] == v and a["axis"] == "placement" for a in axes)
