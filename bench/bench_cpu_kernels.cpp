@@ -131,24 +131,34 @@ double copy_bandwidth(int threads) {
   return by_threads[static_cast<size_t>(std::min(threads, 2))];
 }
 
-// FMA peak in FLOP/s (2 per lane per FMA) of `isa`'s vector width on `threads` threads, measured once.
+// Throughput of a peak loop on `threads` threads, measured once per (isa, threads): ops_per_iter ops
+// per iteration of loop(isa, iters), the middle of 3 timings.
+double loop_peak(Isa isa, int threads, double ops_per_iter, float (*loop)(Isa, int64_t)) {
+  const int64_t iters = 20'000'000;
+  ThreadPool pool(threads);
+  std::vector<float> sink(static_cast<size_t>(threads));
+  std::vector<double> runs;
+  for (int rep = 0; rep < 3; ++rep) {
+    runs.push_back(seconds_of(
+        [&] { pool.run(threads, [&](int p) { sink[static_cast<size_t>(p)] = loop(isa, iters); }); }));
+  }
+  std::sort(runs.begin(), runs.end());
+  benchmark::DoNotOptimize(sink.data());
+  return ops_per_iter * static_cast<double>(iters) * threads / runs[1];
+}
+
+float fma_loop(Isa isa, int64_t iters) {
+  return isa == Isa::kAvx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
+}
+float int8_loop(Isa isa, int64_t iters) {
+  return static_cast<float>(isa == Isa::kAvx512 ? int8_loop_avx512(iters) : int8_loop_avx2(iters));
+}
+
+// FMA peak in FLOP/s (2 per lane per FMA, 12 FMAs per iteration) of `isa`'s vector width on `threads`
+// threads, measured once.
 double fma_peak(Isa isa, int threads) {
   auto measure = [](Isa i, int t) {
-    const int64_t iters = 20'000'000;
-    ThreadPool pool(t);
-    std::vector<float> sink(static_cast<size_t>(t));
-    const double lanes = i == Isa::kAvx512 ? 16.0 : 8.0;
-    std::vector<double> runs;
-    for (int rep = 0; rep < 3; ++rep) {
-      runs.push_back(seconds_of([&] {
-        pool.run(t, [&](int p) {
-          sink[static_cast<size_t>(p)] = i == Isa::kAvx512 ? fma_loop_avx512(iters) : fma_loop_avx2(iters);
-        });
-      }));
-    }
-    std::sort(runs.begin(), runs.end());
-    benchmark::DoNotOptimize(sink.data());
-    return 2.0 * lanes * 12.0 * static_cast<double>(iters) * t / runs[1];
+    return loop_peak(i, t, 2.0 * (i == Isa::kAvx512 ? 16 : 8) * 12, fma_loop);
   };
   static const double avx2_1 = measure(Isa::kAvx2, 1), avx2_2 = measure(Isa::kAvx2, 2);
   if (isa == Isa::kAvx512) {
@@ -160,24 +170,10 @@ double fma_peak(Isa isa, int threads) {
 
 // int8 dot peak in OP/s (2 per u8 x s8 product) of `isa`'s integer dot instructions on `threads`
 // threads, measured once: AVX2 vpmaddubsw + vpmaddwd + vpaddd per 32 products, AVX-512 one
-// vpdpbusd per 64. The quantised kernels are built from exactly these.
+// vpdpbusd per 64, 12 per iteration. The quantised kernels are built from exactly these.
 double int8_peak(Isa isa, int threads) {
   auto measure = [](Isa i, int t) {
-    const int64_t iters = 20'000'000;
-    ThreadPool pool(t);
-    std::vector<int> sink(static_cast<size_t>(t));
-    const double products = i == Isa::kAvx512 ? 64.0 : 32.0;
-    std::vector<double> runs;
-    for (int rep = 0; rep < 3; ++rep) {
-      runs.push_back(seconds_of([&] {
-        pool.run(t, [&](int p) {
-          sink[static_cast<size_t>(p)] = i == Isa::kAvx512 ? int8_loop_avx512(iters) : int8_loop_avx2(iters);
-        });
-      }));
-    }
-    std::sort(runs.begin(), runs.end());
-    benchmark::DoNotOptimize(sink.data());
-    return 2.0 * products * 12.0 * static_cast<double>(iters) * t / runs[1];
+    return loop_peak(i, t, 2.0 * (i == Isa::kAvx512 ? 64 : 32) * 12, int8_loop);
   };
   static const double avx2_1 = measure(Isa::kAvx2, 1), avx2_2 = measure(Isa::kAvx2, 2);
   if (isa == Isa::kAvx512) {

@@ -10,18 +10,6 @@
 #include "kv/kv_row.h"
 
 namespace kvtier::kv {
-namespace {
-
-void load_row(cpu::KvDtype dt, const uint8_t* src, int64_t n, float* dst) {
-  if (dt == cpu::KvDtype::kF32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
-}
-
-}  // namespace
 
 int64_t locret_rows(int64_t capacity, const KvOptions& o) {
   return std::min(capacity, o.knobs.budget + o.knobs.local_tail + max_new_rows(capacity, o));
@@ -233,7 +221,7 @@ void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_
     n_rot = 0;
   };
   const int64_t kept = s.compact(h, n, keep_, [&](int64_t w) {
-    load_row(geo_.dtype, s.kpre.data() + s.cell(h, w) * s.rk, dk, rot_in_.data() + n_rot * dk);
+    load_kv_row(geo_.dtype, s.kpre.data() + s.cell(h, w) * s.rk, dk, rot_in_.data() + n_rot * dk);
     rot_pos_[static_cast<size_t>(n_rot)] = w;
     if (++n_rot == batch) flush();
   });

@@ -11,18 +11,6 @@
 #include "policy/kv_policy.h"
 
 namespace kvtier::kv {
-namespace {
-
-void load_kv_row(cpu::KvDtype dt, const uint8_t* src, int64_t n, float* dst) {
-  if (dt == cpu::KvDtype::kF32) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
-    return;
-  }
-  const auto* h = reinterpret_cast<const uint16_t*>(src);
-  for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(h[i]);
-}
-
-}  // namespace
 
 void TieredKv::locret_init(MemoryLedger& ledger) {
   lr_scorer_ = opt_.scorer;
