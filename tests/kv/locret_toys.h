@@ -6,7 +6,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <span>
+#include <vector>
 
 #include "core/error.h"
 #include "kv/kv_compute.h"
@@ -27,6 +29,32 @@ void toy_rope(const float* in, int64_t pos, float* out) {
     out[i] = a * c - b * s;
     out[i + kDk / 2] = a * s + b * c;
   }
+}
+
+// One toy layer's new rows for a pass of n tokens at positions pos0.., drawn from nd(rng) in the order
+// q_pre, k_pre, v, and the queries and keys after toy_rope:
+//   q_pre, q: [n, kHead, kDk]    k_pre, k: [n, 2, kDk]    v: [n, 2, kDv]
+struct ToyLayerRows {
+  std::vector<float> q_pre, k_pre, v, q, k;
+};
+inline ToyLayerRows toy_layer_rows(int64_t n, int64_t pos0, std::mt19937& rng,
+                                   std::normal_distribution<float>& nd) {
+  ToyLayerRows r{std::vector<float>(n * kHead * kDk),
+                 std::vector<float>(n * 2 * kDk),
+                 std::vector<float>(n * 2 * kDv),
+                 {},
+                 {}};
+  for (auto* x : {&r.q_pre, &r.k_pre, &r.v}) {
+    for (float& e : *x) e = nd(rng);
+  }
+  r.q.resize(r.q_pre.size());
+  r.k.resize(r.k_pre.size());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t h = 0; h < kHead; ++h)
+      toy_rope(&r.q_pre[(t * kHead + h) * kDk], pos0 + t, &r.q[(t * kHead + h) * kDk]);
+    for (int64_t h = 0; h < 2; ++h) toy_rope(&r.k_pre[(t * 2 + h) * kDk], pos0 + t, &r.k[(t * 2 + h) * kDk]);
+  }
+  return r;
 }
 
 class ToyCompute final : public KvCompute {

@@ -72,17 +72,8 @@ Trace drive(KvCache& kv, const Case& c, OnStep on_step) {
     const PassPositions pp = kv.begin_pass({0, n});
     tr.pos0.push_back(pp.pos0);
     for (uint32_t l = 0; l < 2; ++l) {
-      std::vector<float> q_pre(n * kHead * kDk), k_pre(n * 2 * kDk), v(n * 2 * kDv);
-      for (auto* x : {&q_pre, &k_pre, &v}) {
-        for (float& e : *x) e = nd(rng);
-      }
-      std::vector<float> q(q_pre.size()), k(k_pre.size());
-      for (int64_t t = 0; t < n; ++t) {
-        for (int64_t h = 0; h < kHead; ++h)
-          toy_rope(&q_pre[(t * kHead + h) * kDk], pp.pos0 + t, &q[(t * kHead + h) * kDk]);
-        for (int64_t h = 0; h < 2; ++h)
-          toy_rope(&k_pre[(t * 2 + h) * kDk], pp.pos0 + t, &k[(t * 2 + h) * kDk]);
-      }
+      ToyLayerRows tl = toy_layer_rows(n, pp.pos0, rng, nd);
+      auto &q_pre = tl.q_pre, &k_pre = tl.k_pre, &v = tl.v, &q = tl.q, &k = tl.k;
       LayerRows rows;
       rows.k = k.data(), rows.v = v.data(), rows.q_pre = q_pre.data(), rows.k_pre = k_pre.data();
       std::vector<float> o(n * kHead * kDv);
