@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/act_panel.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
@@ -96,8 +97,8 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
 }
 
 // The SIMD tables have tiles for the default models' types (else matmul silently falls back to one
-// vec_dot per output), and a tile (regular, wide or one-token narrow) called directly with a wider
-// output stride writes only its block, bit-identical to vec_dot.
+// vec_dot per output), and a tile (regular, wide, one-token narrow or panel) called directly with a
+// wider output stride writes only its block, bit-identical to vec_dot.
 TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -107,7 +108,37 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                           GgmlType::kQ4_K, GgmlType::kQ6_K}) {
       const TileKernel regular = table.tile[static_cast<size_t>(type)];
-      ASSERT_NE(regular.fn, nullptr) << ggml_type_name(type) << " " << isa_name(isa);
+      const PanelKernel panel = table.panel[static_cast<size_t>(type)];
+      ASSERT_TRUE(regular.fn != nullptr || panel.fn != nullptr)
+          << ggml_type_name(type) << " " << isa_name(isa);
+      if (panel.fn != nullptr) {
+        const ActFormat f = act_format_for(type);
+        ASSERT_TRUE(has_act_panels(f)) << ggml_type_name(type);
+        const int64_t k = 5 * ggml_traits(type).block_size;
+        const auto w_bytes = test::random_weights(type, panel.rows, k, rng);
+        const int64_t row_bytes = static_cast<int64_t>(w_bytes.size()) / panel.rows;
+        const auto act_bytes = static_cast<int64_t>(act_row_bytes(f, k));
+        std::vector<uint8_t> act(static_cast<size_t>(act_bytes * kPanelTokens));  // [tokens, act_bytes]
+        std::vector<float> x(static_cast<size_t>(k));
+        for (int t = 0; t < kPanelTokens; ++t) {
+          for (float& v : x) v = normal(rng);
+          quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
+        }
+        std::vector<uint8_t> packed(act_panel_bytes(f, k, kPanelTokens));
+        pack_act_panel(f, act.data(), act_bytes, k, packed.data());
+        const int64_t ldy = panel.rows + 3;
+        std::vector<float> y(static_cast<size_t>(ldy * kPanelTokens), 7.0f);  // [tokens, ldy]
+        panel.fn(w_bytes.data(), row_bytes, packed.data(), k, y.data(), ldy);
+        for (int t = 0; t < kPanelTokens; ++t) {
+          for (int64_t r = 0; r < ldy; ++r) {
+            const float want = r < panel.rows ? vec_dot(isa, type, w_bytes.data() + r * row_bytes,
+                                                        act.data() + t * act_bytes, k)
+                                              : 7.0f;
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[t * ldy + r]), std::bit_cast<uint32_t>(want))
+                << ggml_type_name(type) << " " << isa_name(isa) << " panel t=" << t << " r=" << r;
+          }
+        }
+      }
       const TileKernel wide = table.tile_wide[static_cast<size_t>(type)];
       const TileKernel narrow = table.tile_narrow[static_cast<size_t>(type)];
       for (const TileKernel& tile : {regular, wide, narrow}) {

@@ -47,7 +47,8 @@ struct PolicyRun {
   policy::KvPolicy policy;
   std::unique_ptr<runtime::Session> session;
   std::vector<double> pre, dec, stall;
-  std::vector<double> dec_cpu;  // decode tokens per CPU second of the process (all threads)
+  std::vector<double> pre_cpu,
+      dec_cpu;  // prefill / decode tokens per CPU second of the process (all threads)
   uint64_t loaded = 0, stored = 0;
   std::vector<std::vector<runtime::TokenId>> generated;  // [batch] greedy ids of the last round
   std::vector<std::vector<std::string>> digests;         // [batch] --logits-digest of the last round
@@ -91,7 +92,7 @@ double process_cpu_seconds() {
 }
 
 struct RoundTimes {
-  double prefill_s = 0, decode_s = 0, decode_cpu_s = 0;
+  double prefill_s = 0, decode_s = 0, prefill_cpu_s = 0, decode_cpu_s = 0;
 };
 
 // XXH3-64 of one logits row, as 16 hex digits (as `kvtier run --logits-digest`).
@@ -112,6 +113,7 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
   std::vector<model::SeqTokens> parts;
   std::vector<size_t> who;
   const auto t0 = Clock::now();
+  const double c0 = process_cpu_seconds();
   for (size_t done = 0; done < B;) {
     parts.clear();
     who.clear();
@@ -139,6 +141,7 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
   const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
   const auto t1 = Clock::now();
   const double c1 = process_cpu_seconds();
+  const double cp = c1 - c0;
   for (int64_t g = 0; g < gen; ++g) {
     parts.clear();
     for (size_t b = 0; b < B; ++b) {
@@ -152,7 +155,7 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
     }
   }
   const double td = std::chrono::duration<double>(Clock::now() - t1).count();
-  return {tp, td, process_cpu_seconds() - c1};
+  return {tp, td, cp, process_cpu_seconds() - c1};
 }
 
 int run_bench(BenchArgs a) {
@@ -192,7 +195,8 @@ int run_bench(BenchArgs a) {
     for (int64_t B : a.batch) {
       std::vector<std::vector<runtime::TokenId>> prompts;
       for (int64_t b = 0; b < B; ++b) prompts.push_back(bench_prompt(*model, p, b));
-      for (auto& pr : runs) pr.pre.clear(), pr.dec.clear(), pr.stall.clear(), pr.dec_cpu.clear();
+      for (auto& pr : runs)
+        pr.pre.clear(), pr.dec.clear(), pr.stall.clear(), pr.pre_cpu.clear(), pr.dec_cpu.clear();
       for (int r = -a.warmup; r < a.repeat; ++r) {  // rounds < 0 warm caches and page tables, unrecorded
         for (auto& pr : runs) {
           runtime::Session& s = *pr.session;
@@ -207,6 +211,7 @@ int run_bench(BenchArgs a) {
           if (r < 0) continue;
           pr.pre.push_back(static_cast<double>(p * B) / tp);
           pr.dec.push_back(static_cast<double>(a.gen * B) / td);
+          pr.pre_cpu.push_back(static_cast<double>(p * B) / rt.prefill_cpu_s);
           pr.dec_cpu.push_back(static_cast<double>(a.gen * B) / rt.decode_cpu_s);
           if (const auto after = s.kv_stats()) {
             pr.stall.push_back(after->transfer.wait_seconds - before->transfer.wait_seconds);
@@ -234,6 +239,7 @@ int run_bench(BenchArgs a) {
                               {"prefill_tokens_per_s", median(pr.pre)},
                               {"decode_tokens_per_s", median(pr.dec)},
                               {"decode_tokens_per_s_per_seq", median(pr.dec) / Bd},
+                              {"prefill_tokens_per_cpu_s", median(pr.pre_cpu)},
                               {"decode_tokens_per_cpu_s", median(pr.dec_cpu)},
                               {"prefill_ratio_to_first", median(pr.pre) / base_pre},
                               {"decode_ratio_to_first", median(pr.dec) / base_dec},

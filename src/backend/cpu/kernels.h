@@ -50,6 +50,19 @@ struct TileKernel {
   int tokens = 0;
 };
 
+// Tile over an activation panel (act_panel.h): `rows` weight rows x kPanelTokens tokens.
+//   w: [rows] weight rows, row_bytes apart
+//   panel: one token group's panel blocks (PanelQ8_32 or PanelQ8_K, by the type's ActFormat)
+//   y: y[t * ldy + r] for t < kPanelTokens, r < rows
+// Bit-identical to the same table's vec_dot of each (row, token), like TileFn.
+using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t k, float* y,
+                             int64_t ldy);
+
+struct PanelKernel {
+  PanelTileFn fn = nullptr;  // null: the type has no panel tile
+  int rows = 0;
+};
+
 constexpr size_t kMaxGgmlTypeId = 40;
 
 struct KernelTable {
@@ -63,6 +76,9 @@ struct KernelTable {
   // matmul use them before single vec_dots, so several rows' independent chains overlap and share
   // each activation block's loads.
   std::array<TileKernel, kMaxGgmlTypeId> tile_narrow{};
+  // Indexed by GgmlType id: tiles over activation panels (quantised activation formats only). Where
+  // set, matmul packs whole groups of kPanelTokens tokens into panels and uses these before `tile`.
+  std::array<PanelKernel, kMaxGgmlTypeId> panel{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
   std::array<QuantizeActFn, 3> quantize_act{};
   FloatKernels fops{};
@@ -76,7 +92,8 @@ void fill_scalar_kernels(KernelTable& t);
 void fill_avx2_kernels(KernelTable& t);
 void fill_avx512_kernels(KernelTable& t);
 void fill_avx2_float_kernels(FloatKernels& f);
-void fill_avx2_tiles(KernelTable& t);           // matmul_avx2.cpp (calls fill_avx2_ktiles)
+void fill_avx2_tiles(KernelTable& t);           // matmul_avx2.cpp (calls fill_avx2_ktiles, _panel)
+void fill_avx2_panel_kernels(KernelTable& t);   // matmul_avx2_panel.cpp (vec_dot and tiles)
 void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp

@@ -1,7 +1,9 @@
 #include "backend/cpu/matmul.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "backend/cpu/act_panel.h"
 #include "backend/cpu/dequant.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/quantize_act.h"
@@ -31,7 +33,8 @@ size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens) {
          ggml_type_name(type));
   }
   if (f == ActFormat::kF32) return 0;  // f32 activations are used in place
-  return act_row_bytes(f, k) * static_cast<size_t>(n_tokens);
+  const size_t panels = act_panel_bytes(f, k, n_tokens);
+  return act_row_bytes(f, k) * static_cast<size_t>(n_tokens) + panels;
 }
 
 float vec_dot(Isa isa, GgmlType type, const uint8_t* w_row, const uint8_t* act_row, int64_t k) {
@@ -85,22 +88,40 @@ void quantize_rows(ThreadPool& pool, Isa isa, GgmlType type, const float* x, int
   quantize_rows_on(pool, threads, isa, type, x, n_tokens, k, out);
 }
 
+namespace {
+void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
+                 float* y, std::span<uint8_t> panel_scratch);
+}  // namespace
+
 void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             std::span<uint8_t> scratch) {
   KVTIER_ASSERT(scratch.size() >= matmul_scratch_bytes(w.type, w.k, n_tokens), "matmul scratch of {} bytes",
                 scratch.size());
   if (n_tokens == 0 || w.n_rows == 0) return;
   const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
+  std::span<uint8_t> panels;
   if (act_format_for(w.type) != ActFormat::kF32) {
     const int threads = pool.threads_for(weight_row_bytes(w) * w.n_rows * n_tokens, kSleepingPoolMinBytes);
     quantize_rows_on(pool, threads, isa, w.type, x, n_tokens, w.k, scratch.data());
     act = scratch.data();
+    panels = scratch.subspan(act_row_bytes_for(w.type, w.k) * static_cast<size_t>(n_tokens));
   }
-  matmul_rows(pool, isa, w, act, n_tokens, y);
+  matmul_acts(pool, isa, w, act, n_tokens, y, panels);
 }
 
 void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
                  float* y) {
+  std::vector<uint8_t> panels;  // only for types with panel tiles
+  const PanelKernel panel = kernel_table(isa).panel[static_cast<size_t>(w.type)];
+  if (panel.fn != nullptr && n_tokens >= kPanelTokens)
+    panels.resize(act_panel_bytes(act_format_for(w.type), w.k, n_tokens));
+  matmul_acts(pool, isa, w, act, n_tokens, y, panels);
+}
+
+namespace {
+
+void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
+                 float* y, std::span<uint8_t> panel_scratch) {
   const KernelTable& table = kernel_table(isa);
   const VecDotFn dot = dot_fn(table, w.type);
   const int64_t row_bytes = weight_row_bytes(w);
@@ -116,6 +137,7 @@ void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
   const TileKernel tile = table.tile[static_cast<size_t>(w.type)];
   const TileKernel wide = table.tile_wide[static_cast<size_t>(w.type)];
   const TileKernel narrow = table.tile_narrow[static_cast<size_t>(w.type)];
+  const PanelKernel panel = table.panel[static_cast<size_t>(w.type)];
   KVTIER_ASSERT(
       wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows && wide.tokens % tile.tokens == 0),
       "wide tile of {} rows", wide.rows);
@@ -134,6 +156,40 @@ void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
     }
   };
   const int n_parts = static_cast<int>(std::min<int64_t>(threads, (w.n_rows + kRowAlign - 1) / kRowAlign));
+  if (panel.fn != nullptr && n_tokens >= kPanelTokens) {
+    // Whole groups of kPanelTokens tokens go through panels (packed once, shared by every row),
+    // the remaining tokens and rows one token at a time.
+    const int64_t n_groups = n_tokens / kPanelTokens;
+    const ActFormat fmt = act_format_for(w.type);
+    const size_t group_bytes = act_panel_bytes(fmt, w.k, kPanelTokens);
+    KVTIER_ASSERT(panel_scratch.size() >= group_bytes * static_cast<size_t>(n_groups),
+                  "panel scratch of {} bytes", panel_scratch.size());
+    uint8_t* panels = panel_scratch.data();
+    const int n_pack = static_cast<int>(std::min<int64_t>(threads, n_groups));
+    pool.run(n_pack, [&](int part) {
+      const Range g = split_range(n_groups, n_pack, part);
+      for (int64_t i = g.begin; i < g.end; ++i)
+        pack_act_panel(fmt, act + i * kPanelTokens * act_bytes, act_bytes, w.k, panels + i * group_bytes);
+    });
+    const int64_t t_end = n_groups * kPanelTokens;
+    pool.run(n_parts, [&](int part) {
+      const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
+      const int64_t r_end = rows.begin + (rows.end - rows.begin) / panel.rows * panel.rows;
+      // Row blocks of kRowAlign rows outer, token groups inner: a row block's weights stay in L1/L2
+      // while every group passes over them.
+      for (int64_t r0 = rows.begin; r0 < r_end; r0 += kRowAlign) {
+        const int64_t r1 = std::min(r_end, r0 + kRowAlign);
+        for (int64_t g = 0; g < n_groups; ++g) {
+          for (int64_t r = r0; r < r1; r += panel.rows)
+            panel.fn(w.data + r * row_bytes, row_bytes, panels + g * group_bytes, w.k,
+                     y + g * kPanelTokens * w.n_rows + r, w.n_rows);
+        }
+      }
+      edge(r_end, rows.end, 0, t_end);
+      edge(rows.begin, rows.end, t_end, n_tokens);
+    });
+    return;
+  }
   pool.run(n_parts, [&](int part) {
     const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
     for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kRowAlign) {
@@ -164,5 +220,7 @@ void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
     }
   });
 }
+
+}  // namespace
 
 }  // namespace kvtier::cpu

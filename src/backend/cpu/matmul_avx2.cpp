@@ -151,45 +151,6 @@ void tile_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_
   }
 }
 
-// The one-token tile of q4_1 / q5_1 (4 rows x 1 token): as tile_legacy per row, but the 4 rows' d/m
-// pairs are converted together and their min chains run side by side in one 4-lane vector (lane r:
-// row r), the same products added in the same order.
-template <Legacy kType, typename Block>
-void narrow_min_legacy(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t /*act_bytes*/,
-                       int64_t k, float* y, int64_t ldy) {
-  constexpr int R = 4;
-  const Block* x[R];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
-  const ActQ8_32* a = reinterpret_cast<const ActQ8_32*>(act);
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();  // lane r: row r's min chain
-  const __m256i m_lanes = _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
-  for (int64_t b = 0; b < k / kQK; ++b) {
-    prefetch_ahead(w, b, R * static_cast<int64_t>(sizeof(Block)));
-    __m128i dm_h = _mm_cvtsi32_si128(static_cast<int>(load_u32(&x[0][b].d)));
-    dm_h = _mm_insert_epi32(dm_h, static_cast<int>(load_u32(&x[1][b].d)), 1);
-    dm_h = _mm_insert_epi32(dm_h, static_cast<int>(load_u32(&x[2][b].d)), 2);
-    dm_h = _mm_insert_epi32(dm_h, static_cast<int>(load_u32(&x[3][b].d)), 3);
-    const __m256 dm = _mm256_cvtph_ps(dm_h);  // [d0, m0, d1, m1, d2, m2, d3, m3]
-    const __m128 mw = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(dm, m_lanes));  // [m0..m3]
-    const __m128 da = _mm_broadcast_ss(&a[b].d);
-    acc_min = _mm_add_ps(acc_min, _mm_mul_ps(_mm_mul_ps(mw, da), _mm_cvtepi32_ps(_mm_set1_epi32(a[b].sum))));
-    const __m256i av = load256(a[b].qs);
-    const __m256 da8 = _mm256_broadcast_ss(&a[b].d);
-    for (int r = 0; r < R; ++r) {
-      __m256i q = nibbles_32(x[r][b].qs);
-      if constexpr (kType == Legacy::kQ5_1) q = _mm256_or_si256(q, bits_to_0x10(x[r][b].qh));
-      const __m256 dw = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(2 * r));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8s8(q, av)), _mm256_mul_ps(dw, da8), acc[r]);
-    }
-  }
-  float mins[4];
-  _mm_storeu_ps(mins, acc_min);
-  for (int r = 0; r < R; ++r) y[r] = hsum_f32(acc[r]) + mins[r];
-  (void)ldy;
-}
-
 }  // namespace
 
 void fill_avx2_tiles(KernelTable& t) {
@@ -198,7 +159,7 @@ void fill_avx2_tiles(KernelTable& t) {
   // accumulators to the stack (objdump), so every block's FMA waited on a store-to-load round trip.
   // bench_matmul_cputime avx2, medians of 3-5 interleaved rounds on a 2-vCPU AMD EPYC (Zen 4):
   // q5_0 59.1 -> 65.1, q8_0 67.3 -> 73.4, q4_K 74.7 -> 77.8, q6_K 82.5 -> 88.5 GFLOP per CPU second.
-  // q4_1 / q5_1 keep 2 x 4: their min chains hold one token per lane of a 4-lane vector.
+  // q4_0, q4_1, q5_0 and q5_1 have panel tiles instead (matmul_avx2_panel.cpp, with their vec_dot).
   auto set = [&t](GgmlType type, TileKernel k, TileKernel narrow = {}) {
     t.tile[static_cast<size_t>(type)] = k;
     t.tile_narrow[static_cast<size_t>(type)] = narrow;
@@ -206,17 +167,10 @@ void fill_avx2_tiles(KernelTable& t) {
   set(GgmlType::kF32, TileKernel{tile_float<Float::kF32, 2, 4>, 2, 4});
   set(GgmlType::kF16, TileKernel{tile_float<Float::kF16, 2, 4>, 2, 4});
   set(GgmlType::kBF16, TileKernel{tile_float<Float::kBF16, 2, 4>, 2, 4});
-  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 1, 8>, 1, 8},
-      TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 1>, 4, 1});
-  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 2, 4>, 2, 4},
-      TileKernel{narrow_min_legacy<Legacy::kQ4_1, BlockQ4_1>, 4, 1});
-  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 1, 8>, 1, 8},
-      TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 1>, 4, 1});
-  set(GgmlType::kQ5_1, TileKernel{tile_legacy<Legacy::kQ5_1, BlockQ5_1, 2, 4>, 2, 4},
-      TileKernel{narrow_min_legacy<Legacy::kQ5_1, BlockQ5_1>, 4, 1});
   set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 1, 8>, 1, 8},
       TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 1>, 4, 1});
   fill_avx2_ktiles(t);
+  fill_avx2_panel_kernels(t);  // replaces q4_0, q4_1, q5_0, q5_1 (vec_dot and tiles)
 }
 
 }  // namespace kvtier::cpu

@@ -194,7 +194,11 @@ void tile_q6_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
 }  // namespace
 
 void fill_avx512_ktiles(KernelTable& t) {
-  auto set = [&t](GgmlType type, TileKernel k) { t.tile[static_cast<size_t>(type)] = k; };
+  // These tiles replace the AVX2 panel tiles of the same types (matmul prefers panels where set).
+  auto set = [&t](GgmlType type, TileKernel k) {
+    t.tile[static_cast<size_t>(type)] = k;
+    t.panel[static_cast<size_t>(type)] = PanelKernel{};
+  };
   set(GgmlType::kQ4_K, TileKernel{tile_q4_k, R, T});
   set(GgmlType::kQ6_K, TileKernel{tile_q6_k, R, T});
 }

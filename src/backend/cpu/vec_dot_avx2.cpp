@@ -226,10 +226,7 @@ void fill_avx2_kernels(KernelTable& t) {
   set(GgmlType::kF32, dot_f32);
   set(GgmlType::kF16, dot_half<false>);
   set(GgmlType::kBF16, dot_half<true>);
-  set(GgmlType::kQ4_0, dot_legacy<Legacy::kQ4_0, BlockQ4_0>);
-  set(GgmlType::kQ4_1, dot_legacy<Legacy::kQ4_1, BlockQ4_1>);
-  set(GgmlType::kQ5_0, dot_legacy<Legacy::kQ5_0, BlockQ5_0>);
-  set(GgmlType::kQ5_1, dot_legacy<Legacy::kQ5_1, BlockQ5_1>);
+  // q4_0, q4_1, q5_0, q5_1: matmul_avx2_panel.cpp (one float chain per output, for its panel tiles).
   set(GgmlType::kQ8_0, dot_legacy<Legacy::kQ8_0, BlockQ8_0>);
   set(GgmlType::kQ2_K, dot_q2_k);
   set(GgmlType::kQ3_K, dot_q3_k);

@@ -184,6 +184,7 @@ void fill_avx512_kernels(KernelTable& t) {
     t.tile[static_cast<size_t>(type)] = TileKernel{};
     t.tile_wide[static_cast<size_t>(type)] = TileKernel{};
     t.tile_narrow[static_cast<size_t>(type)] = TileKernel{};
+    t.panel[static_cast<size_t>(type)] = PanelKernel{};
   };
   set(GgmlType::kF32, dot_float<false>);
   set(GgmlType::kF16, dot_float<true>);

@@ -1,0 +1,53 @@
+#include "backend/cpu/act_panel.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace kvtier::cpu {
+
+bool has_act_panels(ActFormat format) {
+  return format == ActFormat::kQ8_32 || format == ActFormat::kQ8_K;
+}
+
+size_t act_panel_bytes(ActFormat format, int64_t k, int64_t n_tokens) {
+  const auto groups = static_cast<size_t>(n_tokens / kPanelTokens);
+  switch (format) {
+    case ActFormat::kQ8_32:
+      return groups * static_cast<size_t>(k / kQK) * sizeof(PanelQ8_32);
+    case ActFormat::kQ8_K:
+      return groups * static_cast<size_t>(k / kQKK) * sizeof(PanelQ8_K);
+    case ActFormat::kF32:
+      break;
+  }
+  return 0;
+}
+
+void pack_act_panel(ActFormat format, const uint8_t* act, int64_t act_bytes, int64_t k, uint8_t* panel) {
+  KVTIER_ASSERT(has_act_panels(format), "no panels for f32 activations");
+  for (int t = 0; t < kPanelTokens; ++t) {
+    const uint8_t* row = act + t * act_bytes;
+    if (format == ActFormat::kQ8_32) {
+      const auto* a = reinterpret_cast<const ActQ8_32*>(row);
+      auto* out = reinterpret_cast<PanelQ8_32*>(panel);
+      for (int64_t b = 0; b < k / kQK; ++b) {
+        for (int g = 0; g < kQK / 4; ++g) std::memcpy(out[b].qs[g][t], a[b].qs + 4 * g, 4);
+        out[b].d[t] = a[b].d;
+        out[b].sum[t] = a[b].sum;
+      }
+    } else {
+      const auto* a = reinterpret_cast<const ActQ8_K*>(row);
+      auto* out = reinterpret_cast<PanelQ8_K*>(panel);
+      for (int64_t b = 0; b < k / kQKK; ++b) {
+        for (int g = 0; g < kQKK / 4; ++g) std::memcpy(out[b].qs[g][t], a[b].qs + 4 * g, 4);
+        out[b].d[t] = a[b].d;
+        for (int j = 0; j < kQKK / 32; ++j) {
+          out[b].bsums[j][t][0] = a[b].bsums[2 * j];
+          out[b].bsums[j][t][1] = a[b].bsums[2 * j + 1];
+        }
+      }
+    }
+  }
+}
+
+}  // namespace kvtier::cpu
