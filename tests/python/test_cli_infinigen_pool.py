@@ -32,10 +32,13 @@ def skew(tmp_path_factory):
     shutil.rmtree(out, ignore_errors=True)
 
 
+def run_proc(skew, *extra):
+    return run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "-t", 2, "--ctx", 1024, "--ignore-eos",
+               "--json", "--logits-digest", "--skew", skew, *extra)
+
+
 def run_json(skew, *extra):
-    p = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "-t", 2, "--ctx", 1024, "--ignore-eos",
-            "--json", "--logits-digest", "--skew", skew, *extra)
-    return json.loads(p.stdout)
+    return json.loads(run_proc(skew, *extra).stdout)
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +148,11 @@ def test_a_disk_home_gives_the_host_homes_run(skew, plain, tmp_path, eviction):
     # the disk file: layers 0-1 hold --ctx 1024 positions (4 pages), the 28 pooled layers one page
     # (C < 256 slots), per KV head and K|V
     assert disk_bytes(disk) == (2 * 4 + 28 * 1) * 3 * 2 * PAGE
+    # `kvtier plan` predicts every byte the run held
+    plan = json.loads(run("plan", "-m", model("smollm2"), "--ctx", 1024, "-t", 2, "--json", "--kv-disk", tmp_path,
+                          *flags).stdout)
+    assert plan["engine"]["policies"][0]["memory"] == disk["peak_memory_bytes"]
+    assert disk["peak_memory_bytes"]["disk"]["kv"] == disk_bytes(disk)
     unbounded = json.loads(run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", 1, "-t", 2, "--ctx", 1024, "--json",
                                "--skew", skew, "--kv-policy", "infinigen", "--kv-disk", tmp_path).stdout)
     assert disk_bytes(unbounded) == 30 * 4 * 3 * 2 * PAGE
@@ -157,7 +165,8 @@ def test_a_prompt_longer_than_the_pool_evicts_while_it_is_prefilled(skew, plain,
     assert 2 * C <= P <= 3 * C
     flags = ["--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", C * SLOT_BYTES, "--kv-pool-eviction", eviction,
              "--chunk", 32]
-    j = run_json(skew, *flags)
+    proc = run_proc(skew, *flags)
+    j = json.loads(proc.stdout)
     g = j["kv"]["infinigen"]
     p = g["pool"]
     assert p["slots"] == C
@@ -167,6 +176,7 @@ def test_a_prompt_longer_than_the_pool_evicts_while_it_is_prefilled(skew, plain,
     assert p["live_max"] == C and p["live_rows"] == C * POOL_HEADS  # never more rows than slots
     assert p["evictions"] == (written - C) * POOL_HEADS
     assert p["prefill_evictions"] == (P - C) * POOL_HEADS
+    assert f"longer than the KV pool's {C} slots" in proc.stderr  # evicting at prefill: a warning (§15.13)
     # every decode step speculated over the C live slots
     assert g["rows_total"] == 28 * 3 * C * steps
     if eviction == "fifo":  # exactly the oldest positions went, at prefill and at decode
