@@ -291,8 +291,8 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
     for (size_t b = 0; b < seqs.size(); ++b) {
       const SeqPass& sp = seqs[b];
       if (!cols_chosen_[sp.seq]) continue;
-      if (pool_evicts(layer, sp.pos0,
-                      sp.n)) {  // each head's row at its slot (a victim's, past the free ones)
+      // An evicting pass: each head's row at its slot (a victim's, past the free ones).
+      if (pool_evicts(layer, sp.pos0, sp.n)) {
         for (int64_t t = 0; t < sp.n; ++t) {
           for (int64_t g = 0; g < hk; ++g)
             pk_->write_row(sp.seq, layer, static_cast<uint32_t>(g),

@@ -356,7 +356,7 @@ class PoolSlots : public ::testing::TestWithParam<PoolCase> {};
 TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
   const PoolCase pc = GetParam();
   constexpr uint32_t L = 4;
-  constexpr int64_t kSteps = 60, kC = 128, kCtx = 512;
+  constexpr int64_t kSteps = 60, kC = 128, kCtx = 512, kTurn = 40;
   constexpr float kScale = 0.25f;
   std::mt19937 rng(5);
   KvGeometry geo;
@@ -388,8 +388,13 @@ TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
   int64_t checked = 0;
   std::vector<std::pair<int64_t, int64_t>> passes;  // (pos0, n)
   for (int64_t p = 0; p < pc.prompt; p += pc.chunk) passes.emplace_back(p, std::min(pc.chunk, pc.prompt - p));
-  for (int64_t s = 0; s < kSteps; ++s) passes.emplace_back(pc.prompt + s, 1);
+  // decode steps, a second prompt of kTurn tokens (a chat turn: its rows evict, the pool is full), steps
+  for (int64_t s = 0; s < kSteps / 2; ++s) passes.emplace_back(pc.prompt + s, 1);
+  passes.emplace_back(pc.prompt + kSteps / 2, kTurn);
+  for (int64_t s = kSteps / 2; s < kSteps; ++s) passes.emplace_back(pc.prompt + kTurn + s, 1);
+  uint64_t live_total = 0;  // rows the decode steps' speculations see: min(position, C) per pooled head
   for (const auto& [pos0, n] : passes) {
+    if (n == 1) live_total += static_cast<uint64_t>(2 * kHk * std::min(kC, pos0));
     kv.begin_pass({0, n});
     for (uint32_t l = 0; l < L; ++l) {
       const auto qn = random_rows(rng, n * kHeads * kD), kn = random_rows(rng, n * kHk * kD),
@@ -426,10 +431,11 @@ TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
     const InfinigenStats st = kv.stats().infinigen;
     ASSERT_LE(st.pool_live_max, kC);  // never more live rows than slots
   }
-  EXPECT_EQ(checked, (pc.prompt + kSteps) * L);
+  EXPECT_EQ(checked, (pc.prompt + kSteps + kTurn) * L);
   const InfinigenStats st = kv.stats().infinigen;
-  const int64_t written = pc.prompt + kSteps, evicted = written - kC;
-  const int64_t prefill_evicted = std::max<int64_t>(0, pc.prompt - kC);
+  const int64_t written = pc.prompt + kSteps + kTurn, evicted = written - kC;
+  ASSERT_GE(pc.prompt + kSteps / 2, kC);  // the pool is full when the second prompt comes
+  const int64_t prefill_evicted = std::max<int64_t>(0, pc.prompt - kC) + kTurn;
   EXPECT_EQ(st.pool_slots, kC);
   EXPECT_EQ(st.pool_live_max, kC);
   EXPECT_EQ(st.pool_evictions, static_cast<uint64_t>(evicted * 2 * kHk));
@@ -438,9 +444,6 @@ TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
   EXPECT_EQ(st.layer_pool_min_live[2], evicted);
   EXPECT_EQ(st.layer_pool_min_live[0], -1);  // layers 0-1 are not pooled
   // every decode step speculated over the C live slots
-  uint64_t live_total = 0;
-  for (int64_t s = 0; s < kSteps; ++s)
-    live_total += static_cast<uint64_t>(2 * kHk * std::min(kC, pc.prompt + s));
   EXPECT_EQ(st.rows_total, live_total);
   // rows that were evicted cannot come back
   EXPECT_THROW(kv.truncate(0, written - 5), Error);
