@@ -188,11 +188,6 @@ int64_t infinigen_pool_slots(const KvGeometry& geo, int64_t capacity, const KvOp
   // The home tier holds whole pages of block_tokens rows: from one page on, the slots fill whole pages,
   // so that the pool's rows stay within the limit (below one page, that page is the smallest unit).
   const int64_t slots_paged = slots >= geo.block_tokens ? slots - slots % geo.block_tokens : slots;
-  if (!o.disk_dir.empty()) {
-    fail(ErrorKind::kUnsupported,
-         "--kv-pool-limit with --kv-disk is not supported yet: a new token's row goes to its victim's "
-         "slot, which a disk home would have to rewrite as a whole I/O page; use a host home");
-  }
   return slots_paged;
 }
 
@@ -333,6 +328,11 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
       if (infinigen_speculates(geo, l)) heads += geo.n_head_kv[l];
     t.table_bytes += uint64_t{o.max_seqs} * heads * static_cast<uint64_t>(t.ig_pool_slots) *
                      (2 * sizeof(int64_t) + sizeof(uint8_t));
+    // TieredKv's slots of a pass's rows (two layers' tables) and the store's first/last slot per page.
+    const auto pool_pages =
+        static_cast<uint64_t>((t.ig_pool_slots + geo.block_tokens - 1) / geo.block_tokens);
+    t.table_bytes += 2 * static_cast<uint64_t>(max_new_rows) * t.h_max * sizeof(int32_t) +
+                     2 * pool_pages * sizeof(int64_t);
   }
   if (o.selection == policy::Selection::kInfinigen) {
     // Partial keys: per (sequence, layer, KV head) a row of ig_cols f32 per position (PartialKeys).

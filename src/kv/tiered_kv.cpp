@@ -378,9 +378,15 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   uint32_t spec_b = 0;
   for (; spec != nullptr && pass_.seqs()[spec_b].seq != seq; ++spec_b) {
   }
+  // An evicting decode step on a disk home rewrites each victim's I/O page (pool_store): load it too.
+  const bool victims = spec != nullptr && home_->alignment() > 1 &&
+                       pool_evicts(u.layer, pass_.seqs()[spec_b].pos0, pass_.seqs()[spec_b].n);
+  KVTIER_ASSERT(!victims || pool_ins_pass_[u.layer] == passes_, "layer {}'s victims are not chosen yet",
+                u.layer);
   for (uint32_t h = 0; spec != nullptr && h < u.n_heads; ++h) {
+    const int32_t victim = victims ? pool_slot(u.layer, pass_.seqs()[spec_b].row0, u.head0 + h) : -1;
     add_chosen_rows(*spec, spec_b, seq, u.layer, u.head0 + h, base + 2ull * h * layout_.pitch,
-                    base + (2ull * h + 1) * layout_.pitch, rows, n_blocks);
+                    base + (2ull * h + 1) * layout_.pitch, rows, victim, n_blocks);
   }
   if (spec != nullptr) ++(quest() ? qs_.selective_loads : ig_.selective_loads);
   for (uint32_t h = 0; spec == nullptr && h < u.n_heads; ++h) {
@@ -434,7 +440,7 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   inflight_.push_back(vis);
 }
 
-void TieredKv::prefetch_ahead(uint64_t visit) {
+void TieredKv::prefetch_ahead(uint64_t visit, bool keep_own_next) {
   const uint64_t n_visits = visit_order_.size();
   const uint64_t last = inflight_.empty() ? visit : std::max(visit, inflight_.back().visit);
   for (uint64_t v = last + 1; v <= visit + opt_.placement.prefetch_depth; ++v) {
@@ -444,7 +450,7 @@ void TieredKv::prefetch_ahead(uint64_t visit) {
     // A unit's next-pass load needs this pass's store of that unit submitted first (the FIFO orders
     // them): only the visits up to this unit's own next one qualify (a depth of at least the units
     // per pass would otherwise load units this pass has not stored yet).
-    if (v > visit + n_visits) break;
+    if (v > visit + n_visits || (keep_own_next && v == visit + n_visits)) break;
     // The next pass is assumed to be the same batch (a decode step); a different one loads anew.
     const VisitSlot slot = visit_order_[rel % n_visits];
     const SeqPass& sp = pass_.seqs()[slot.b];
@@ -528,7 +534,6 @@ void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const Laye
     pass_pos0_ = sp.pos0;
     pass_n_ = sp.n;
     pass_row0_ = sp.row0;
-    pass_b_ = b;
     attend_seq(layer, q + sp.row0 * n_head * geo_.head_dim_k, n_head, la,
                o + sp.row0 * n_head * geo_.head_dim_v);
   }
@@ -538,7 +543,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
                           float* o) {
   // Where the pass's rows go in the buffers: its positions, or in a pooled layer its live slots.
   const int64_t pos0 = pool_row(layer, pass_pos0_);
-  const bool evicts = pool_full(layer, pass_pos0_);  // the new row is stored in its victims' slots
+  const bool evicts = pool_evicts(layer, pass_pos0_, pass_n_);  // rows go to victims' slots after attention
   const int64_t n = pass_n_;
   if (streams(layer)) {  // the queries that attend the sinks, rotated to the sink position
     const int64_t sinks = opt_.knobs.sinks;
@@ -564,17 +569,8 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       } else {
         attend_unit(base, lay_.static_pitch, u, pos0, n, q, n_head, la, o);
       }
-      if (evicts) {  // the new row into its victims' slots, now that this step attended them
-        for (uint32_t h = 0; h < u.n_heads; ++h) {
-          const int32_t slot = pool_slot_[pass_b_ * lay_.h_max + u.head0 + h];
-          for (int kv = 0; kv < 2; ++kv) {
-            const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
-            uint8_t* plane = base + (2ull * h + kv) * lay_.static_pitch;
-            std::memcpy(plane + static_cast<uint64_t>(slot) * rb, plane + static_cast<uint64_t>(pos0) * rb,
-                        rb);
-          }
-        }
-      }
+      // the new rows into their slots (victims' among them), now that this pass attended them
+      if (evicts) pool_patch(base, lay_.static_pitch, u, pos0, n);
       continue;
     }
     const uint64_t visit = next_visit_++;
@@ -670,8 +666,8 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     // Write back only the new rows (page-aligned around them for direct I/O; the bytes before the
     // first new row in its page are the loaded rows, those after the last are never read as valid),
     // and the quantised pages of new groups (whole pages: the rest of a page is loaded or not valid).
+    // (A pooled layer's evicting pass stores after its attention, below.)
     size_t n_blocks = 0;
-    if (evicts) pool_store(base, u, pos0, n_blocks);
     for (uint32_t h = 0; h < u.n_heads && !evicts; ++h) {
       for (int kv = 0; kv < 2; ++kv) {
         add_rows(pass_seq_, layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pos0, pos0 + n,
@@ -680,8 +676,10 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       if (q1 > q0) add_qpages(pass_seq_, layer, u.head0 + h, qplane(base, h), q0, q1, n_blocks);
     }
     if (store_inputs) add_xrows(pass_seq_, layer, xplane(base), pos0, pos0 + n, n_blocks);
-    engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
-                     {staging_.get(), buffer_slot(visit)});
+    if (!evicts) {
+      engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
+                       {staging_.get(), buffer_slot(visit)});
+    }
     // kvpr auto's first measurement of the recompute goes before the next load is planned, so that
     // its split already uses the measured rate (the link idles during this one recompute).
     const bool first_measurement = calibrate && recompute_s_per_row_ == 0;
@@ -696,7 +694,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       if (calibrate) calibrate_recompute(u, xrows, recompute_s);
     };
     if (first_measurement) recompute_rest();
-    prefetch_ahead(visit);
+    prefetch_ahead(visit, evicts);  // (evicting: this unit's next load must follow its store)
     if (!first_measurement) recompute_rest();
     if (act_n > 0) {  // hybrid: the ACT rows the store did not need, while the next load runs
       const double t0 = timed ? visit_clock() : 0;
@@ -708,6 +706,14 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
       attend_unit(compact_.data(), compact_pitch_, u, c, n, q, n_head, la, o);
     } else {
       attend_unit(base, layout_.pitch, u, pos0, n, q, n_head, la, o);
+    }
+    if (evicts) {  // the staged rows into their slots (victims' among them), then their store
+      KVTIER_ASSERT(staging_->pins(buffer_slot(visit)) == 0, "staging buffer {} is pinned by a transfer",
+                    buffer_slot(visit));
+      pool_patch(base, layout_.pitch, u, pos0, n);
+      pool_store(base, u, n, n_blocks);
+      engine_->prepare(CopyDir::kStore, std::span(copies_.data(), n_blocks),
+                       {staging_.get(), buffer_slot(visit)});
     }
   }
 }
@@ -760,7 +766,7 @@ void TieredKv::abort_pass() {
   inflight_.clear();
   ++epoch_;
   for (const SeqPass& sp : pass_.seqs()) {
-    if (!pools_.empty() && sp.pos0 >= lay_.ig_pool_slots) {
+    if (!pools_.empty() && sp.pos0 + sp.n > lay_.ig_pool_slots) {
       pool_broken_[sp.seq] = 1;  // its pools may have replaced rows: no way back
     } else if (!pools_.empty()) {
       pool_reset(sp.seq, length_[sp.seq]);

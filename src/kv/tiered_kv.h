@@ -69,6 +69,7 @@ struct InfinigenStats {
   int64_t pool_live_max = 0;                   // most rows any pool holds now
   uint64_t pool_live_rows = 0;                 // rows all pools hold now
   uint64_t pool_evictions = 0;                 // new tokens that took a victim's slot (per KV head)
+  uint64_t pool_prefill_evictions = 0;         // of them, in prefill passes (a prompt longer than the pool)
   uint64_t pool_young_victims = 0;             // of them, victims not from the older half (none was eligible)
   int64_t pool_max_evicted_pos = -1;           // the newest position evicted
   std::vector<uint64_t> layer_pool_evictions;  // [n_layer]
@@ -262,15 +263,35 @@ class TieredKv final : public KvCache {
   int64_t pool_row(uint32_t layer, int64_t pos) const {
     return pooled(layer) ? std::min(pos, lay_.ig_pool_slots) : pos;
   }
-  // Does a new token at `pos` evict in the layer (its pool is full)?
-  bool pool_full(uint32_t layer, int64_t pos) const { return pooled(layer) && pos >= lay_.ig_pool_slots; }
+  // Does a pass of n tokens at `pos` evict in the layer (its pool fills before the pass ends)? Such a
+  // visit attends the live slots and the pass's rows staged after them (a victim's old row is still
+  // attended in that pass), then copies the staged rows into their slots (pool_patch) and stores
+  // those slots' rows (pool_store): after the attention, on a host or a disk home alike.
+  bool pool_evicts(uint32_t layer, int64_t pos, int64_t n) const {
+    return pooled(layer) && pos + n > lay_.ig_pool_slots;
+  }
   policy::PoolSlots& pool(SeqId seq, uint32_t layer, uint32_t g) {
     return pools_[seq * pool_heads_ + pool_head0_[layer] + g];
   }
+  // The slot the pass's row `row` (its index in the pass, all sequences) takes in KV head g of `layer`
+  // (pool_insert; the layers of the open pass alternate between two tables, so that layer l + 1's slots,
+  // chosen in write(l) for its selective load, do not overwrite layer l's before attend(l) used them).
+  int32_t& pool_slot(uint32_t layer, int64_t row, uint32_t g) {
+    return pool_slot_[((layer % 2) * static_cast<size_t>(opt_.max_new_rows) + static_cast<size_t>(row)) *
+                          lay_.h_max +
+                      g];
+  }
   void pool_check(std::span<const SeqPass> seqs) const;  // begin_batch: passes the pools can take
-  void pool_insert(uint32_t layer);                      // write(): the pass's tokens into the pools
-  void pool_reset(SeqId seq, int64_t n);                 // truncate/abort: the pools hold [0, n)
-  void pool_store(uint8_t* base, const policy::Unit& u, int64_t row, size_t& n);  // evicting store
+  // The pass's tokens into the layer's pools (once per pass: after the layer's speculation, in
+  // write(layer - 1), or in write(layer)).
+  void pool_insert(uint32_t layer);
+  void pool_reset(SeqId seq, int64_t n);  // truncate/abort: the pools hold [0, n)
+  // An evicting visit, after its attention: the pass's rows staged at rows [row0, row0 + n) of the
+  // unit's planes into their slots (in pass order: a slot taken twice in one pass keeps the later row).
+  void pool_patch(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t row0, int64_t n);
+  // The store of the slots pool_patch wrote: per head and page, the rows from the first to the last
+  // slot written (page-rounded on a disk home: the load brought the victim's I/O page, add_chosen_rows).
+  void pool_store(uint8_t* base, const policy::Unit& u, int64_t n, size_t& n_blocks);
   void pool_stats(InfinigenStats& s) const;
   bool speculates(uint32_t layer) const { return infinigen() && layer >= 2 && geo_.window_of(layer) == 0; }
   void infinigen_init(uint32_t n_head, MemoryLedger& ledger);
@@ -296,14 +317,17 @@ class TieredKv final : public KvCache {
   const Speculation* speculation(uint32_t layer) const;
   // Appends the loads of the chosen rows of KV head `head` (index g of the speculation) of batch entry
   // b, and of the rows the visit's store will write back around the new rows.
+  // On a disk home, an evicting pass's victim slot `victim` (-1: none) of that head too: its store
+  // rewrites the slot's whole I/O page.
   void add_chosen_rows(const Speculation& s, uint32_t b, SeqId seq, uint32_t layer, uint32_t head,
-                       uint8_t* base_k, uint8_t* base_v, int64_t rows, size_t& n);
+                       uint8_t* base_k, uint8_t* base_v, int64_t rows, int32_t victim, size_t& n);
   // The unit's chosen rows and the pass's new row of batch entry b in compact planes; returns how
   // many chosen rows (-1: every row is chosen, attend the buffer as it is).
   int64_t compact_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n);
   // The units of `layer` for the batch's sequence `sp` (pass_seq_, pass_pos0_, pass_n_ set to it).
   void attend_seq(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o);
-  void prefetch_ahead(uint64_t visit);
+  // keep_own_next: leave out this unit's own next visit (its store is submitted after the attention).
+  void prefetch_ahead(uint64_t visit, bool keep_own_next = false);
   void scatter_new_rows(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n);
   void attend_unit(const uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t pos0, int64_t n,
                    const float* q, int64_t n_head, const LayerAttention& la, float* o);
@@ -449,9 +473,10 @@ class TieredKv final : public KvCache {
   std::vector<policy::PoolSlots> pools_;  // [n_seqs, pool_heads_] one per (sequence, pooled layer, KV head)
   std::vector<size_t> pool_head0_;        // [n_layer] the layer's first pool within a sequence's
   size_t pool_heads_ = 0;                 // pools per sequence
-  std::vector<int32_t> pool_slot_;        // [batch, h_max] slots the open layer's new rows take (decode)
+  std::vector<int32_t> pool_slot_;        // [2][max_new_rows, h_max] slots of the pass's rows (pool_slot())
+  std::vector<uint64_t> pool_ins_pass_;   // [n_layer] the pass whose rows the layer's pools took (passes_)
+  std::vector<int64_t> pool_dirty_;       // [2 * pages of a pool] pool_store's first and last slot per page
   std::vector<uint8_t> pool_broken_;      // [n_seqs] an aborted pass evicted: truncate to 0 first
-  uint32_t pass_b_ = 0;                   // batch index of pass_seq_
 
   // quest
   QuestIndex quest_;                    // per-page key bounds (compute-local KV)

@@ -100,13 +100,17 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
     pools_.reserve(size_t{n_seqs} * pool_heads_);
     for (size_t i = 0; i < size_t{n_seqs} * pool_heads_; ++i)
       pools_.emplace_back(lay_.ig_pool_slots, opt_.knobs.pool_eviction);
-    pool_slot_.assign(size_t{n_seqs} * lay_.h_max, 0);
+    pool_slot_.assign(2 * static_cast<size_t>(opt_.max_new_rows) * lay_.h_max, 0);
+    pool_ins_pass_.assign(L, 0);
+    pool_dirty_.resize(2 *
+                       static_cast<size_t>((lay_.ig_pool_slots + geo_.block_tokens - 1) / geo_.block_tokens));
     pool_broken_.assign(n_seqs, 0);
   }
 }
 
 void TieredKv::pool_check(std::span<const SeqPass> seqs) const {
-  const int64_t C = lay_.ig_pool_slots;
+  // A pass larger than the free slots evicts (prefill too, see pool_insert), so only a sequence whose
+  // failed pass may have replaced rows is refused.
   for (const SeqPass& sp : seqs) {
     if (pool_broken_[sp.seq]) {
       fail(ErrorKind::kInvalidArgument,
@@ -114,24 +118,22 @@ void TieredKv::pool_check(std::span<const SeqPass> seqs) const {
            "prefill again",
            sp.seq);
     }
-    if (sp.n > 1 && sp.pos0 + sp.n > C) {
-      const uint64_t need =
-          static_cast<uint64_t>(sp.pos0 + sp.n) * pages_.n_seqs() * pool_heads_ * 2 * row_max_;
-      fail(
-          ErrorKind::kBudget,
-          "a pass of {} tokens at positions {}..{} does not fit the KV pool's {} slots per (layer, sequence, "
-          "KV head): prefill does not evict, so the prompt must fit the pool; --kv-pool-limit {} bytes holds "
-          "{} positions",
-          sp.n, sp.pos0, sp.pos0 + sp.n - 1, C, need, sp.pos0 + sp.n);
-    }
   }
 }
 
+// Prefill (spec §15.13 leaves a prompt larger than the pool open; its [D] suggestion, evicting by the
+// smallest cumulative prefill attention weight, needs attention weights the kernels do not produce).
+// Decision: a prefill pass evicts as a decode step does, with the same policy, between passes: every
+// query of a pass attends the slots live before it and the pass's own rows (causally), and the pass's
+// rows then take their slots in position order, each one a victim from the older half. A prompt is thus
+// prefilled in its usual chunks (--chunk), and with FIFO a query at position p of a chunk starting at
+// p0 attends exactly positions max(0, p0 - C) .. p, as locret's chunked prefill evicts between chunks.
+// At prefill no row has been fetched yet: Counter's counters are 0 and LRU's last uses equal, so both
+// take the lowest slot of the older half (the oldest rows while slots follow positions).
 void TieredKv::pool_insert(uint32_t layer) {
+  pool_ins_pass_[layer] = passes_;
   const int64_t hk = geo_.n_head_kv[layer];
-  const auto& seqs = pass_.seqs();
-  for (size_t b = 0; b < seqs.size(); ++b) {
-    const SeqPass& sp = seqs[b];
+  for (const SeqPass& sp : pass_.seqs()) {
     for (int64_t t = 0; t < sp.n; ++t) {
       const int64_t pos = sp.pos0 + t;
       for (int64_t g = 0; g < hk; ++g) {
@@ -139,6 +141,7 @@ void TieredKv::pool_insert(uint32_t layer) {
             pool(sp.seq, layer, static_cast<uint32_t>(g)).insert(pos, passes_);
         if (ins.evicted >= 0) {
           ++ig_.pool_evictions;
+          if (sp.n > 1) ++ig_.pool_prefill_evictions;
           ++ig_.layer_pool_evictions[layer];
           if (ins.evicted >= pos / 2) ++ig_.pool_young_victims;
           ig_.pool_max_evicted_pos = std::max(ig_.pool_max_evicted_pos, ins.evicted);
@@ -146,7 +149,7 @@ void TieredKv::pool_insert(uint32_t layer) {
           KVTIER_ASSERT(ins.slot == pos, "pool slot {} for position {} before the pool is full", ins.slot,
                         pos);
         }
-        if (sp.n == 1) pool_slot_[b * lay_.h_max + static_cast<size_t>(g)] = ins.slot;
+        pool_slot(layer, sp.row0 + t, static_cast<uint32_t>(g)) = ins.slot;
       }
     }
   }
@@ -169,16 +172,41 @@ void TieredKv::pool_reset(SeqId seq, int64_t n) {
   pool_broken_[seq] = 0;
 }
 
-void TieredKv::pool_store(uint8_t* base, const policy::Unit& u, int64_t row, size_t& n) {
-  const int64_t bt = geo_.block_tokens;
+void TieredKv::pool_patch(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t row0, int64_t n) {
   for (uint32_t h = 0; h < u.n_heads; ++h) {
-    const int32_t slot = pool_slot_[pass_b_ * lay_.h_max + u.head0 + h];
-    const BlockEntry& e = pages_.at(pass_seq_, u.layer, 0, slot / bt);
-    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "pool slot {} of layer {} has no home page", slot, u.layer);
-    for (int kv = 0; kv < 2; ++kv) {
-      const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
-      add_copy(page_offset(u.layer, u.head0 + h, kv, e.slot) + static_cast<uint64_t>(slot % bt) * rb,
-               base + (2ull * h + kv) * layout_.pitch + static_cast<uint64_t>(row) * rb, rb, n);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t slot = pool_slot(u.layer, pass_row0_ + t, u.head0 + h);
+      if (slot == row0 + t) continue;  // a free slot: the row is staged there already
+      KVTIER_ASSERT(slot < row0 + t, "pool slot {} for the row staged at {}", slot, row0 + t);
+      for (int kv = 0; kv < 2; ++kv) {
+        const uint64_t rb = (kv == 0 ? geo_.head_dim_k : geo_.head_dim_v) * esz_;
+        uint8_t* plane = base + (2ull * h + kv) * pitch;
+        std::memcpy(plane + static_cast<uint64_t>(slot) * rb, plane + static_cast<uint64_t>(row0 + t) * rb,
+                    rb);
+      }
+    }
+  }
+}
+
+void TieredKv::pool_store(uint8_t* base, const policy::Unit& u, int64_t n, size_t& n_blocks) {
+  const int64_t bt = geo_.block_tokens;
+  const size_t pages = pool_dirty_.size() / 2;
+  for (uint32_t h = 0; h < u.n_heads; ++h) {
+    std::fill(pool_dirty_.begin(), pool_dirty_.begin() + static_cast<ptrdiff_t>(pages), lay_.ig_pool_slots);
+    std::fill(pool_dirty_.begin() + static_cast<ptrdiff_t>(pages), pool_dirty_.end(), -1);
+    for (int64_t t = 0; t < n; ++t) {
+      const int32_t slot = pool_slot(u.layer, pass_row0_ + t, u.head0 + h);
+      const auto p = static_cast<size_t>(slot / bt);
+      KVTIER_ASSERT(p < pages, "pool slot {} past the pool's {} pages", slot, pages);
+      pool_dirty_[p] = std::min<int64_t>(pool_dirty_[p], slot);
+      pool_dirty_[pages + p] = std::max<int64_t>(pool_dirty_[pages + p], slot);
+    }
+    for (size_t p = 0; p < pages; ++p) {
+      if (pool_dirty_[pages + p] < 0) continue;
+      for (int kv = 0; kv < 2; ++kv) {
+        add_rows(pass_seq_, u.layer, u.head0 + h, kv, base + (2ull * h + kv) * layout_.pitch, pool_dirty_[p],
+                 pool_dirty_[pages + p] + 1, n_blocks);
+      }
     }
   }
 }
@@ -225,10 +253,11 @@ void TieredKv::build_partial_keys(SeqId seq, int64_t rows) {
     for (uint32_t l = 0; l < geo_.n_layer(); ++l) {
       if (!speculates(l)) continue;
       const int64_t hk = geo_.n_head_kv[l];
-      for (int64_t b = 0; b * bt < rows; ++b) {
+      const int64_t live = pool_row(l, rows);  // a pooled layer: its live slots (the prompt may have evicted)
+      for (int64_t b = 0; b * bt < live; ++b) {
         const BlockEntry& e = pages_.at(seq, l, 0, b);
         KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, l, b);
-        const int64_t n = std::min(rows, (b + 1) * bt) - b * bt;
+        const int64_t n = std::min(live, (b + 1) * bt) - b * bt;
         for (int64_t g = 0; g < hk; ++g) {
           uint8_t* dst = key_page_.get() + static_cast<uint64_t>(g) * page;
           home_->read(page_offset(l, static_cast<uint32_t>(g), 0, e.slot), dst, page);
@@ -254,18 +283,22 @@ void TieredKv::build_partial_keys(SeqId seq, int64_t rows) {
 void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   new_k_f32_ = rows.k;
   const int64_t dk = geo_.head_dim_k;
-  if (pooled(layer)) pool_insert(layer);  // the slots the new rows take (after this layer's speculation)
-  if (speculates(layer)) {                // the new keys' partial rows, for sequences past their prompt
+  // The slots the new rows take, unless the look-ahead chose them (after this layer's speculation).
+  if (pooled(layer) && pool_ins_pass_[layer] != passes_) pool_insert(layer);
+  if (speculates(layer)) {  // the new keys' partial rows, for sequences past their prompt
     const int64_t hk = geo_.n_head_kv[layer];
     const auto& seqs = pass_.seqs();
     for (size_t b = 0; b < seqs.size(); ++b) {
       const SeqPass& sp = seqs[b];
       if (!cols_chosen_[sp.seq]) continue;
-      if (pool_full(layer, sp.pos0)) {  // each head's row at its victim's slot
-        for (int64_t g = 0; g < hk; ++g)
-          pk_->write_row(sp.seq, layer, static_cast<uint32_t>(g),
-                         pool_slot_[b * lay_.h_max + static_cast<size_t>(g)],
-                         rows.k + (sp.row0 * hk + g) * dk);
+      // An evicting pass: each head's row at its slot (a victim's, past the free ones).
+      if (pool_evicts(layer, sp.pos0, sp.n)) {
+        for (int64_t t = 0; t < sp.n; ++t) {
+          for (int64_t g = 0; g < hk; ++g)
+            pk_->write_row(sp.seq, layer, static_cast<uint32_t>(g),
+                           pool_slot(layer, sp.row0 + t, static_cast<uint32_t>(g)),
+                           rows.k + ((sp.row0 + t) * hk + g) * dk);
+        }
       } else {
         pk_->write(sp.seq, layer, sp.pos0, rows.k + sp.row0 * hk * dk, sp.n);
       }
@@ -326,6 +359,9 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
     for (int64_t g = 0; g < hk; ++g)
       pool(seqs[static_cast<size_t>(b)].seq, t, static_cast<uint32_t>(g)).touch(s.r.rows(b, g, hk), passes_);
   }
+  // ... and then take this step's token (what write(t) would do next, nothing touches the pools between):
+  // the victims are known before layer t's load is submitted, which on a disk home brings their I/O pages.
+  if (pooled(t)) pool_insert(t);
   // Figures.
   ig_.n_sel_min = ig_.layer_steps == 0 ? s.r.n_sel : std::min(ig_.n_sel_min, s.r.n_sel);
   ig_.n_sel_max = std::max(ig_.n_sel_max, s.r.n_sel);
@@ -362,10 +398,11 @@ const TieredKv::Speculation* TieredKv::speculation(uint32_t layer) const {
 }
 
 void TieredKv::add_chosen_rows(const Speculation& s, uint32_t b, SeqId seq, uint32_t layer, uint32_t head,
-                               uint8_t* base_k, uint8_t* base_v, int64_t rows, size_t& n) {
+                               uint8_t* base_k, uint8_t* base_v, int64_t rows, int32_t victim, size_t& n) {
   const std::span<const int32_t> idx = s.r.rows(b, head, geo_.n_head_kv[layer]);
   for (int kv = 0; kv < 2; ++kv) {
     uint8_t* plane = kv == 0 ? base_k : base_v;
+    const size_t plane_first = n;
     for (const int32_t r : idx) {
       const size_t before = n;
       add_rows(seq, layer, head, kv, plane, r, r + 1, n);
@@ -383,6 +420,16 @@ void TieredKv::add_chosen_rows(const Speculation& s, uint32_t b, SeqId seq, uint
     }
     // The rows around the new ones that the visit's store writes back (whole I/O pages on disk).
     add_rows(seq, layer, head, kv, plane, std::min(store_first_row(rows), rows), rows, n);
+    if (victim >= 0) {  // the victim's I/O page, unless a chosen row's extent brought it
+      size_t m = n;
+      add_rows(seq, layer, head, kv, plane, victim, victim + 1, m);
+      const BlockCopy& c = copies_[n];
+      bool covered = false;
+      for (size_t i = plane_first; i < n && !covered; ++i)
+        covered = copies_[i].home_offset <= c.home_offset &&
+                  c.home_offset + c.bytes <= copies_[i].home_offset + copies_[i].bytes;
+      if (!covered) n = m;
+    }
   }
 }
 

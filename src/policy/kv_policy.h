@@ -51,7 +51,7 @@ enum class Retention {
   kH2o,        // H2O: recent tokens + heavy hitters by accumulated attention, within --kv-budget
   kLocret,     // Locret: chunked prefill evicting to --kv-budget by trained retaining heads' scores
   kPool,       // InfiniGen's bounded pool: --kv-pool-limit bytes of K/V rows, a new token takes a victim's
-               // slot (--kv-pool-eviction); selection infinigen, host home
+               // slot (--kv-pool-eviction); selection infinigen, host or disk home
 };
 
 // Tuning of the approximate values (each field names the flag that sets it). Exact values ignore

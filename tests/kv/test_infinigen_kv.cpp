@@ -9,7 +9,11 @@
 #include <random>
 #include <vector>
 
+#include <filesystem>
 #include <memory>
+#include <string>
+
+#include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
 #include "kv/partial_keys.h"
@@ -310,30 +314,51 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
   EXPECT_EQ(st.selective_loads, 2u);
 }
 
-// The bounded pool (retention pool, FIFO, every live row chosen): once full, each decode token's K and V
-// take the slot of the oldest position, so a step of a pooled layer (>= 2) attends exactly the last C
-// positions and itself; a wrong slot for K or V (or a stale row) changes the output. Layers 0-1 attend
-// everything.
-TEST(InfinigenExecutor, PoolSlotsKeepEachTokensKeyAndValueTogether) {
-  constexpr uint32_t L = 4;
-  constexpr int64_t kPrompt = 100, kSteps = 60, kC = 128;
-  constexpr float kScale = 0.25f;
-  std::mt19937 rng(5);
+std::string disk_dir() {
+  const auto d = std::filesystem::path(KVTIER_BINARY_DIR) / "test_tmp" / "infinigen_pool_disk";
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+// A skew set of `layers` layers of kHk KV heads of size d (4 partial columns).
+std::shared_ptr<skew::SkewSet> pool_skew(std::mt19937& rng, uint32_t layers, int64_t d) {
   auto skew = std::make_shared<skew::SkewSet>();
-  skew->head_dim = kD;
+  skew->head_dim = d;
   skew->partial_ratio = 0.25f;
   skew->partial_columns = 4;
-  for (uint32_t l = 0; l < L; ++l) {
+  for (uint32_t l = 0; l < layers; ++l) {
     skew::LayerSkew Ls;
     Ls.n_head_kv = kHk;
     for (int64_t g = 0; g < kHk; ++g) {
-      const auto a = skew::skew_matrix(random_rows(rng, 50 * kD), 50, kD);
+      const auto a = skew::skew_matrix(random_rows(rng, 50 * d), 50, d);
       Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
       Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
       for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
     }
     skew->layers.push_back(std::move(Ls));
   }
+  return skew;
+}
+
+// The bounded pool (retention pool, FIFO, every live row chosen): once full, each new token's K and V
+// take the slot of the oldest position, so a decode step of a pooled layer (>= 2) attends exactly the last
+// C positions and itself; a wrong slot for K or V (or a stale row) changes the output. Layers 0-1 attend
+// everything. A prompt longer than the pool (2.3 C here) is prefilled in chunks that evict between them
+// (docs/infinigen.md): a query at position p of a chunk at p0 attends positions max(0, p0 - C) .. p. On a
+// disk home the victims' slots are rewritten through their I/O pages, with the same results.
+struct PoolCase {
+  bool disk;
+  int64_t prompt, chunk;
+};
+
+class PoolSlots : public ::testing::TestWithParam<PoolCase> {};
+
+TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
+  const PoolCase pc = GetParam();
+  constexpr uint32_t L = 4;
+  constexpr int64_t kSteps = 60, kC = 128, kCtx = 512, kTurn = 40;
+  constexpr float kScale = 0.25f;
+  std::mt19937 rng(5);
   KvGeometry geo;
   geo.n_head_kv.assign(L, kHk);
   geo.head_dim_k = geo.head_dim_v = kD;
@@ -346,10 +371,14 @@ TEST(InfinigenExecutor, PoolSlotsKeepEachTokensKeyAndValueTogether) {
   o.knobs.infinigen_budget = 1.0;
   o.knobs.pool_eviction = policy::PoolEviction::kFifo;
   o.knobs.pool_limit = kC * (2 * kHk) * 2 * kD * 2;  // C slots of the 2 pooled layers' K and V f16 rows
-  o.skew = skew;
+  o.skew = pool_skew(rng, L, kD);
+  if (pc.disk) o.disk_dir = disk_dir();
   ThreadPool pool(2);
   MemoryLedger ledger;
-  TieredKv kv(geo, 256, kHeads, ledger, pool, cpu::best_isa(), o);
+  TieredKv kv(geo, kCtx, kHeads, ledger, pool, cpu::best_isa(), o);
+  if (pc.disk) {
+    EXPECT_NE(kv.stats().home.find("disk file"), std::string::npos) << kv.stats().home;
+  }
   LookaheadCompute hook;
   kv.set_compute(&hook);
   for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
@@ -357,9 +386,15 @@ TEST(InfinigenExecutor, PoolSlotsKeepEachTokensKeyAndValueTogether) {
   const LayerAttention la{kScale, 0.0f, 0};
   std::vector<float> x(4, 0.0f);
   int64_t checked = 0;
-  for (int64_t step = 0; step <= kSteps; ++step) {
-    const int64_t pos0 = step == 0 ? 0 : kPrompt + step - 1;
-    const int64_t n = step == 0 ? kPrompt : 1;
+  std::vector<std::pair<int64_t, int64_t>> passes;  // (pos0, n)
+  for (int64_t p = 0; p < pc.prompt; p += pc.chunk) passes.emplace_back(p, std::min(pc.chunk, pc.prompt - p));
+  // decode steps, a second prompt of kTurn tokens (a chat turn: its rows evict, the pool is full), steps
+  for (int64_t s = 0; s < kSteps / 2; ++s) passes.emplace_back(pc.prompt + s, 1);
+  passes.emplace_back(pc.prompt + kSteps / 2, kTurn);
+  for (int64_t s = kSteps / 2; s < kSteps; ++s) passes.emplace_back(pc.prompt + kTurn + s, 1);
+  uint64_t live_total = 0;  // rows the decode steps' speculations see: min(position, C) per pooled head
+  for (const auto& [pos0, n] : passes) {
+    if (n == 1) live_total += static_cast<uint64_t>(2 * kHk * std::min(kC, pos0));
     kv.begin_pass({0, n});
     for (uint32_t l = 0; l < L; ++l) {
       const auto qn = random_rows(rng, n * kHeads * kD), kn = random_rows(rng, n * kHk * kD),
@@ -373,35 +408,140 @@ TEST(InfinigenExecutor, PoolSlotsKeepEachTokensKeyAndValueTogether) {
       kv.write(l, rows);
       std::vector<float> out(static_cast<size_t>(n * kHeads * kD), 0.0f);
       kv.attend(l, qn.data(), kHeads, la, out.data());
-      if (n != 1) continue;
-      // FIFO: the live rows are the last min(pos0, C) positions before this token
+      // FIFO: the live rows are the last min(pos0, C) positions before the pass, then the pass's own
       const int64_t first = l >= 2 ? std::max<int64_t>(0, pos0 - kC) : 0;
-      for (int64_t h = 0; h < kHeads; ++h) {
-        const int64_t g = h / (kHeads / kHk);
-        std::vector<const float*> ks, vs;
-        for (int64_t row = first; row <= pos0; ++row) {
-          ks.push_back(k[l].data() + (row * kHk + g) * kD);
-          vs.push_back(v[l].data() + (row * kHk + g) * kD);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < kHeads; ++h) {
+          const int64_t g = h / (kHeads / kHk);
+          std::vector<const float*> ks, vs;
+          for (int64_t row = first; row <= pos0 + t; ++row) {
+            ks.push_back(k[l].data() + (row * kHk + g) * kD);
+            vs.push_back(v[l].data() + (row * kHk + g) * kD);
+          }
+          const auto ref = attend_rows(qn.data() + (t * kHeads + h) * kD, ks, vs, kScale);
+          for (int64_t i = 0; i < kD; ++i)
+            ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * kD + i)], ref[static_cast<size_t>(i)],
+                        1e-4f)
+                << "layer " << l << " position " << pos0 + t << " head " << h << " element " << i;
         }
-        const auto ref = attend_rows(qn.data() + h * kD, ks, vs, kScale);
-        for (int64_t i = 0; i < kD; ++i)
-          ASSERT_NEAR(out[static_cast<size_t>(h * kD + i)], ref[static_cast<size_t>(i)], 1e-4f)
-              << "layer " << l << " position " << pos0 << " head " << h << " element " << i;
+        ++checked;
       }
-      ++checked;
     }
     kv.end_pass();
+    const InfinigenStats st = kv.stats().infinigen;
+    ASSERT_LE(st.pool_live_max, kC);  // never more live rows than slots
   }
-  EXPECT_EQ(checked, kSteps * L);
+  EXPECT_EQ(checked, (pc.prompt + kSteps + kTurn) * L);
   const InfinigenStats st = kv.stats().infinigen;
-  const int64_t written = kPrompt + kSteps, evicted = written - kC;
+  const int64_t written = pc.prompt + kSteps + kTurn, evicted = written - kC;
+  ASSERT_GE(pc.prompt + kSteps / 2, kC);  // the pool is full when the second prompt comes
+  const int64_t prefill_evicted = std::max<int64_t>(0, pc.prompt - kC) + kTurn;
   EXPECT_EQ(st.pool_slots, kC);
   EXPECT_EQ(st.pool_live_max, kC);
   EXPECT_EQ(st.pool_evictions, static_cast<uint64_t>(evicted * 2 * kHk));
+  EXPECT_EQ(st.pool_prefill_evictions, static_cast<uint64_t>(prefill_evicted * 2 * kHk));
   EXPECT_EQ(st.pool_max_evicted_pos, evicted - 1);
   EXPECT_EQ(st.layer_pool_min_live[2], evicted);
   EXPECT_EQ(st.layer_pool_min_live[0], -1);  // layers 0-1 are not pooled
+  // every decode step speculated over the C live slots
+  EXPECT_EQ(st.rows_total, live_total);
+  // rows that were evicted cannot come back
+  EXPECT_THROW(kv.truncate(0, written - 5), Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolSlots,
+                         ::testing::Values(PoolCase{false, 100, 100}, PoolCase{true, 100, 100},
+                                           PoolCase{false, 300, 37}, PoolCase{true, 300, 37},
+                                           PoolCase{true, 300, 300}),
+                         [](const auto& info) {
+                           return std::string(info.param.disk ? "Disk" : "Host") + "Prompt" +
+                                  std::to_string(info.param.prompt) + "Chunk" +
+                                  std::to_string(info.param.chunk);
+                         });
+
+// Selective loads with a bounded pool (alpha 1, a 10 % budget; rows of 128 bytes, so a 4 KiB I/O page holds
+// 32 slots and a pool of 256 slots spans 8 of them): a disk home gives the very outputs and pool figures of
+// a host home, for every eviction policy, through a prompt 2.5x the pool and decode steps whose victims lie
+// in pages no chosen row brought (the load adds them: a store rewrites the victim's whole I/O page).
+class PoolDiskHome : public ::testing::TestWithParam<policy::PoolEviction> {};
+
+TEST_P(PoolDiskHome, MatchesTheHostHomeBitForBit) {
+  constexpr uint32_t L = 4;
+  constexpr int64_t kDh = 64, kC = 256, kPrompt = 640, kChunk = 96, kSteps = 80, kCtx = 1024;
+  struct Run {
+    std::vector<float> out;  // every attend() output, in order
+    InfinigenStats st;
+  };
+  auto run = [&](bool disk) {
+    std::mt19937 rng(11);
+    KvGeometry geo;
+    geo.n_head_kv.assign(L, kHk);
+    geo.head_dim_k = geo.head_dim_v = kDh;
+    geo.block_tokens = 128;
+    KvOptions o;
+    o.placement.placement = policy::Placement::kLayer;
+    o.selection = policy::Selection::kInfinigen;
+    o.retention = policy::Retention::kPool;
+    o.knobs.infinigen_alpha = 1.0;
+    o.knobs.infinigen_budget = 0.1;
+    o.knobs.pool_eviction = GetParam();
+    o.knobs.pool_limit = kC * (2 * kHk) * 2 * kDh * 2;
+    o.skew = pool_skew(rng, L, kDh);
+    if (disk) o.disk_dir = disk_dir();
+    ThreadPool pool(2);
+    MemoryLedger ledger;
+    TieredKv kv(geo, kCtx, kHeads, ledger, pool, cpu::best_isa(), o);
+    LookaheadCompute hook;
+    kv.set_compute(&hook);
+    for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kDh));
+    Run r;
+    const LayerAttention la{0.125f, 0.0f, 0};
+    std::vector<float> x(4, 0.0f);
+    std::vector<std::pair<int64_t, int64_t>> passes;
+    for (int64_t p = 0; p < kPrompt; p += kChunk) passes.emplace_back(p, std::min(kChunk, kPrompt - p));
+    for (int64_t s = 0; s < kSteps; ++s) passes.emplace_back(kPrompt + s, 1);
+    for (const auto& [pos0, n] : passes) {
+      kv.begin_pass({0, n});
+      for (uint32_t l = 0; l < L; ++l) {
+        hook.q[l] = random_rows(rng, kHeads * kDh);  // a new look-ahead query each step
+        const auto qn = random_rows(rng, n * kHeads * kDh), kn = random_rows(rng, n * kHk * kDh),
+                   vn = random_rows(rng, n * kHk * kDh);
+        LayerRows rows;
+        rows.k = kn.data();
+        rows.v = vn.data();
+        rows.x = x.data();
+        kv.write(l, rows);
+        std::vector<float> out(static_cast<size_t>(n * kHeads * kDh), 0.0f);
+        kv.attend(l, qn.data(), kHeads, la, out.data());
+        r.out.insert(r.out.end(), out.begin(), out.end());
+      }
+      kv.end_pass();
+    }
+    r.st = kv.stats().infinigen;
+    if (disk) {
+      EXPECT_NE(kv.stats().home.find("disk file"), std::string::npos);
+    }
+    return r;
+  };
+  const Run host = run(false), disk = run(true);
+  ASSERT_EQ(host.out.size(), disk.out.size());
+  EXPECT_EQ(0, std::memcmp(host.out.data(), disk.out.data(), host.out.size() * sizeof(float)));
+  EXPECT_EQ(host.st.pool_evictions, disk.st.pool_evictions);
+  EXPECT_EQ(host.st.pool_evictions, static_cast<uint64_t>((kPrompt + kSteps - kC) * 2 * kHk));
+  EXPECT_EQ(host.st.pool_prefill_evictions, disk.st.pool_prefill_evictions);
+  EXPECT_EQ(host.st.pool_prefill_evictions, static_cast<uint64_t>((kPrompt - kC) * 2 * kHk));
+  EXPECT_EQ(host.st.rows_fetched, disk.st.rows_fetched);
+  EXPECT_EQ(host.st.layer_pool_min_live, disk.st.layer_pool_min_live);
+  EXPECT_EQ(host.st.pool_live_max, kC);
+  EXPECT_LT(host.st.rows_fetched, host.st.rows_total / 4);  // the loads were selective
+}
+
+INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolDiskHome,
+                         ::testing::Values(policy::PoolEviction::kCounter, policy::PoolEviction::kFifo,
+                                           policy::PoolEviction::kLru),
+                         [](const auto& info) {
+                           return std::string(policy::pool_eviction_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace kvtier::kv

@@ -3,8 +3,13 @@
   (XXH3 digest of every logits row), with a smaller home tier;
 - a small limit keeps every pool at its slots, the speculation sees only live slots, and each eviction
   policy picks its victims from the older half (FIFO: exactly the oldest positions);
-- bad values of the flags, a limit below one slot and a prompt larger than the pool are clear errors."""
+- a disk home (--kv-disk) gives the very tokens, logits and pool figures of a host home, in a disk file
+  whose size follows the pool, not --ctx;
+- a prompt 2-3x the pool is prefilled in chunks that evict between them (FIFO: exactly the oldest
+  positions go), on a host and a disk home alike;
+- bad values of the flags and a limit below one slot are clear errors."""
 import json
+import re
 import shutil
 
 import pytest
@@ -27,10 +32,13 @@ def skew(tmp_path_factory):
     shutil.rmtree(out, ignore_errors=True)
 
 
+def run_proc(skew, *extra):
+    return run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "-t", 2, "--ctx", 1024, "--ignore-eos",
+               "--json", "--logits-digest", "--skew", skew, *extra)
+
+
 def run_json(skew, *extra):
-    p = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "-t", 2, "--ctx", 1024, "--ignore-eos",
-            "--json", "--logits-digest", "--skew", skew, *extra)
-    return json.loads(p.stdout)
+    return json.loads(run_proc(skew, *extra).stdout)
 
 
 @pytest.fixture(scope="module")
@@ -110,12 +118,75 @@ def test_bad_pool_flags_are_refused_with_clear_messages(skew, tmp_path):
     # below one slot of every (layer, KV head): the message names the minimum
     err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "1KiB")
     assert "cannot hold one slot" in err and f"at least {SLOT_BYTES} bytes" in err
-    # a prompt larger than the pool: prefill does not evict
-    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 16 * SLOT_BYTES)
-    assert "does not fit the KV pool's 16 slots" in err and "--kv-pool-limit" in err
     assert "needs selection infinigen" in fails(*base, "--kv-policy", "layer+pool")
-    # a disk home with a limit that bounds (fewer slots than --ctx); one that bounds nothing runs
-    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 512 * SLOT_BYTES, "--kv-disk",
-                tmp_path)
-    assert "--kv-disk is not supported yet" in err
+    # a limit that bounds nothing runs on a disk home too
     run(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", 1024 * SLOT_BYTES, "--kv-disk", tmp_path)
+
+
+PAGE = 256 * 128  # one home page: 256 rows of 128 bytes (one KV head's K or V)
+
+
+def disk_bytes(j):
+    m = re.match(r"disk file in .*, (\d+) bytes, ", j["kv"]["home"])
+    assert m, j["kv"]["home"]
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("eviction", ["counter", "fifo", "lru"])
+def test_a_disk_home_gives_the_host_homes_run(skew, plain, tmp_path, eviction):
+    C = plain["n_prompt"] + 8  # evicts from the 9th decoded token on
+    flags = ["--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", C * SLOT_BYTES, "--kv-pool-eviction", eviction]
+    host = run_json(skew, *flags)
+    disk = run_json(skew, *flags, "--kv-disk", tmp_path)
+    assert host["kv"]["home"].startswith("host") and disk["kv"]["home"].startswith("disk file")
+    assert disk["tokens"] == host["tokens"]
+    assert disk["logits_digest"] == host["logits_digest"]
+    assert disk["kv"]["infinigen"]["pool"] == host["kv"]["infinigen"]["pool"]
+    assert disk["kv"]["infinigen"]["pool"]["evictions"] > 0
+    for k in ("rows_total", "rows_fetched", "layer_steps"):
+        assert disk["kv"]["infinigen"][k] == host["kv"]["infinigen"][k], k
+    # the disk file: layers 0-1 hold --ctx 1024 positions (4 pages), the 28 pooled layers one page
+    # (C < 256 slots), per KV head and K|V
+    assert disk_bytes(disk) == (2 * 4 + 28 * 1) * 3 * 2 * PAGE
+    # `kvtier plan` predicts every byte the run held
+    plan = json.loads(run("plan", "-m", model("smollm2"), "--ctx", 1024, "-t", 2, "--json", "--kv-disk", tmp_path,
+                          *flags).stdout)
+    assert plan["engine"]["policies"][0]["memory"] == disk["peak_memory_bytes"]
+    assert disk["peak_memory_bytes"]["disk"]["kv"] == disk_bytes(disk)
+    unbounded = json.loads(run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", 1, "-t", 2, "--ctx", 1024, "--json",
+                               "--skew", skew, "--kv-policy", "infinigen", "--kv-disk", tmp_path).stdout)
+    assert disk_bytes(unbounded) == 30 * 4 * 3 * 2 * PAGE
+
+
+@pytest.mark.parametrize("eviction", ["fifo", "counter", "lru"])
+def test_a_prompt_longer_than_the_pool_evicts_while_it_is_prefilled(skew, plain, tmp_path, eviction):
+    P = plain["n_prompt"]
+    C = 64  # slots per (layer, KV head): the prompt is 2-3x that
+    assert 2 * C <= P <= 3 * C
+    flags = ["--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", C * SLOT_BYTES, "--kv-pool-eviction", eviction,
+             "--chunk", 32]
+    proc = run_proc(skew, *flags)
+    j = json.loads(proc.stdout)
+    g = j["kv"]["infinigen"]
+    p = g["pool"]
+    assert p["slots"] == C
+    steps = g["layer_steps"] // 28
+    assert steps >= N_GEN - 2
+    written = P + steps
+    assert p["live_max"] == C and p["live_rows"] == C * POOL_HEADS  # never more rows than slots
+    assert p["evictions"] == (written - C) * POOL_HEADS
+    assert p["prefill_evictions"] == (P - C) * POOL_HEADS
+    assert f"longer than the KV pool's {C} slots" in proc.stderr  # evicting at prefill: a warning (§15.13)
+    # every decode step speculated over the C live slots
+    assert g["rows_total"] == 28 * 3 * C * steps
+    if eviction == "fifo":  # exactly the oldest positions went, at prefill and at decode
+        assert [x["min_live_pos"] for x in p["layers"]] == [written - C] * 28
+        assert p["max_evicted_pos"] == written - C - 1
+        # from position 2C on the oldest live one (p - C) is no longer in the older half (< p / 2): the
+        # victim comes from all slots
+        assert p["young_victims"] == POOL_HEADS * sum(1 for q in range(C, written) if q - C >= q // 2)
+    assert len(j["tokens"]) == N_GEN
+    # a disk home: the same run
+    d = run_json(skew, *flags, "--kv-disk", tmp_path)
+    assert d["tokens"] == j["tokens"] and d["logits_digest"] == j["logits_digest"]
+    assert d["kv"]["infinigen"]["pool"] == p

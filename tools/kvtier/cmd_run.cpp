@@ -147,7 +147,16 @@ int run_run(const RunArgs& a) {
     };
     if (a.logits_digest) j["logits_digest"] = digests;
     std::cout << j.dump() << "\n";
-  } else {
+  }
+  if (const auto st = session.kv_stats(); st && st->infinigen.pool_prefill_evictions > 0) {
+    // spec infinigen.md §15.13: evicting at prefill is an extension of the paper's pool (a warning)
+    std::fprintf(stderr,
+                 "warning: the prompt (%lld tokens) is longer than the KV pool's %lld slots per (layer, KV "
+                 "head): its prefill evicted %llu rows with the pool's eviction policy\n",
+                 static_cast<long long>(r.n_prompt), static_cast<long long>(st->infinigen.pool_slots),
+                 static_cast<unsigned long long>(st->infinigen.pool_prefill_evictions));
+  }
+  if (!a.json) {
     std::fputc('\n', stdout);
     std::fprintf(stderr, "[%lld prompt tokens: %.1f tok/s | %lld generated: %.1f tok/s | %s]\n",
                  static_cast<long long>(r.n_prompt), prefill_tps, static_cast<long long>(r.n_gen), decode_tps,

@@ -75,8 +75,8 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          [&knobs](const std::string& v) { knobs.pool_limit = parse_bytes(v, "--kv-pool-limit"); },
          "pool (layer+infinigen+pool): bytes of K/V rows the layers that speculate keep, e.g. 64MiB; "
          "slots per layer, sequence and KV head = limit / (their KV heads x sequences x 2 x row bytes), "
-         "whole 256-row pages from 256 on; past that each new token replaces a victim's row; the prompt "
-         "must fit; default: no limit")
+         "whole 256-row pages from 256 on; past that each new token replaces a victim's row (a longer "
+         "prompt evicts between its --chunk passes); host or --kv-disk home; default: no limit")
       ->default_str("none");
   cmd->add_option_function<std::string>(
          "--kv-pool-eviction",
@@ -389,6 +389,7 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
       pool["live_max"] = ig.pool_live_max;
       pool["live_rows"] = ig.pool_live_rows;
       pool["evictions"] = ig.pool_evictions;
+      pool["prefill_evictions"] = ig.pool_prefill_evictions;  // a prompt longer than the pool
       pool["young_victims"] = ig.pool_young_victims;
       pool["max_evicted_pos"] = ig.pool_max_evicted_pos;
       nlohmann::json pl = nlohmann::json::array();
