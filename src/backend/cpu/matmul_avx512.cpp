@@ -6,6 +6,7 @@
 
 #include "backend/cpu/block_unpack.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/legacy_chain.h"
 #include "backend/cpu/simd_avx512.h"
 
 namespace kvtier::cpu {
@@ -178,15 +179,12 @@ void fill_avx512_tiles(KernelTable& t) {
   };
   set(GgmlType::kF32, TileKernel{tile_float<false, 4, 4>, 4, 4});
   set(GgmlType::kF16, TileKernel{tile_float<true, 4, 4>, 4, 4});
-  // Legacy quants: 4 rows x 4 tokens, and 4 rows x 16 tokens (row unpacking shared by 16 tokens).
-  set(GgmlType::kQ4_0, TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 1>, 4, 4},
-      TileKernel{tile_legacy<Legacy::kQ4_0, BlockQ4_0, 4, 4>, 4, 16});
-  set(GgmlType::kQ4_1, TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 1>, 4, 4},
-      TileKernel{tile_legacy<Legacy::kQ4_1, BlockQ4_1, 4, 4>, 4, 16});
-  set(GgmlType::kQ5_0, TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 1>, 4, 4},
-      TileKernel{tile_legacy<Legacy::kQ5_0, BlockQ5_0, 4, 4>, 4, 16});
+  // q8_0: 4 rows x 4 tokens, and 4 rows x 16 tokens (row unpacking shared by 16 tokens). The 4- and
+  // 5-bit legacy quants take legacy_chain.h's panel tiles with VPDPBUSD (vec_dot and one-token tiles
+  // with them, replacing vec_dot_avx512.cpp's for those types).
   set(GgmlType::kQ8_0, TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 1>, 4, 4},
       TileKernel{tile_legacy<Legacy::kQ8_0, BlockQ8_0, 4, 4>, 4, 16});
+  fill_legacy_chain<true>(t);
   fill_avx512_ktiles(t);
 }
 

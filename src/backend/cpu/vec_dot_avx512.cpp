@@ -188,16 +188,11 @@ void fill_avx512_kernels(KernelTable& t) {
   };
   set(GgmlType::kF32, dot_float<false>);
   set(GgmlType::kF16, dot_float<true>);
-  set(GgmlType::kQ4_0, dot_legacy<Legacy::kQ4_0, BlockQ4_0>);
-  set(GgmlType::kQ4_1, dot_legacy<Legacy::kQ4_1, BlockQ4_1>);
-  set(GgmlType::kQ5_0, dot_legacy<Legacy::kQ5_0, BlockQ5_0>);
+  // q4_0, q4_1, q5_0 (and q5_1): legacy_chain.h's kernels, set by fill_avx512_tiles.
   set(GgmlType::kQ8_0, dot_legacy<Legacy::kQ8_0, BlockQ8_0>);
   auto narrow = [&t](GgmlType type, TileFn fn) {
     t.tile_narrow[static_cast<size_t>(type)] = TileKernel{fn, 4, 1};
   };
-  narrow(GgmlType::kQ4_0, narrow_legacy<Legacy::kQ4_0, BlockQ4_0>);
-  narrow(GgmlType::kQ4_1, narrow_legacy<Legacy::kQ4_1, BlockQ4_1>);
-  narrow(GgmlType::kQ5_0, narrow_legacy<Legacy::kQ5_0, BlockQ5_0>);
   narrow(GgmlType::kQ8_0, narrow_legacy<Legacy::kQ8_0, BlockQ8_0>);
   set(GgmlType::kQ4_K, dot_q4_k);
   set(GgmlType::kQ6_K, dot_q6_k);
