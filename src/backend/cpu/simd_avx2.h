@@ -41,14 +41,6 @@ static inline __m256i nibbles_32(const uint8_t* qs) {
   return _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
 }
 
-// Q4_1 / Q5_1: the block's adjacent f16 scale and min (at `dm`) times the activation scale da:
-// lanes 0, 1 = [dw * da, mw * da] (the same IEEE products as the scalar expressions).
-static inline __m128 scale_min_products(const uint16_t* dm, __m128 da) {
-  uint32_t u;
-  std::memcpy(&u, dm, 4);
-  return _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(u))), da);
-}
-
 // 32 bits (little-endian) -> 32 bytes, byte i = 0x10 if bit i is set, else 0.
 static inline __m256i bits_to_0x10(const uint8_t* qh) {
   uint32_t x;

@@ -100,50 +100,9 @@ static inline __m512i q6k_scale_idx(int hg) {
                                             0x0002000200020002, 0x0003000300030003, 0x0003000300030003));
 }
 
-enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ8_0 };
-
-// The block's 32 quants as bytes: signed (q - offset) for q4_0/q5_0/q8_0, unsigned for q4_1.
-template <Legacy kType, typename Block>
-static inline __m256i block_quants(const Block& x) {
-  if constexpr (kType == Legacy::kQ8_0) {
-    return avx2::load256(x.qs);
-  } else {
-    __m256i q = avx2::nibbles_32(x.qs);
-    if constexpr (kType == Legacy::kQ4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    if constexpr (kType == Legacy::kQ5_0) {
-      return _mm256_sub_epi8(_mm256_or_si256(q, avx2::bits_to_0x10(x.qh)), _mm256_set1_epi8(16));
-    }
-    return q;
-  }
-}
-
-// Two 4-bit blocks (16 packed bytes each) -> 64 bytes in [0, 15]: block 0's elements 0..31, then
-// block 1's (the same bytes as join(nibbles_32(qs0), nibbles_32(qs1)), in 4 instructions).
-static inline __m512i nibbles_64(const uint8_t* qs0, const uint8_t* qs1) {
-  const __m128i* p0 = reinterpret_cast<const __m128i*>(qs0);
-  const __m128i* p1 = reinterpret_cast<const __m128i*>(qs1);
-  const __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(_mm_loadu_si128(p0)), 0xFF00,
-                                                _mm_loadu_si128(p1));  // [qs0, qs0, qs1, qs1]
-  const __m512i s = _mm512_mask_srli_epi16(v, 0xFF00FF00u, v, 4);      // high nibbles in 128-bit lanes 1, 3
-  return _mm512_and_si512(s, _mm512_set1_epi8(0x0F));
-}
-
-// Two consecutive blocks' quants as block_quants gives them, joined.
-template <Legacy kType, typename Block>
-static inline __m512i pair_quants(const Block& x0, const Block& x1) {
-  if constexpr (kType == Legacy::kQ4_0) return _mm512_sub_epi8(nibbles_64(x0.qs, x1.qs), _mm512_set1_epi8(8));
-  if constexpr (kType == Legacy::kQ4_1) return nibbles_64(x0.qs, x1.qs);
-  if constexpr (kType == Legacy::kQ5_0) {
-    // q - 16 = nibble + 16 * bit - 16: subtract 16 where the fifth bit (bit i of the 64-bit mask,
-    // block 0's qh then block 1's) is clear.
-    uint32_t h0, h1;
-    std::memcpy(&h0, x0.qh, 4);
-    std::memcpy(&h1, x1.qh, 4);
-    const __mmask64 clear = ~((static_cast<uint64_t>(h1) << 32) | h0);
-    const __m512i q = nibbles_64(x0.qs, x1.qs);
-    return _mm512_mask_sub_epi8(q, clear, q, _mm512_set1_epi8(16));
-  }
-  return join(block_quants<kType>(x0), block_quants<kType>(x1));
+// q8_0: two consecutive blocks' 32 signed quants each, joined (block x0's elements, then x1's).
+static inline __m512i q8_0_pair(const BlockQ8_0& x0, const BlockQ8_0& x1) {
+  return join(avx2::load256(x0.qs), avx2::load256(x1.qs));
 }
 
 }  // namespace kvtier::cpu::avx512

@@ -1,6 +1,7 @@
-// AVX2 dot products. Legacy types accumulate per-block float terms in 8 lanes (FMA); K-quants
-// reduce each super-block to the same integers as the reference and combine them with the
-// reference's float expression, so they equal the scalar result exactly.
+// AVX2 dot products for the float types, q8_0 and the K-quants (q4_0, q4_1, q5_0 and q5_1 are in
+// matmul_avx2_panel.cpp). q8_0 accumulates per-block float terms in 8 lanes (FMA); K-quants reduce each
+// super-block to the same integers as the reference and combine them with the reference's float expression,
+// so they equal the scalar result exactly.
 #include "backend/cpu/block_unpack.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/simd_avx2.h"
@@ -59,44 +60,16 @@ float dot_half(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   return s;
 }
 
-enum class Legacy { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
-
-// Legacy block of any kind: the 32 quants as bytes (signed for q4_0/q5_0/q8_0, unsigned otherwise),
-// the scale and (for q4_1/q5_1) the min. Per block: acc (8 lanes) += isum * (dw * da); for the
-// types with a min, lane 1 of acc_min += (mw * da) * asum (lane 0 carries an unused term).
-template <Legacy kType, typename Block>
-float dot_legacy(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  constexpr bool kMin = kType == Legacy::kQ4_1 || kType == Legacy::kQ5_1;
-  const Block* x = as<Block>(w8);
+// q8_0: per block acc (8 lanes) += isum * (dw * da), one FMA chain over the blocks.
+float dot_q8_0(const uint8_t* w8, const uint8_t* a8, int64_t k) {
+  const BlockQ8_0* x = as<BlockQ8_0>(w8);
   const ActQ8_32* a = as<ActQ8_32>(a8);
   __m256 acc = _mm256_setzero_ps();
-  __m128 acc_min = _mm_setzero_ps();
   for (int64_t b = 0; b < k / kQK; ++b) {
     const __m256i av = load256(a[b].qs);
-    __m256i isum;
-    if constexpr (kType == Legacy::kQ8_0) {
-      isum = dot_s8s8(load256(x[b].qs), av);
-    } else {
-      __m256i q = nibbles_32(x[b].qs);
-      if constexpr (kType == Legacy::kQ5_0 || kType == Legacy::kQ5_1)
-        q = _mm256_or_si256(q, bits_to_0x10(x[b].qh));
-      if constexpr (kType == Legacy::kQ4_0) {
-        isum = dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(8)), av);
-      } else if constexpr (kType == Legacy::kQ5_0) {
-        isum = dot_s8s8(_mm256_sub_epi8(q, _mm256_set1_epi8(16)), av);
-      } else {
-        isum = dot_u8s8(q, av);
-      }
-    }
-    if constexpr (kMin) {
-      const __m128 p = scale_min_products(&x[b].d, _mm_broadcast_ss(&a[b].d));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_broadcastss_ps(p), acc);
-      acc_min = _mm_add_ps(acc_min, _mm_mul_ps(p, _mm_cvtepi32_ps(_mm_set1_epi32(a[b].sum))));
-    } else {
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[b].d) * a[b].d), acc);
-    }
+    const __m256i isum = dot_s8s8(load256(x[b].qs), av);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[b].d) * a[b].d), acc);
   }
-  if constexpr (kMin) return hsum_f32(acc) + _mm_cvtss_f32(_mm_movehdup_ps(acc_min));
   return hsum_f32(acc);
 }
 
@@ -227,7 +200,7 @@ void fill_avx2_kernels(KernelTable& t) {
   set(GgmlType::kF16, dot_half<false>);
   set(GgmlType::kBF16, dot_half<true>);
   // q4_0, q4_1, q5_0, q5_1: matmul_avx2_panel.cpp (one float chain per output, for its panel tiles).
-  set(GgmlType::kQ8_0, dot_legacy<Legacy::kQ8_0, BlockQ8_0>);
+  set(GgmlType::kQ8_0, dot_q8_0);
   set(GgmlType::kQ2_K, dot_q2_k);
   set(GgmlType::kQ3_K, dot_q3_k);
   set(GgmlType::kQ4_K, dot_q45_k<false, BlockQ4_K>);
