@@ -37,6 +37,9 @@ struct KvOptions {
   // (tokens/s) the split-point scheduler weighs; 0 = not profiled (auto then recomputes nothing).
   double kvpr_link_bytes_per_s = 0;
   double kvpr_tokens_per_s = 0;
+  // kvpr --recompute auto: the profiled decode weight pass (runtime::Profile::decode_weights_s), the
+  // scheduler's estimate of a decode step's other compute before one has been timed; 0 = none.
+  double kvpr_decode_weights_s = 0;
   // hybrid --act-ratio auto: one streamed layer's weight load time (Algorithm 1's T_w; 0 when the
   // weights are resident).
   double weight_load_s = 0;

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "kv/kv_row.h"
 #include "policy/hybrid_plan.h"
+#include "policy/kvpr_schedule.h"
 #include "policy/retention.h"
 
 namespace kvtier::kv {
@@ -315,6 +316,10 @@ void TieredKv::plan(int64_t s_kv) {
     if (first_unit_[u.layer] == plan_.units.size()) first_unit_[u.layer] = i;
     if (!u.is_static) offloaded_.push_back(i);
   }
+  // kvpr auto: W before a decode visit is timed, this plan's offloaded units being one sequence's
+  // visits per step (a prefill's plan stands in for the first decode step's).
+  hidden_seed_ =
+      policy::kvpr_hidden_estimate(opt_.kvpr_decode_weights_s, static_cast<int64_t>(offloaded_.size()));
   pass_first_visit_ = next_visit_;
   ++passes_;
 }

@@ -440,6 +440,7 @@ class TieredKv final : public KvCache {
   // moving average): the transfer it hides needs no recompute (policy::KvprSchedule::kPipelined's W).
   bool time_visits() const { return kvpr() && opt_.knobs.recompute < 0; }
   double hidden_s_ = 0;
+  double hidden_seed_ = 0;        // W until hidden_s_ is measured (policy::kvpr_hidden_estimate; 0: none)
   double prev_visit_start_ = -1;  // steady clock of the last visit's start (-1: none yet)
   double prev_blocked_s_ = 0;     // its waiting and recomputing
   // kvpr auto: measured seconds to recompute one row of a whole layer's K/V (a moving average over

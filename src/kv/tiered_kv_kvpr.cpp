@@ -49,25 +49,16 @@ int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, in
   c.recompute_flops = static_cast<double>(u.n_heads) / geo_.n_head_kv[u.layer];  // layer projections
   c.v_com_x = c.v_com_kv = opt_.kvpr_link_bytes_per_s;
   c.v_gpu = recompute_s_per_row_ > 0 ? 1.0 / recompute_s_per_row_ : opt_.kvpr_tokens_per_s;
-  c.hidden_s = hidden_s_;
-  // Recomputing even one row reads the unit's rows of W_K and W_V once: a fixed cost the linear model
-  // leaves out. On both default models and the 7B shapes it is about one row's projection (a decode
-  // matvec is bound by reading those weights); counted as two rows, a split is taken only when it
-  // beats l = 0 with that cost added.
-  const double fixed_s = 2 * c.recompute_flops / c.v_gpu;
-  policy::KvprCosts cf = c;
-  cf.hidden_s += fixed_s;
-  const int64_t all = rows - first;  // the step's rows: K/V of those past the cap cross the link anyway
-  const int64_t l = policy::kvpr_split(cf, policy::KvprSchedule::kPipelined, all, visible);
-  if (l == 0) return 0;
-  const double t_l = policy::kvpr_step_time(cf, policy::KvprSchedule::kPipelined, all, l).total;
-  const double t_0 = policy::kvpr_step_time(c, policy::KvprSchedule::kPipelined, all, 0).total;
-  return t_l < t_0 ? l : 0;
+  // W: measured between decode visits; before the first such measurement, the profiled decode weight
+  // pass shared among the step's visits (policy::kvpr_hidden_estimate says why that is comparable).
+  c.hidden_s = hidden_s_ > 0 ? hidden_s_ : hidden_seed_;
+  // (all the step's rows: K/V of those past the cap cross the link anyway)
+  return policy::kvpr_visit_split(c, rows - first, visible);
 }
 
 void TieredKv::calibrate_recompute(const policy::Unit& u, int64_t rows, double seconds) {
   // Visits of a few rows say more about the weight pass than the per-row rate; the model counts that
-  // pass as two rows (split_rows), so a measurement of r rows is r + 2 rows' worth.
+  // pass as two rows (policy::kvpr_visit_split), so a measurement of r rows is r + 2 rows' worth.
   constexpr int64_t kMinRows = 8;
   if (rows < kMinRows || !(seconds > 0)) return;
   const double share = static_cast<double>(u.n_heads) / geo_.n_head_kv[u.layer];

@@ -127,6 +127,22 @@ KvprDecision kvpr_decide(const KvprCosts& c, KvprSchedule schedule, int64_t s_pr
   return d;
 }
 
+int64_t kvpr_visit_split(const KvprCosts& c, int64_t s_prime, int64_t l_cap) {
+  const double fixed_s = 2 * c.recompute_flops / c.v_gpu;  // the weight pass, as two rows
+  KvprCosts cf = c;
+  cf.hidden_s += fixed_s;
+  const int64_t l = kvpr_split(cf, KvprSchedule::kPipelined, s_prime, l_cap);
+  if (l == 0) return 0;
+  const double t_l = kvpr_step_time(cf, KvprSchedule::kPipelined, s_prime, l).total;
+  const double t_0 = kvpr_step_time(c, KvprSchedule::kPipelined, s_prime, 0).total;
+  return t_l < t_0 ? l : 0;
+}
+
+double kvpr_hidden_estimate(double decode_weights_s, int64_t visits_per_step) {
+  if (!(decode_weights_s > 0) || visits_per_step <= 0) return 0;
+  return decode_weights_s / static_cast<double>(visits_per_step);
+}
+
 std::vector<int64_t> kvpr_split_table(const KvprCosts& c, KvprSchedule schedule, KvprSplitPolicy policy,
                                       int64_t s, int64_t g) {
   KVTIER_ASSERT(s >= 0 && g >= 0, "prompt {} generation {}", s, g);

@@ -74,6 +74,32 @@ int64_t kvpr_split(const KvprCosts& c, KvprSchedule schedule, int64_t s_prime, i
 // The same by evaluating every l (the reference routine of spec §5.3; O(s')).
 int64_t kvpr_split_scan(const KvprCosts& c, KvprSchedule schedule, int64_t s_prime, int64_t l_cap);
 
+// One unit visit's split in kvtier's CPU prefetch pipeline (kPipelined over the visit's rows s' with
+// l ≤ l_cap; TieredKv's kvpr auto). Recomputing even one row reads the unit's rows of W_K and W_V
+// once: a fixed cost the linear model leaves out. On both default models and the 7B shapes it is
+// about one row's projection (a decode matvec is bound by reading those weights); counted as two
+// rows, a split is taken only when it beats l = 0 with that cost added.
+int64_t kvpr_visit_split(const KvprCosts& c, int64_t s_prime, int64_t l_cap);
+
+// kPipelined's W (KvprCosts::hidden_s) for a unit visit before any decode visit has been timed; TieredKv
+// then measures W as the time between the starts of two decode visits less their waiting and
+// recomputing (a moving average over all the step's visits), and this estimate only stands in until
+// the first such interval is measured (the first two decode steps: step 1's load is planned during the
+// prefill, step 2's during step 1's visit).
+// Without it those steps planned with W = 0, as if the load had nothing to hide behind, and recomputed
+// rows that the step's own compute would have hidden the transfer of (spec P6 at a 1 GB/s link: 15-21
+// rows where 0 was best by 3x).
+// What is comparable: W is the rest of a decode step's compute, and most of that is one-token
+// matvecs, each bound by reading its weight matrix once. The profiler times exactly that
+// (runtime::Profile::decode_weights_s: one token through every weight matrix, the output head
+// included). The prefill's per-token compute is not comparable (its matmuls reuse each weight across
+// the chunk's tokens and are compute-bound; per token they are several times cheaper than a decode
+// step's), nor is the profiled projection rate (a 256-token matmul). The step's visits share W
+// evenly, as the measured average does: W ≈ decode_weights_s / visits_per_step. It leaves out
+// attention, norms and the new rows' store, so it is low, which errs toward recomputing (what W = 0
+// did, by less). 0 when either input is ≤ 0 (not profiled: the scheduler then plans as before).
+double kvpr_hidden_estimate(double decode_weights_s, int64_t visits_per_step);
+
 // One step's decision (spec §5.5): l = 0 is pure offloading (no X transfer, no recompute launch);
 // l = s' transfers no K,V.
 struct KvprDecision {

@@ -42,6 +42,7 @@ json profile_json(const Profile& p) {
            {{"flops_per_s", p.proj_flops_per_s},
             {"tokens_per_s", p.proj_tokens_per_s},
             {"tokens", p.proj_tokens}}},
+          {"decode_weights_s", p.decode_weights_s},
           {"per_token",
            {{"kv_bytes", p.kv_bytes_per_token},
             {"x_bytes", p.x_bytes_per_token},
@@ -115,6 +116,9 @@ struct Reader {
     p.proj_flops_per_s = num(pr, "flops_per_s", where + "/projection", true);
     p.proj_tokens_per_s = num(pr, "tokens_per_s", where + "/projection", true);
     p.proj_tokens = integer(pr, "tokens", where + "/projection");
+    // (absent from entries written before it was measured: 0, unused)
+    if (e.is_object() && e.contains("decode_weights_s"))
+      p.decode_weights_s = num(e, "decode_weights_s", where, false);
     const json& pt = field(e, "per_token", where);
     p.kv_bytes_per_token = num(pt, "kv_bytes", where + "/per_token", true);
     p.x_bytes_per_token = num(pt, "x_bytes", where + "/per_token", true);

@@ -26,6 +26,7 @@ constexpr int kWarmups = 3;  // FlexGen's profile_bandwidth settings
 constexpr int kRepeats = 3;
 constexpr int kCopies = 5;
 constexpr int kProjRepeats = 5;
+constexpr int kDecodeRepeats = 3;
 constexpr uint64_t kAlign = 4096;               // direct I/O granularity
 constexpr uint64_t kMaxJobBytes = 16ull << 20;  // keeps a profile of a 7B model short
 
@@ -88,6 +89,51 @@ LinkMeasurement measure_link(kv::MemoryLedger& ledger, kv::HomeStore& home, uint
   return m;
 }
 
+// The matrices one decode step multiplies a token's activations by, in the forward pass's order: each
+// layer's attention and FFN projections, then the output head (absent matrices, such as OPT's gate,
+// are left out).
+std::vector<const cpu::WeightMatrix*> decode_matrices(const model::ModelWeights& w) {
+  std::vector<const cpu::WeightMatrix*> out;
+  for (const model::LayerWeights& lw : w.layers) {
+    for (const cpu::WeightMatrix* mat : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.gate, &lw.up, &lw.down}) {
+      if (mat->data != nullptr && mat->n_rows > 0) out.push_back(mat);
+    }
+  }
+  if (w.output.data != nullptr && w.output.n_rows > 0) out.push_back(&w.output);
+  return out;
+}
+
+// Median seconds of one token through every decode matrix (Profile::decode_weights_s). One pass
+// reads all the weights, as a decode step does, so the caches hold little of them (unlike a timed
+// loop over one layer's wk and wv, which may fit in the last-level cache).
+double measure_decode_weights(const model::ModelWeights& w, ThreadPool& pool, cpu::Isa isa) {
+  const std::vector<const cpu::WeightMatrix*> mats = decode_matrices(w);
+  int64_t k_max = 1, rows_max = 1;
+  size_t scratch_bytes = 0;
+  for (const cpu::WeightMatrix* mat : mats) {
+    k_max = std::max(k_max, mat->k);
+    rows_max = std::max(rows_max, mat->n_rows);
+    scratch_bytes = std::max(scratch_bytes, cpu::matmul_scratch_bytes(mat->type, mat->k, 1));
+  }
+  std::vector<float> x(static_cast<size_t>(k_max));     // [k_max] f32 one token's input
+  std::vector<float> y(static_cast<size_t>(rows_max));  // [rows_max] f32 its output
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  for (float& v : x) v = dist(rng);
+  std::vector<uint8_t> scratch(scratch_bytes);
+  auto pass = [&] {
+    for (const cpu::WeightMatrix* mat : mats) cpu::matmul(pool, isa, *mat, x.data(), 1, y.data(), scratch);
+  };
+  pass();  // warm-up (and the first touch of mapped weights)
+  std::vector<double> times;
+  for (int r = 0; r < kDecodeRepeats; ++r) {
+    const auto t0 = Clock::now();
+    pass();
+    times.push_back(seconds_since(t0));
+  }
+  return median(times);
+}
+
 }  // namespace
 
 ProfileKey profile_key(const LoadedModel& m, const ProfileOptions& o) {
@@ -97,6 +143,10 @@ ProfileKey profile_key(const LoadedModel& m, const ProfileOptions& o) {
     shape += fmt::format("k:{},{},{};v:{},{},{}|", ggml_type_name(lw.wk.type), lw.wk.n_rows, lw.wk.k,
                          ggml_type_name(lw.wv.type), lw.wv.n_rows, lw.wv.k);
   }
+  // The decode weight pass (decode_weights_s) reads every matrix.
+  shape += "decode:";
+  for (const cpu::WeightMatrix* mat : decode_matrices(m.weights))
+    shape += fmt::format("{},{},{};", ggml_type_name(mat->type), mat->n_rows, mat->k);
   ProfileKey k;
   k.model_hash = fmt::format("{:016x}", fnv1a(shape));
   k.cpu = cpu::cpu_brand();
@@ -164,6 +214,7 @@ Profile measure_profile(const LoadedModel& m, const ProfileOptions& o) {
   p.proj_tokens = n;
   p.proj_tokens_per_s = static_cast<double>(n) / t;
   p.proj_flops_per_s = p.proj_flops_per_token * static_cast<double>(n) / t;
+  p.decode_weights_s = measure_decode_weights(m.weights, pool, o.isa);
   return p;
 }
 

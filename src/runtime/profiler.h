@@ -4,7 +4,10 @@
 //     DRAM home tier (a memory copy), and from a disk home tier (O_DIRECT reads where the file system
 //     has them), into compute-local staging, at one layer's K,V of a long context per job;
 //   - the K/V projection rate: cpu::matmul of one layer's wk and wv over a batch of tokens (what
-//     recomputing K,V from stored activation rows costs), in FLOP/s and tokens/s.
+//     recomputing K,V from stored activation rows costs), in FLOP/s and tokens/s;
+//   - a decode step's weight pass: cpu::matmul of one token through every weight matrix a decode step
+//     multiplies (what the scheduler's pipelined model hides a load behind before a decode step has
+//     been timed; see policy::kvpr_hidden_estimate).
 // Settings follow FlexGen's profile_bandwidth: 3 warm-up copies, then 3 timed repeats of 5 copies;
 // the rate is bytes over the median repeat. The result is keyed (ProfileKey) so it can be cached
 // (profile_cache.h).
@@ -22,7 +25,7 @@ namespace kvtier::runtime {
 
 // What a profile was measured for. Two profiles with equal keys are interchangeable.
 struct ProfileKey {
-  std::string model_hash;  // 16 hex digits over the architecture and the K/V projections' shapes and
+  std::string model_hash;  // 16 hex digits over the architecture and the weight matrices' shapes and
                            // types (what the measured speeds depend on; weight values do not matter)
   std::string cpu;         // CPU brand string
   std::string isa;         // the kernel path (scalar | avx2 | avx512)
@@ -47,6 +50,10 @@ struct Profile {
   double proj_flops_per_s = 0;          // K and V projections of one layer
   double proj_tokens_per_s = 0;         // tokens whose K and V one layer projects per second
   int64_t proj_tokens = 0;              // tokens per timed projection
+  // Median seconds of one token through every matrix a decode step multiplies (each layer's wq, wk,
+  // wv, wo, gate, up, down, and the output head): the weight-read-bound matvecs that are most of a
+  // decode step's compute. 0 in cache entries written before it was measured (then unused).
+  double decode_weights_s = 0;
   // Per token and layer of this model: K and V bytes (f16 rows), the activation row(s) recompute
   // consumes (the quantised rows cpu::matmul makes, f32 when wk and wv want different formats),
   // and the FLOPs of recomputing K and V.

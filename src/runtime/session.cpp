@@ -105,6 +105,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
                                                  : get_profile(opt_.profile_cache, model, po).profile;
     ko.kvpr_link_bytes_per_s = kvpr_costs(p, !ko.disk_dir.empty()).v_com_kv;
     ko.kvpr_tokens_per_s = p.proj_tokens_per_s;
+    ko.kvpr_decode_weights_s = p.decode_weights_s;
   }
   if (ko.selection == policy::Selection::kInfinigen && !ko.skew)
     ko.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, opt_.skew_path));

@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--p6-links", default="0.02",
                     help="comma-separated --link-gbps values for the P6 sweep ('unpaced': no throttle)")
     ap.add_argument("--p6-gen", type=int, default=None, help="generated tokens of the P6 runs (default: --gen)")
+    ap.add_argument("--p6-splits", default=None,
+                    help="forced splits of the P6 sweep, comma-separated (default: 0, s/8, ..., s)")
     ap.add_argument("--skip-table", action="store_true", help="no table of decode rates")
     ap.add_argument("--skip-p6", action="store_true", help="no P6 sweep")
     ap.add_argument("--overhead-rounds", type=int, default=0,
@@ -96,7 +98,8 @@ def main():
     name, path = models[0]
     ids = ",".join(str(10 + i % 300) for i in range(a.prompt))
     gen = a.p6_gen or a.gen
-    splits = ["auto"] + [str(a.prompt * k // 8) for k in range(9)]
+    forced = a.p6_splits.split(",") if a.p6_splits else [str(a.prompt * k // 8) for k in range(9)]
+    splits = ["auto"] + forced
     for link in ([] if a.skip_p6 else a.p6_links.split(",")):
         extra = [] if link == "unpaced" else ["--link-gbps", link]
         label = "unpaced" if link == "unpaced" else f"{float(link) * 1000:g} MB/s"

@@ -361,5 +361,70 @@ TEST(KvprSchedule, PipelinedClosedFormMatchesTheScanWithHiddenCompute) {
   EXPECT_EQ(kvpr_split(g, KvprSchedule::kPipelined, 4096, 4096), 0);
 }
 
+// W before a decode visit is timed: the decode weight pass shared among the step's visits.
+TEST(KvprSchedule, HiddenEstimateSharesTheDecodeWeightPassAmongTheVisits) {
+  EXPECT_DOUBLE_EQ(kvpr_hidden_estimate(12e-3, 1), 12e-3);
+  EXPECT_DOUBLE_EQ(kvpr_hidden_estimate(12e-3, 4), 3e-3);
+  EXPECT_DOUBLE_EQ(kvpr_hidden_estimate(0, 4), 0);      // not profiled
+  EXPECT_DOUBLE_EQ(kvpr_hidden_estimate(-1, 4), 0);     // nonsense in: none out
+  EXPECT_DOUBLE_EQ(kvpr_hidden_estimate(12e-3, 0), 0);  // no offloaded visit
+  EXPECT_DOUBLE_EQ(kvpr_hidden_estimate(std::nan(""), 2), 0);
+}
+
+// A unit visit's split with the weight pass counted (kvpr_visit_split) at the spec-P6 case that missed:
+// llama2-7b (1 layer, q4_0: 16 KiB of K,V and a 5120 B input row per position), host link paced to
+// 1 GB/s, s' = 512, recompute 0.35 ms per row (the calibrated rate on the 2-vCPU EPYC). Rates are in
+// rows: recompute_flops = 1 row, v_gpu = rows/s.
+KvprCosts p6_costs(double link) {
+  KvprCosts c;
+  c.x_bytes = 5120;
+  c.kv_bytes = 32 * (128 + 128) * 2;
+  c.recompute_flops = 1;
+  c.v_com_x = c.v_com_kv = link;
+  c.v_gpu = 1 / 0.35e-3;
+  return c;
+}
+
+TEST(KvprSchedule, VisitSplitWithTheDecodeWeightPassAsHiddenCompute) {
+  // W = 0 (the first decode steps before the estimate): the load looks unhidden and about 21 rows are
+  // recomputed, as the per-step splits of the P6 run showed (15-21).
+  KvprCosts c = p6_costs(1e9);
+  const int64_t bare = kvpr_visit_split(c, 512, 512);
+  EXPECT_GE(bare, 15);
+  EXPECT_LE(bare, 22);
+  // The 8.4 ms load against a step's weight pass that hides it (one visit per step): nothing recomputed.
+  const double load_s = 512 * c.kv_bytes / c.v_com_kv;
+  c.hidden_s = kvpr_hidden_estimate(load_s, 1);
+  EXPECT_EQ(kvpr_visit_split(c, 512, 512), 0);
+  // A weight pass that hides part of the load: fewer rows than with W = 0, but some.
+  c.hidden_s = kvpr_hidden_estimate(load_s / 2, 1);
+  const int64_t part = kvpr_visit_split(c, 512, 512);
+  EXPECT_GT(part, 0);
+  EXPECT_LT(part, bare);
+  // At a slow link (20 MB/s: a 419 ms load) a 10 ms weight pass barely moves the split.
+  KvprCosts slow = p6_costs(2e7);
+  const int64_t slow_bare = kvpr_visit_split(slow, 512, 512);
+  slow.hidden_s = kvpr_hidden_estimate(10e-3, 1);
+  const int64_t slow_seeded = kvpr_visit_split(slow, 512, 512);
+  EXPECT_GT(slow_seeded, 400);
+  EXPECT_LE(slow_seeded, slow_bare);
+  EXPECT_GE(slow_seeded, slow_bare - 12);
+  // More hidden compute never recomputes more (grid over links, W and s').
+  for (double link : {1e7, 1e8, 1e9, 1e10}) {
+    for (int64_t sp : {1, 16, 512, 4096}) {
+      int64_t prev = std::numeric_limits<int64_t>::max();
+      for (double w : {0.0, 1e-4, 1e-3, 1e-2, 1e-1, 1.0}) {
+        KvprCosts k = p6_costs(link);
+        k.hidden_s = w;
+        const int64_t l = kvpr_visit_split(k, sp, sp);
+        EXPECT_LE(l, prev) << link << " " << sp << " " << w;
+        EXPECT_GE(l, 0);
+        EXPECT_LE(l, sp);
+        prev = l;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::policy

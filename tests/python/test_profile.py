@@ -23,6 +23,7 @@ def test_cache_is_written_then_reused(tmp_path):
     assert second["profile"] == first["profile"]
     p = first["profile"]
     assert p["host"]["bytes_per_s"] > 0 and p["projection"]["flops_per_s"] > 0
+    assert p["decode_weights_s"] > 0  # the decode weight pass (the first decode steps' other compute)
     # SmolLM2: 3 KV heads x 64 x (K+V) x f16, and Q4_1 wk/wv take Q8_32 rows of 576 (18 x 40 bytes).
     assert p["per_token"]["kv_bytes"] == 768 and p["per_token"]["x_bytes"] == 720
     split = first["split"]["host"]

@@ -67,6 +67,7 @@ Profile fake_profile(const std::string& hash, int threads) {
   p.kv_bytes_per_token = 768;
   p.x_bytes_per_token = 720;
   p.proj_flops_per_token = 442368;
+  p.decode_weights_s = 0.0125;
   return p;
 }
 
@@ -90,6 +91,7 @@ TEST(Profiler, MeasuresTheModelsSizesAndPositiveRates) {
   EXPECT_FALSE(p.disk_io.empty());
   EXPECT_GT(p.proj_flops_per_s, 0);
   EXPECT_NEAR(p.proj_flops_per_s, p.proj_tokens_per_s * p.proj_flops_per_token, 1e-6 * p.proj_flops_per_s);
+  EXPECT_GT(p.decode_weights_s, 0);  // the decode weight pass
   EXPECT_EQ(p.key, profile_key(*m, o));
   EXPECT_EQ(p.key.cpu, cpu::cpu_brand());
   // The scheduler's terms over each link.
@@ -184,10 +186,27 @@ TEST(ProfileCache, StoreReplacesTheSameKeyAndKeepsOthers) {
   EXPECT_EQ(got->disk->bytes_per_s, 1e9);
   EXPECT_EQ(got->disk_io, "O_DIRECT");
   EXPECT_EQ(got->x_bytes_per_token, 720);
+  EXPECT_EQ(got->decode_weights_s, 0.0125);
   EXPECT_TRUE(find_cached_profile(file.str(), fake_profile("b", 1).key).has_value());
   EXPECT_EQ(read_text(file.str()).find("\"model_hash\": \"a\""),
             read_text(file.str()).rfind("\"model_hash\": \"a\""))
       << "one entry per key";
+}
+
+// Entries written before the decode weight pass was measured have no such field: they read back with
+// 0 (the scheduler then has no estimate of the first steps' other compute), not as corrupt.
+TEST(ProfileCache, EntriesWithoutTheDecodeWeightPassReadAsZero) {
+  ::kvtier::test::TempFile file("kvtier_test_profile_old", ".json");
+  store_profile(file.str(), fake_profile("old", 1));
+  std::string text = read_text(file.str());
+  const size_t at = text.find("\"decode_weights_s\"");
+  ASSERT_NE(at, std::string::npos);
+  text.erase(at, text.find('\n', at) + 1 - at);  // the field's line, as an older kvtier wrote it
+  write_text(file.str(), text);
+  const auto got = find_cached_profile(file.str(), fake_profile("old", 1).key);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->decode_weights_s, 0.0);
+  EXPECT_EQ(got->proj_tokens_per_s, 1e5);
 }
 
 TEST(ProfileCache, CorruptFilesAreClearErrorsUnlessForced) {

@@ -106,6 +106,8 @@ int run_profile(const ProfileArgs& a) {
   if (p.disk) print_link(fmt::format("disk link ({}):", p.disk_io).c_str(), *p.disk);
   fmt::print("  {:<22} {:8.3f} GFLOP/s = {:.0f} tokens/s per layer ({} tokens per call)\n",
              "K/V projection:", p.proj_flops_per_s / 1e9, p.proj_tokens_per_s, p.proj_tokens);
+  fmt::print("  {:<22} {:8.3f} ms for one token through every weight matrix\n",
+             "decode weight pass:", p.decode_weights_s * 1e3);
   fmt::print("  {:<22} K,V {:.0f} B, activation row {:.0f} B, recompute {:.0f} FLOP\n",
              "per token and layer:", p.kv_bytes_per_token, p.x_bytes_per_token, p.proj_flops_per_token);
   fmt::print("KVPR split (column schedule, Eq. 10) at s' = {}:\n", a.ctx);
