@@ -49,8 +49,8 @@ run_ctest --preset cpu -j "$jobs"
 # matters (label `isa`: the real models against the NumPy reference and llama.cpp's recorded results,
 # and the randomised exactness pass) once more with the AVX2 path forced (KVTIER_TEST_ISA is read by
 # the test side only, which passes --isa), so CI proves both SIMD paths against the references wherever
-# it runs. The rest of label `model` does not depend on it (tokenizer, presets, the IsaModels tests that
-# run every path themselves, the approximate baselines' trade-offs).
+# it runs. The rest of label `model` is not rerun: the tokenizer and preset tests compute nothing, the
+# IsaModels tests run every path themselves, and the baselines compare policies, not kernels.
 if grep -qw avx512f /proc/cpuinfo 2>/dev/null; then
   echo "== kernel-path tests with the AVX2 kernels forced (KVTIER_TEST_ISA=avx2, label isa)"
   export KVTIER_TEST_ISA=avx2
