@@ -40,6 +40,13 @@ run_ctest() {  # run_ctest ARGS...: ctest with its output shown and its counts a
 
 [[ $setup == 1 ]] && scripts/setup.sh
 
+# ccache where installed (scripts/setup.sh installs it): the CUDA stage's build compiles ~100 of the CPU
+# build's objects again with the same flags, and with CCACHE_BASEDIR (build/cpu and build/cuda are
+# equally deep) they are cache hits. CMake reads the launchers when it first configures a build folder.
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$PWD" CMAKE_C_COMPILER_LAUNCHER=ccache CMAKE_CXX_COMPILER_LAUNCHER=ccache
+fi
+
 echo "== cpu build"
 cmake --preset cpu >/dev/null
 cmake --build --preset cpu -j "$jobs"
