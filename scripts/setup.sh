@@ -30,7 +30,7 @@ die() { echo "[setup] error: $*" >&2; exit 1; }
 
 # ---- Debian packages ------------------------------------------------------------------------------
 apt_packages=(
-  build-essential cmake ninja-build pkg-config git clang clang-format clang-tidy
+  build-essential cmake ninja-build pkg-config git clang clang-format clang-tidy ccache
   libclang-rt-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev

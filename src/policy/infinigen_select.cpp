@@ -26,7 +26,7 @@ int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens) {
 
 void speculate(const SpecInput& in, float alpha, SpecResult& out) {
   const int64_t S = in.n_seq, H = in.n_head, Hk = in.n_head_kv, K = in.k_cols;
-  KVTIER_ASSERT(S >= 1 && Hk >= 1 && H >= Hk && H % Hk == 0 && K >= 1 && alpha > 0.0f);
+  KVTIER_ASSERT(S >= 1 && Hk >= 1 && H >= Hk && H % Hk == 0 && K >= 1 && alpha > 0.0f && in.group_scores);
   KVTIER_ASSERT(in.pk.size() == static_cast<size_t>(S * Hk) && in.n_tokens.size() == static_cast<size_t>(S) &&
                 in.cap.size() == static_cast<size_t>(S));
   const int64_t G = H / Hk;
@@ -52,21 +52,7 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
       for (int64_t g = 0; g < Hk; ++g, dst += T) {
         const float* q = in.qp + (s * H + g * G) * K;
         const float* pk = in.pk[static_cast<size_t>(s * Hk + g)];
-        if (in.group_scores != nullptr) {
-          in.group_scores(q, G, K, pk, T, in.scale, dst);
-          continue;
-        }
-        for (int64_t t = 0; t < T; ++t) {
-          float best = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < G; ++j) {
-            const float* qj = q + j * K;
-            const float* k = pk + t * K;
-            float dot = 0.0f;
-            for (int64_t c = 0; c < K; ++c) dot += qj[c] * k[c];
-            best = std::max(best, in.scale * dot);
-          }
-          dst[t] = best;
-        }
+        in.group_scores(q, G, K, pk, T, in.scale, dst);
       }
     }
   }

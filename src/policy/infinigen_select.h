@@ -35,7 +35,8 @@ void validate(const InfinigenParams& p);
 int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens = 0);
 
 // The scores S_g[t] of one (s, g) for rows t < T: q: [G, K] the group's partial queries, pk: [T, K],
-// out: [T] (the loop above, bit for bit; a SIMD version lives in the CPU backend, cpu::spec_scores).
+// out: [T], the formula above bit for bit. The kernels live in the CPU backend: cpu::spec_scores_ref (the
+// scalar loop) and cpu::spec_scores_kernel(isa), which give the same bits on every path.
 using GroupScoresFn = void (*)(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
                                float* out);
 
@@ -50,7 +51,7 @@ struct SpecInput {
   std::span<const float* const> pk;  // [n_seq * n_head_kv] each [n_tokens[s], k_cols] f32 partial keys
   std::span<const int64_t> n_tokens;     // [n_seq] T_s >= 1 (the current token not included)
   std::span<const int64_t> cap;          // [n_seq] cap_s >= 1
-  GroupScoresFn group_scores = nullptr;  // null: the scalar loop here
+  GroupScoresFn group_scores = nullptr;  // required: cpu::spec_scores_kernel(isa) or cpu::spec_scores_ref
 };
 
 struct SpecResult {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu/spec_scores.h"
 #include "core/error.h"
 #include "kv/partial_keys.h"
 
@@ -74,6 +75,7 @@ std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, c
       in.pk = pk_rows;
       in.n_tokens = {&T, 1};
       in.cap = {&cap, 1};
+      in.group_scores = cpu::spec_scores_ref;
       policy::speculate(in, params.alpha, spec);
       r.fetched += static_cast<double>(spec.chosen[0]) / static_cast<double>(T);
       r.n_sel += static_cast<double>(spec.chosen[0]);

@@ -3,7 +3,8 @@ mixed in passes of at most --chunk tokens, then one pass per decode step carryin
 sequence's greedy tokens must equal `kvtier run --ids <its prompt> --kv-policy resident` run alone
 with the same chunk. Rows: every exact KV policy of the exactness matrix (test_exactness.configs, built
 from `kvtier policies --json`), unlimited budget, plus the smallest budget with a disk home for the
-offloaded ones. On Gemma-3 the prompts are longer than the 512-token sliding window, so +sliding frees
+offloaded ones (the exact rows both; the degenerate rows, and Gemma-3's kvpr/hybridserve rows, one of
+the two each: SWEEP). On Gemma-3 the prompts are longer than the 512-token sliding window, so +sliding frees
 blocks during the batch."""
 import json
 import pathlib
@@ -14,11 +15,21 @@ import pytest
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from kvtier_testlib import model, run  # noqa: E402
-from test_exactness import configs, with_model_files  # noqa: E402
+from test_exactness import configs, pick, row_kind, with_model_files  # noqa: E402
 import re  # noqa: E402
 
 N_GEN = 6
 BATCH = 3
+BUDGETS = ["unlimited", "smallest+disk"]  # of an offloaded row; resident rows: unlimited only
+# How many budgets each kind of row (test_exactness.row_kind) runs, None: both. The k-th row of a kind
+# with n budgets runs budgets k*n .. k*n+n-1 (wrapping), so the rows of a kind share them out and
+# together run both (test_batch_sweeps_cover_both_budgets). CI time: a degenerate row proves one hook
+# of an approximate value batched on one placement, and Gemma-3's batch (3 x 560 tokens) costs ~4x
+# SmolLM2's; the exact rows keep both budgets on both models.
+SWEEP = {
+    "smollm2": {"exact": None, "kvpr": None, "degenerate": 1},
+    "gemma3": {"exact": None, "kvpr": 1, "degenerate": 1},
+}
 
 
 def batched(mdl, prompt_tokens, chunk, extra):
@@ -45,18 +56,29 @@ def alone(mdl, ids, chunk):
     return json.loads(p.stdout)["tokens"]
 
 
-def check(tmp_path, mdl, n_kv_heads, prompt_tokens, chunk):
+def batch_plan(n_kv_heads, sweep):
+    """[(flags, offloaded, budgets)]: resident, then every row of test_exactness.configs with the
+    budgets SWEEP gives it."""
+    index = {}
+    out = [(["--kv-policy", "resident"], False, ["unlimited"])]
+    for flags, offloaded in configs(n_kv_heads):
+        kind = row_kind(flags, n_kv_heads)
+        k = index[kind] = index.get(kind, -1) + 1
+        out.append((flags, offloaded, pick(BUDGETS if offloaded else BUDGETS[:1], k, sweep[kind])))
+    return out
+
+
+def check(tmp_path, mdl, n_kv_heads, prompt_tokens, chunk, sweep):
     disk = tmp_path / "kvdisk"
     disk.mkdir()
     ref = None
-    rows = [(["--kv-policy", "resident"], False)] + configs(n_kv_heads)
     n = 0
-    for cfg, offloaded in rows:
+    for cfg, offloaded, budgets in batch_plan(n_kv_heads, sweep):
         cfg = with_model_files(cfg, mdl, tmp_path)
-        budgets = [[]]
-        if offloaded:
-            budgets.append(["--kv-mem", str(smallest_kv_mem(mdl, prompt_tokens, chunk, cfg)), "--kv-disk", str(disk)])
-        for extra in budgets:
+        for budget in budgets:
+            extra = []
+            if budget == "smallest+disk":
+                extra = ["--kv-mem", str(smallest_kv_mem(mdl, prompt_tokens, chunk, cfg)), "--kv-disk", str(disk)]
             got = batched(mdl, prompt_tokens, chunk, cfg + extra)
             if ref is None:  # the reference: each prompt run alone with resident
                 ref = [alone(mdl, ids, chunk) for ids, _ in got]
@@ -70,12 +92,24 @@ def check(tmp_path, mdl, n_kv_heads, prompt_tokens, chunk):
 
 
 def test_smollm2_batched_equals_alone(tmp_path):
-    assert check(tmp_path, model("smollm2"), 3, 150, 64) >= 8
+    assert check(tmp_path, model("smollm2"), 3, 150, 64, SWEEP["smollm2"]) >= 8
 
 
 def test_gemma3_batched_equals_alone(tmp_path):
     # 560 > the 512-token window: the sliding layers free blocks while the batch runs.
-    assert check(tmp_path, model("gemma3"), 1, 560, 96) >= 6
+    assert check(tmp_path, model("gemma3"), 1, 560, 96, SWEEP["gemma3"]) >= 6
+
+
+def test_batch_sweeps_cover_both_budgets():
+    """Every row runs; the offloaded rows of each kind together run both budgets; exact rows run both."""
+    for name, n_kv_heads in (("smollm2", 3), ("gemma3", 1)):
+        plan = batch_plan(n_kv_heads, SWEEP[name])
+        for kind in ("exact", "kvpr", "degenerate"):
+            rows = [(f, b) for f, o, b in plan[1:] if o and row_kind(f, n_kv_heads) == kind]
+            assert {x for _, b in rows for x in b} == set(BUDGETS), (name, kind)
+            if kind == "exact":
+                assert all(b == BUDGETS for _, b in rows), name
+        assert all(b for _, _, b in plan), name
 
 
 # Approximate policies are deterministic per sequence too: batched, each sequence's tokens equal the

@@ -7,7 +7,10 @@ chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than it
 window, so `+sliding` really frees blocks (and the test checks that it holds less KV).
 Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off), a
 synthetic MHA model (4/4 heads) and a synthetic OPT (MHA 4/4, LayerNorm, learned positions, ReLU FFN). Approximate values join the matrix in their degenerate settings
-(degenerate_configs), where they must be exact too."""
+(degenerate_configs), where they must be exact too.
+Not every row runs every (chunk, budget) setting (SWEEP, sweep_plan): the exact rows run all of them on
+SmolLM2 and the synthetic models and both chunks and every budget on Gemma-3; the degenerate rows
+share the settings out, each running one or two, so that every setting is run by some of them."""
 import functools
 import json
 import re
@@ -26,6 +29,23 @@ PROMPT = (
 )
 N_GEN = 6
 CHUNKS = [37, 96]
+BUDGETS = ["unlimited", "smallest", "smallest+disk"]  # of an offloaded row; resident rows: unlimited only
+# Every (chunk, budget) setting, in an order where any 2 consecutive ones differ in chunk and in budget
+# and any 3 consecutive ones hold both chunks and all three budgets (i -> (i mod 2, i mod 3)).
+SETTINGS = [(CHUNKS[i % 2], BUDGETS[i % 3]) for i in range(len(CHUNKS) * len(BUDGETS))]
+# How many settings each kind of row runs (None: every setting it can run); see sweep_plan. CI time:
+# a Gemma-3 run costs ~4 SmolLM2 runs (871 positions of 262k logits), and the degenerate rows were
+# more than half of the matrix's runs while each proves one hook bit-identical on one placement.
+#   exact: placement x retention, headinfer's groups, static heads, prefetch depth
+#   kvpr: kvpr's splits and hybridserve's ratios (one chunk size, unlimited and smallest on disk)
+#   degenerate: approximate values in their degenerate settings
+FULL_SWEEP = {"exact": None, "kvpr": None, "degenerate": None}
+SWEEP = {
+    # the exact rows' full sweep; each degenerate row on 2 settings (different rows, different settings)
+    "smollm2": {"exact": None, "kvpr": None, "degenerate": 2},
+    # 3 consecutive settings per exact row (both chunks, every budget), 1 per kvpr and degenerate row
+    "gemma3": {"exact": 3, "kvpr": 1, "degenerate": 1},
+}
 
 
 def generate(tmp, mdl, chunk, extra, tag, prompt):
@@ -217,54 +237,93 @@ def weight_rows(mdl, chunk):
     ]
 
 
-def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT, weights=False):
+def row_kind(flags, n_kv_heads):
+    if flags in [f for f, _ in degenerate_configs(n_kv_heads)]:
+        return "degenerate"
+    return "kvpr" if "kvpr" in flags[1] or flags[1] == "hybridserve" else "exact"
+
+
+def allowed_settings(flags, offloaded):
+    """The (chunk, budget) settings a row can run, in SETTINGS order."""
+    out = []
+    for chunk, budget in SETTINGS:
+        if not offloaded and budget != "unlimited":
+            continue  # resident rows have no budget to shrink
+        # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time);
+        # infinigen's rows (its prefill is the placement's own) also run at one chunk size (CI time)
+        kvpr = "kvpr" in flags[1] or flags[1] == "hybridserve"
+        if (kvpr or "infinigen" in flags[1]) and chunk != CHUNKS[-1]:
+            continue
+        if kvpr and budget == "smallest":
+            continue
+        out.append((chunk, budget))
+    return out
+
+
+def sweep_plan(n_kv_heads, sweep):
+    """[(flags, offloaded, [(chunk, budget), ...])] for every row of configs(): the k-th row of a kind
+    with n settings runs its allowed settings k*n .. k*n+n-1 (wrapping), so the rows of a kind share
+    out the settings deterministically and together run every one (test_sweep_plans_cover_every_setting)."""
+    index = {}
+    out = []
+    for flags, offloaded in configs(n_kv_heads):
+        kind = row_kind(flags, n_kv_heads)
+        k = index[kind] = index.get(kind, -1) + 1
+        out.append((flags, offloaded, pick(allowed_settings(flags, offloaded), k, sweep[kind])))
+    return out
+
+
+def pick(allowed, k, n):
+    """n of the allowed settings for the k-th row of its kind: allowed[k*n .. k*n+n-1], wrapping (None: all)."""
+    if n is None or n >= len(allowed):
+        return list(allowed)
+    return [allowed[(k * n + j) % len(allowed)] for j in range(n)]
+
+
+def check_model(tmp_path, mdl, n_kv_heads, prompt=PROMPT, weights=False, sweep=FULL_SWEEP):
     disk = tmp_path / "kvdisk"
     disk.mkdir()
     n_checked = 0
+    refs = {}
     for chunk in CHUNKS:
-        ref_tokens, ref_logits = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
-        assert len(ref_logits) > 2 * chunk  # logits at every position of a prompt of several chunks
-        for named, offloaded in configs(n_kv_heads):
-            cfg = with_model_files(named, mdl, tmp_path)
-            # kvpr's many splits run at one chunk size, unlimited and smallest-on-disk (CI time)
-            kvpr = "kvpr" in cfg[1] or cfg[1] == "hybridserve"
-            if kvpr and chunk != CHUNKS[-1]:
-                continue
-            # infinigen's rows (its prefill is the placement's own) also run at one chunk size (CI time)
-            if "infinigen" in cfg[1] and chunk != CHUNKS[-1]:
-                continue
-            budgets = [("unlimited", [])]
-            if offloaded:
-                small = smallest_kv_mem(mdl, chunk, cfg)
-                if not kvpr:
-                    budgets.append(("smallest", ["--kv-mem", str(small)]))
-                budgets.append(("smallest+disk", ["--kv-mem", str(small), "--kv-disk", str(disk)]))
-            for budget, extra in budgets:
-                tag = f"{'_'.join(named)}_{budget}_{chunk}".replace("-", "").replace("@", "")
-                tokens, logits = generate(tmp_path, mdl, chunk, cfg + extra, tag, prompt)
-                what = f"{mdl.name} chunk={chunk} {' '.join(cfg)} budget={budget}"
-                assert tokens == ref_tokens, what
-                assert logits == ref_logits, f"{what}: logits differ from position {first_difference(logits, ref_logits)}"
-                n_checked += 1
-        if weights and chunk == CHUNKS[-1]:
-            for extra in weight_rows(mdl, chunk):
-                tag = "w_" + "_".join(extra).replace("-", "")
-                tokens, logits = generate(tmp_path, mdl, chunk, extra, tag, prompt)
-                what = f"{mdl.name} chunk={chunk} {' '.join(extra)}"
-                assert tokens == ref_tokens, what
-                assert logits == ref_logits, f"{what}: logits differ from position {first_difference(logits, ref_logits)}"
-                n_checked += 1
+        refs[chunk] = generate(tmp_path, mdl, chunk, ["--kv-policy", "resident"], f"res{chunk}", prompt)
+        assert len(refs[chunk][1]) > 2 * chunk  # logits at every position of a prompt of several chunks
+    for named, offloaded, settings in sweep_plan(n_kv_heads, sweep):
+        cfg = with_model_files(named, mdl, tmp_path)
+        for chunk, budget in settings:
+            ref_tokens, ref_logits = refs[chunk]
+            extra = []
+            if budget != "unlimited":
+                extra = ["--kv-mem", str(smallest_kv_mem(mdl, chunk, cfg))]
+                if budget == "smallest+disk":
+                    extra += ["--kv-disk", str(disk)]
+            tag = f"{'_'.join(named)}_{budget}_{chunk}".replace("-", "").replace("@", "")
+            tokens, logits = generate(tmp_path, mdl, chunk, cfg + extra, tag, prompt)
+            what = f"{mdl.name} chunk={chunk} {' '.join(cfg)} budget={budget}"
+            assert tokens == ref_tokens, what
+            assert logits == ref_logits, f"{what}: logits differ from position {first_difference(logits, ref_logits)}"
+            n_checked += 1
+    if weights:
+        chunk = CHUNKS[-1]
+        ref_tokens, ref_logits = refs[chunk]
+        for extra in weight_rows(mdl, chunk):
+            tag = "w_" + "_".join(extra).replace("-", "")
+            tokens, logits = generate(tmp_path, mdl, chunk, extra, tag, prompt)
+            what = f"{mdl.name} chunk={chunk} {' '.join(extra)}"
+            assert tokens == ref_tokens, what
+            assert logits == ref_logits, f"{what}: logits differ from position {first_difference(logits, ref_logits)}"
+            n_checked += 1
     assert list(disk.iterdir()) == [], "the disk tier left files behind"
     return n_checked
 
 
 def test_smollm2(tmp_path):
-    assert check_model(tmp_path, model("smollm2"), 3, weights=True) >= 2 * 4 * 3 + 4
+    assert check_model(tmp_path, model("smollm2"), 3, weights=True, sweep=SWEEP["smollm2"]) >= 2 * 4 * 3 + 4
 
 
 def test_gemma3(tmp_path):
     # Longer than the 512-token window of the sliding layers: +sliding frees blocks.
-    assert check_model(tmp_path, model("gemma3"), 1, PROMPT * 4, weights=True) >= 2 * 3 * 3 + 4
+    assert check_model(tmp_path, model("gemma3"), 1, PROMPT * 4, weights=True, sweep=SWEEP["gemma3"]) >= 2 * 3 * 3 + 4
 
 
 def test_matrix_covers_every_exact_axis_value():
@@ -273,6 +332,25 @@ def test_matrix_covers_every_exact_axis_value():
         for r in exact_values("retention"):
             spec = p if r == "none" else f"{p}+{r}"
             assert spec in specs or spec == "resident", spec
+
+
+def test_sweep_plans_cover_every_setting():
+    """The subsets of SWEEP stay honest: every row runs; the rows of each kind together run every setting
+    their rows can run; an exact row runs both chunk sizes and every budget it can run."""
+    for name, n_kv_heads in (("smollm2", 3), ("gemma3", 1)):
+        plan = sweep_plan(n_kv_heads, SWEEP[name])
+        for kind in ("exact", "kvpr", "degenerate"):
+            rows = [(f, o, s) for f, o, s in plan if row_kind(f, n_kv_heads) == kind]
+            assert rows, (name, kind)
+            run_ = {x for _, _, s in rows for x in s}
+            can = {x for f, o, _ in rows for x in allowed_settings(f, o)}
+            assert run_ == can, (name, kind, can - run_)
+            for f, o, s in rows:
+                assert s, (name, f)
+                if kind == "exact":
+                    allowed = allowed_settings(f, o)
+                    assert {c for c, _ in s} == {c for c, _ in allowed}, (name, f, s)
+                    assert {b for _, b in s} == {b for _, b in allowed}, (name, f, s)
 
 
 def test_every_approximate_value_has_a_degenerate_row():

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "backend/cpu/spec_scores.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -140,6 +141,7 @@ TEST(RowGather, A7GatheredRowsAreThePoolRowsBitForBitAndTheCurrentTokenIsAttende
   in.pk = {&pk_ptr, 1};
   in.n_tokens = {&n_tokens, 1};
   in.cap = {&cap, 1};
+  in.group_scores = cpu::spec_scores_ref;
   policy::SpecResult r;
   policy::speculate(in, 2.0f, r);
   const auto chosen = r.rows(0, 0, 1);
@@ -205,51 +207,58 @@ std::vector<float> attend_rows(const float* q, const std::vector<const float*>& 
   return o;
 }
 
-TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
-  constexpr uint32_t L = 4;
-  constexpr int64_t kPrompt = 200, kCap = 128;
-  constexpr float kScale = 0.25f;
-  std::mt19937 rng(3);
-  auto skew = std::make_shared<skew::SkewSet>();
-  skew->head_dim = kD;
-  skew->partial_ratio = 0.25f;
-  skew->partial_columns = 4;
-  for (uint32_t l = 0; l < L; ++l) {
-    skew::LayerSkew Ls;
-    Ls.n_head_kv = kHk;
-    for (int64_t g = 0; g < kHk; ++g) {
-      const auto a = skew::skew_matrix(random_rows(rng, 50 * kD), 50, kD);
-      Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
-      Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
-      for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
-    }
-    skew->layers.push_back(std::move(Ls));
-  }
-  KvGeometry geo;
-  geo.n_head_kv.assign(L, kHk);
-  geo.head_dim_k = geo.head_dim_v = kD;
-  geo.block_tokens = 128;  // 128 rows x 32 bytes: one 4 KiB page
-  KvOptions o;
-  o.placement.placement = policy::Placement::kLayer;
-  o.selection = policy::Selection::kInfinigen;
-  o.knobs.infinigen_alpha = 1.0;
-  o.knobs.infinigen_budget = 0.25;
-  o.skew = skew;
-  ThreadPool pool(2);
+// The executor under test: a TieredKv with selection infinigen on the layer placement (128-row blocks,
+// 256 positions) over L layers of kHk KV heads, a skew whose offline columns are 1, 5, 9, 13 of every
+// head, and a fake look-ahead query per layer. pass() runs one pass of n tokens of sequence 0 through
+// every layer with random q, k and v rows (kept in q, k, v: every position's rows per layer).
+struct InfinigenDriver {
+  static constexpr float kScale = 0.25f;
+  uint32_t n_layer;
+  std::shared_ptr<skew::SkewSet> skew = std::make_shared<skew::SkewSet>();
+  ThreadPool pool{2};
   MemoryLedger ledger;
-  TieredKv kv(geo, 256, kHeads, ledger, pool, cpu::best_isa(), o);
+  std::unique_ptr<TieredKv> kv;
   LookaheadCompute hook;
-  kv.set_compute(&hook);
-  std::vector<std::vector<float>> q(L), k(L), v(L);  // [layer] prompt + decode token rows
-  const LayerAttention la{kScale, 0.0f, 0};
-  std::vector<float> x(4, 0.0f);  // the layer input the look-ahead would project (the fake ignores it)
-  std::vector<std::vector<float>> out(L);
-  for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
-  for (int64_t pass_n : {kPrompt, int64_t{1}}) {
-    kv.begin_pass({0, pass_n});
-    for (uint32_t l = 0; l < L; ++l) {
-      const auto qn = random_rows(rng, pass_n * kHeads * kD), kn = random_rows(rng, pass_n * kHk * kD),
-                 vn = random_rows(rng, pass_n * kHk * kD);
+  std::vector<std::vector<float>> q, k, v;  // [layer] [positions, heads, kD] f32 rows written so far
+
+  // o: the knobs and retention of the test (placement, selection and skew are set here).
+  InfinigenDriver(std::mt19937& rng, uint32_t layers, KvOptions o)
+      : n_layer(layers), q(layers), k(layers), v(layers) {
+    skew->head_dim = kD;
+    skew->partial_ratio = 0.25f;
+    skew->partial_columns = 4;
+    for (uint32_t l = 0; l < layers; ++l) {
+      skew::LayerSkew Ls;
+      Ls.n_head_kv = kHk;
+      for (int64_t g = 0; g < kHk; ++g) {
+        const auto a = skew::skew_matrix(random_rows(rng, 50 * kD), 50, kD);
+        Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
+        Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
+        for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
+      }
+      skew->layers.push_back(std::move(Ls));
+    }
+    KvGeometry geo;
+    geo.n_head_kv.assign(layers, kHk);
+    geo.head_dim_k = geo.head_dim_v = kD;
+    geo.block_tokens = 128;  // 128 rows x 32 bytes: one 4 KiB page
+    o.placement.placement = policy::Placement::kLayer;
+    o.selection = policy::Selection::kInfinigen;
+    o.skew = skew;
+    kv = std::make_unique<TieredKv>(geo, 256, kHeads, ledger, pool, cpu::best_isa(), o);
+    kv->set_compute(&hook);
+    for (uint32_t l = 0; l < layers; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
+  }
+
+  // on_layer(l, the pass's q rows [n, kHeads, kD], the attention output [n, kHeads, kD]) after each layer.
+  template <class OnLayer>
+  void pass(std::mt19937& rng, int64_t n, OnLayer&& on_layer) {
+    const LayerAttention la{kScale, 0.0f, 0};
+    std::vector<float> x(4, 0.0f);  // the layer input the look-ahead would project (the fake ignores it)
+    kv->begin_pass({0, n});
+    for (uint32_t l = 0; l < n_layer; ++l) {
+      const auto qn = random_rows(rng, n * kHeads * kD), kn = random_rows(rng, n * kHk * kD),
+                 vn = random_rows(rng, n * kHk * kD);
       q[l].insert(q[l].end(), qn.begin(), qn.end());
       k[l].insert(k[l].end(), kn.begin(), kn.end());
       v[l].insert(v[l].end(), vn.begin(), vn.end());
@@ -257,18 +266,39 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
       rows.k = kn.data();
       rows.v = vn.data();
       rows.x = x.data();
-      kv.write(l, rows);
-      out[l].assign(static_cast<size_t>(pass_n * kHeads * kD), 0.0f);
-      kv.attend(l, qn.data(), kHeads, la, out[l].data());
+      kv->write(l, rows);
+      std::vector<float> out(static_cast<size_t>(n * kHeads * kD), 0.0f);
+      kv->attend(l, qn.data(), kHeads, la, out.data());
+      on_layer(l, qn, out);
     }
-    kv.end_pass();
+    kv->end_pass();
   }
+};
+
+TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
+  constexpr uint32_t L = 4;
+  constexpr int64_t kPrompt = 200, kCap = 128;
+  constexpr float kScale = InfinigenDriver::kScale;
+  std::mt19937 rng(3);
+  KvOptions o;
+  o.knobs.infinigen_alpha = 1.0;
+  o.knobs.infinigen_budget = 0.25;
+  InfinigenDriver run(rng, L, o);
+  const std::vector<std::vector<float>>& q = run.q;
+  const std::vector<std::vector<float>>& k = run.k;
+  const std::vector<std::vector<float>>& v = run.v;
+  const LookaheadCompute& hook = run.hook;
+  const skew::SkewSet* skew = run.skew.get();
+  std::vector<std::vector<float>> out(L);
+  for (int64_t pass_n : {kPrompt, int64_t{1}})
+    run.pass(rng, pass_n,
+             [&](uint32_t l, const std::vector<float>&, std::vector<float>& o_l) { out[l] = o_l; });
   // The reference speculation: the partial keys of the prompt's f16 keys, columns from its q and k.
   MemoryLedger ref_ledger;
   PartialKeys pk(*skew, PartialKeysShape{kHeads, 256, 1, 64}, ref_ledger);
   for (uint32_t l = 2; l < L; ++l) pk.observe(0, l, q[l].data(), k[l].data(), kPrompt);
   pk.choose_columns(0);
-  const InfinigenStats st = kv.stats().infinigen;
+  const InfinigenStats st = run.kv->stats().infinigen;
   EXPECT_EQ(st.layer_steps, 2u);
   uint64_t fetched = 0;
   for (uint32_t l = 0; l < L; ++l) {
@@ -283,7 +313,7 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
     const int64_t T[1] = {kPrompt};
     const int64_t cap[1] = {policy::speculation_cap(0.25, kPrompt)};
     ASSERT_LT(cap[0], kCap);
-    policy::SpecInput in{1, kHeads, kHk, 4, kScale, qp.data(), pks, T, cap};
+    policy::SpecInput in{1, kHeads, kHk, 4, kScale, qp.data(), pks, T, cap, cpu::spec_scores_ref};
     policy::SpecResult r;
     policy::speculate(in, 1.0f, r);
     if (l >= 2) {
@@ -364,8 +394,6 @@ TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
   geo.head_dim_k = geo.head_dim_v = kD;
   geo.block_tokens = 128;
   KvOptions o;
-  o.placement.placement = policy::Placement::kLayer;
-  o.selection = policy::Selection::kInfinigen;
   o.retention = policy::Retention::kPool;
   o.knobs.infinigen_alpha = std::numeric_limits<double>::infinity();
   o.knobs.infinigen_budget = 1.0;

@@ -2,8 +2,9 @@
 
 KVTIER_TEST_ISA (scalar, avx2 or avx512; read here, never by the library) forces that CPU kernel path on
 every kvtier command that computes (run, chat, perplexity, bench, eval) and does not name --isa itself:
-scripts/test.sh runs the model tests a second time with KVTIER_TEST_ISA=avx2 on AVX-512 machines, so
-CI proves both SIMD paths against the references wherever it runs.
+scripts/test.sh runs the tests of label `isa` (the real models against the references, the randomised
+exactness run) a second time with KVTIER_TEST_ISA=avx2 on AVX-512 machines, so CI proves both SIMD paths
+against the references wherever it runs.
 """
 import json
 import os
