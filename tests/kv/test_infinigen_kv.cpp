@@ -207,6 +207,26 @@ std::vector<float> attend_rows(const float* q, const std::vector<const float*>& 
   return o;
 }
 
+// A skew set of `layers` layers of kHk KV heads of size d (4 partial columns).
+std::shared_ptr<skew::SkewSet> random_skew(std::mt19937& rng, uint32_t layers, int64_t d) {
+  auto skew = std::make_shared<skew::SkewSet>();
+  skew->head_dim = d;
+  skew->partial_ratio = 0.25f;
+  skew->partial_columns = 4;
+  for (uint32_t l = 0; l < layers; ++l) {
+    skew::LayerSkew Ls;
+    Ls.n_head_kv = kHk;
+    for (int64_t g = 0; g < kHk; ++g) {
+      const auto a = skew::skew_matrix(random_rows(rng, 50 * d), 50, d);
+      Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
+      Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
+      for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
+    }
+    skew->layers.push_back(std::move(Ls));
+  }
+  return skew;
+}
+
 // The executor under test: a TieredKv with selection infinigen on the layer placement (128-row blocks,
 // 256 positions) over L layers of kHk KV heads, a skew whose offline columns are 1, 5, 9, 13 of every
 // head, and a fake look-ahead query per layer. pass() runs one pass of n tokens of sequence 0 through
@@ -214,7 +234,7 @@ std::vector<float> attend_rows(const float* q, const std::vector<const float*>& 
 struct InfinigenDriver {
   static constexpr float kScale = 0.25f;
   uint32_t n_layer;
-  std::shared_ptr<skew::SkewSet> skew = std::make_shared<skew::SkewSet>();
+  std::shared_ptr<skew::SkewSet> skew;
   ThreadPool pool{2};
   MemoryLedger ledger;
   std::unique_ptr<TieredKv> kv;
@@ -223,21 +243,7 @@ struct InfinigenDriver {
 
   // o: the knobs and retention of the test (placement, selection and skew are set here).
   InfinigenDriver(std::mt19937& rng, uint32_t layers, KvOptions o)
-      : n_layer(layers), q(layers), k(layers), v(layers) {
-    skew->head_dim = kD;
-    skew->partial_ratio = 0.25f;
-    skew->partial_columns = 4;
-    for (uint32_t l = 0; l < layers; ++l) {
-      skew::LayerSkew Ls;
-      Ls.n_head_kv = kHk;
-      for (int64_t g = 0; g < kHk; ++g) {
-        const auto a = skew::skew_matrix(random_rows(rng, 50 * kD), 50, kD);
-        Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
-        Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
-        for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
-      }
-      skew->layers.push_back(std::move(Ls));
-    }
+      : n_layer(layers), skew(random_skew(rng, layers, kD)), q(layers), k(layers), v(layers) {
     KvGeometry geo;
     geo.n_head_kv.assign(layers, kHk);
     geo.head_dim_k = geo.head_dim_v = kD;
@@ -350,26 +356,6 @@ std::string disk_dir() {
   return d.string();
 }
 
-// A skew set of `layers` layers of kHk KV heads of size d (4 partial columns).
-std::shared_ptr<skew::SkewSet> pool_skew(std::mt19937& rng, uint32_t layers, int64_t d) {
-  auto skew = std::make_shared<skew::SkewSet>();
-  skew->head_dim = d;
-  skew->partial_ratio = 0.25f;
-  skew->partial_columns = 4;
-  for (uint32_t l = 0; l < layers; ++l) {
-    skew::LayerSkew Ls;
-    Ls.n_head_kv = kHk;
-    for (int64_t g = 0; g < kHk; ++g) {
-      const auto a = skew::skew_matrix(random_rows(rng, 50 * d), 50, d);
-      Ls.a.insert(Ls.a.end(), a.a.begin(), a.a.end());
-      Ls.sigma.insert(Ls.sigma.end(), a.sigma.begin(), a.sigma.end());
-      for (int32_t c : {1, 5, 9, 13}) Ls.cols.push_back(c);
-    }
-    skew->layers.push_back(std::move(Ls));
-  }
-  return skew;
-}
-
 // The bounded pool (retention pool, FIFO, every live row chosen): once full, each new token's K and V
 // take the slot of the oldest position, so a decode step of a pooled layer (>= 2) attends exactly the last
 // C positions and itself; a wrong slot for K or V (or a stale row) changes the output. Layers 0-1 attend
@@ -394,12 +380,14 @@ TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
   geo.head_dim_k = geo.head_dim_v = kD;
   geo.block_tokens = 128;
   KvOptions o;
+  o.placement.placement = policy::Placement::kLayer;
+  o.selection = policy::Selection::kInfinigen;
   o.retention = policy::Retention::kPool;
   o.knobs.infinigen_alpha = std::numeric_limits<double>::infinity();
   o.knobs.infinigen_budget = 1.0;
   o.knobs.pool_eviction = policy::PoolEviction::kFifo;
   o.knobs.pool_limit = kC * (2 * kHk) * 2 * kD * 2;  // C slots of the 2 pooled layers' K and V f16 rows
-  o.skew = pool_skew(rng, L, kD);
+  o.skew = random_skew(rng, L, kD);
   if (pc.disk) o.disk_dir = disk_dir();
   ThreadPool pool(2);
   MemoryLedger ledger;
@@ -514,7 +502,7 @@ TEST_P(PoolDiskHome, MatchesTheHostHomeBitForBit) {
     o.knobs.infinigen_budget = 0.1;
     o.knobs.pool_eviction = GetParam();
     o.knobs.pool_limit = kC * (2 * kHk) * 2 * kDh * 2;
-    o.skew = pool_skew(rng, L, kDh);
+    o.skew = random_skew(rng, L, kDh);
     if (disk) o.disk_dir = disk_dir();
     ThreadPool pool(2);
     MemoryLedger ledger;
