@@ -356,6 +356,27 @@ std::string disk_dir() {
   return d.string();
 }
 
+// The pool tests' engine: L layers of kHk KV heads of size d in 128-row blocks, and the layer placement
+// with InfiniGen's selection and the pool retention of `slots` slots for the 2 pooled layers' K and V
+// f16 rows (alpha, budget and skew are each test's own).
+KvGeometry pool_geometry(uint32_t layers, int64_t d) {
+  KvGeometry geo;
+  geo.n_head_kv.assign(layers, kHk);
+  geo.head_dim_k = geo.head_dim_v = d;
+  geo.block_tokens = 128;
+  return geo;
+}
+
+KvOptions pool_options(policy::PoolEviction eviction, int64_t slots, int64_t d) {
+  KvOptions o;
+  o.placement.placement = policy::Placement::kLayer;
+  o.selection = policy::Selection::kInfinigen;
+  o.retention = policy::Retention::kPool;
+  o.knobs.pool_eviction = eviction;
+  o.knobs.pool_limit = slots * (2 * kHk) * 2 * d * 2;
+  return o;
+}
+
 // The bounded pool (retention pool, FIFO, every live row chosen): once full, each new token's K and V
 // take the slot of the oldest position, so a decode step of a pooled layer (>= 2) attends exactly the last
 // C positions and itself; a wrong slot for K or V (or a stale row) changes the output. Layers 0-1 attend
@@ -375,18 +396,10 @@ TEST_P(PoolSlots, KeepEachTokensKeyAndValueTogether) {
   constexpr int64_t kSteps = 60, kC = 128, kCtx = 512, kTurn = 40;
   constexpr float kScale = 0.25f;
   std::mt19937 rng(5);
-  KvGeometry geo;
-  geo.n_head_kv.assign(L, kHk);
-  geo.head_dim_k = geo.head_dim_v = kD;
-  geo.block_tokens = 128;
-  KvOptions o;
-  o.placement.placement = policy::Placement::kLayer;
-  o.selection = policy::Selection::kInfinigen;
-  o.retention = policy::Retention::kPool;
+  const KvGeometry geo = pool_geometry(L, kD);
+  KvOptions o = pool_options(policy::PoolEviction::kFifo, kC, kD);
   o.knobs.infinigen_alpha = std::numeric_limits<double>::infinity();
   o.knobs.infinigen_budget = 1.0;
-  o.knobs.pool_eviction = policy::PoolEviction::kFifo;
-  o.knobs.pool_limit = kC * (2 * kHk) * 2 * kD * 2;  // C slots of the 2 pooled layers' K and V f16 rows
   o.skew = random_skew(rng, L, kD);
   if (pc.disk) o.disk_dir = disk_dir();
   ThreadPool pool(2);
@@ -490,18 +503,10 @@ TEST_P(PoolDiskHome, MatchesTheHostHomeBitForBit) {
   };
   auto run = [&](bool disk) {
     std::mt19937 rng(11);
-    KvGeometry geo;
-    geo.n_head_kv.assign(L, kHk);
-    geo.head_dim_k = geo.head_dim_v = kDh;
-    geo.block_tokens = 128;
-    KvOptions o;
-    o.placement.placement = policy::Placement::kLayer;
-    o.selection = policy::Selection::kInfinigen;
-    o.retention = policy::Retention::kPool;
+    const KvGeometry geo = pool_geometry(L, kDh);
+    KvOptions o = pool_options(GetParam(), kC, kDh);
     o.knobs.infinigen_alpha = 1.0;
     o.knobs.infinigen_budget = 0.1;
-    o.knobs.pool_eviction = GetParam();
-    o.knobs.pool_limit = kC * (2 * kHk) * 2 * kDh * 2;
     o.skew = random_skew(rng, L, kDh);
     if (disk) o.disk_dir = disk_dir();
     ThreadPool pool(2);

@@ -180,11 +180,8 @@ void panel_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int6
       }
     }
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[kPanelTokens];
-    _mm256_store_ps(out, kHasMin<kType> ? _mm256_add_ps(s[r], m[r]) : s[r]);
-    for (int t = 0; t < kPanelTokens; ++t) y[t * ldy + r] = out[t];
-  }
+  static_assert(kPanelTokens == 8, "one lane per token");
+  for (int r = 0; r < R; ++r) store_token_lanes(kHasMin<kType> ? _mm256_add_ps(s[r], m[r]) : s[r], y, ldy, r);
 }
 
 template <bool kVnni, Chain kType, typename Block>

@@ -181,11 +181,7 @@ void panel_q45_k(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int6
                                                _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum[r]))));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[kPanelTokens];
-    _mm256_store_ps(out, s[r]);
-    for (int t = 0; t < kPanelTokens; ++t) y[t * ldy + r] = out[t];
-  }
+  for (int r = 0; r < R; ++r) store_token_lanes(s[r], y, ldy, r);
 }
 
 // q6_K, R rows x 8 tokens over a PanelQ8_K: the same integer total as tile_q6_k (sum_j sc_j * dot_j
@@ -246,14 +242,12 @@ void panel_q6_k(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64
       s[r] = _mm256_add_ps(s[r], _mm256_mul_ps(dd, _mm256_cvtepi32_ps(total)));
     }
   }
-  for (int r = 0; r < R; ++r) {
-    alignas(32) float out[kPanelTokens];
-    _mm256_store_ps(out, s[r]);
-    for (int t = 0; t < kPanelTokens; ++t) y[t * ldy + r] = out[t];
-  }
+  for (int r = 0; r < R; ++r) store_token_lanes(s[r], y, ldy, r);
 }
 
 }  // namespace
+
+static_assert(kPanelTokens == 8, "the panel tiles keep one token per lane of a 256-bit vector");
 
 void fill_avx2_ktiles(KernelTable& t) {
   // No one-token tiles: measured slower than vec_dot for these types (bench_matmul_cputime, one

@@ -102,6 +102,13 @@ static inline __m256i q6k_offset_out(__m256i acc, __m256i sc16, const int16_t* b
   return _mm256_sub_epi32(acc, _mm256_slli_epi32(corr, 5));
 }
 
+// A panel tile's row r (lane t: token t of 8) written to y[t * ldy + r].
+static inline void store_token_lanes(__m256 v, float* y, int64_t ldy, int r) {
+  alignas(32) float out[8];
+  _mm256_store_ps(out, v);
+  for (int t = 0; t < 8; ++t) y[t * ldy + r] = out[t];
+}
+
 static inline __m256i load256(const void* p) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
