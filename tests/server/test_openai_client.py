@@ -136,26 +136,38 @@ def test_api_key():
 
 
 def test_queue_bound_gives_429():
+    # Deterministic order (no race with the scheduler): A is running (its first streamed token has
+    # arrived), B waits in the queue (the gauge says so), then C, D, E find the queue full.
     with Server(model("smollm2"), "--max-seqs", 1, "--max-queue", 1, "--ctx", 1024) as s:
         c = client(s)
-        results = []
+        results = {}
 
-        def one():
+        def one(name, **kw):
             try:
-                c.completions.create(model=s.model_id, prompt=PROMPT, max_tokens=60, temperature=0)
-                results.append("ok")
+                c.completions.create(model=s.model_id, prompt=PROMPT, temperature=0, **kw)
+                results[name] = "ok"
             except openai.RateLimitError as e:
                 assert "retry" in str(e)
-                results.append(429)
+                results[name] = 429
 
-        ts = [threading.Thread(target=one) for _ in range(5)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join(timeout=300)
-        assert results.count(429) >= 1 and results.count("ok") >= 2, results
+        stream = c.completions.create(model=s.model_id, prompt=PROMPT, max_tokens=600, temperature=0, stream=True)
+        chunks = iter(stream)
+        next(chunks)  # A holds the only sequence
+        b = threading.Thread(target=one, args=("B",), kwargs={"max_tokens": 5})
+        b.start()
+        deadline = time.time() + 60
+        while s.metrics().get("kvtier_queue_length") != 1:
+            assert time.time() < deadline, "B never reached the queue"
+            time.sleep(0.05)
+        for name in ("C", "D", "E"):
+            one(name, max_tokens=5)
+        assert [results[n] for n in ("C", "D", "E")] == [429, 429, 429], results
+        for _ in chunks:  # A finishes; B then runs
+            pass
+        b.join(timeout=300)
+        assert results["B"] == "ok", results
         m = s.metrics()
-        assert m['kvtier_http_responses_total{code="429"}'] == results.count(429)
+        assert m['kvtier_http_responses_total{code="429"}'] == 3
 
 
 def test_disconnect_frees_the_sequence(srv):
