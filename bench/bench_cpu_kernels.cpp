@@ -8,6 +8,9 @@
 //                             / measured FMA peak (f32 lanes of the ISA used, same thread count);
 //                             quantised types also pct_int8_peak = GFLOP/s / measured int8 dot peak
 //                             (AVX2: vpmaddubsw + vpmaddwd + vpaddd; AVX-512: vpdpbusd)
+//   attend/ISA/Q:N/ctx:C      causal attention of N query tokens at the end of a C-token f16 context,
+//                             SmolLM2's shape (9 query heads, 3 KV heads, head size 64), 1 thread;
+//                             keys per second = N * C / time (Q:1 is a decode step's attention)
 // Run with --benchmark_repetitions=N --benchmark_report_aggregates_only=true and read medians.
 #include <benchmark/benchmark.h>
 
@@ -18,8 +21,10 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "backend/cpu/attention.h"
 #include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
@@ -277,6 +282,45 @@ void bm_spec_scores(benchmark::State& state, Isa isa, int64_t T) {
   state.SetItemsProcessed(state.iterations() * T);
 }
 
+// One layer's attention of SmolLM2 (9 query heads over 3 KV heads, head size 64, f16 KV): the last
+// n_q of ctx positions attend over the whole context; 1 thread; items = query tokens x keys.
+void bm_attend(benchmark::State& state, Isa isa, int64_t n_q, int64_t ctx) {
+  const int64_t Hkv = 3, G = 3, D = 64;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<uint16_t> k(static_cast<size_t>(Hkv * ctx * D)), v(k.size());  // [Hkv][ctx, D] f16
+  for (uint16_t& x : k) x = f32_to_f16(nd(rng));
+  for (uint16_t& x : v) x = f32_to_f16(nd(rng));
+  std::vector<float> q(static_cast<size_t>(n_q * Hkv * G * D)), o(q.size());  // [n_q, Hkv * G, D]
+  for (float& x : q) x = nd(rng);
+  cpu::AttnParams p;
+  p.head_dim_k = p.head_dim_v = D;
+  p.q_per_kv = G;
+  p.scale = 0.125f;
+  p.kv_dtype = cpu::KvDtype::kF16;
+  cpu::KvSpan span;
+  span.n_tokens = ctx;
+  span.k = k.data();
+  span.v = v.data();
+  span.k_head_stride = span.v_head_stride = ctx * D;
+  cpu::AttnQueries aq;
+  aq.q = q.data();
+  aq.token_stride = Hkv * G * D;
+  aq.n_tokens = n_q;
+  aq.n_heads = Hkv * G;
+  aq.pos0 = ctx - n_q;
+  cpu::AttnOutput out;
+  out.o = o.data();
+  out.token_stride = Hkv * G * D;
+  ThreadPool pool(1);
+  std::vector<uint8_t> scratch(cpu::attention_scratch_bytes(p, 1));
+  for (auto _ : state) {
+    cpu::attend(pool, isa, p, aq, {&span, 1}, out, scratch);
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n_q * ctx);
+}
+
 void register_all() {
   const Isa best = cpu::best_isa();
   const std::vector<GgmlType> types = {GgmlType::kF32,  GgmlType::kF16,  GgmlType::kBF16, GgmlType::kQ4_0,
@@ -289,6 +333,13 @@ void register_all() {
     if (!cpu::isa_supported(isa)) continue;
     benchmark::RegisterBenchmark(("spec_scores/" + std::string(cpu::isa_name(isa)) + "/T:4096").c_str(),
                                  bm_spec_scores, isa, int64_t{4096});
+  }
+  for (Isa isa : isas) {
+    for (const auto& [n_q, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {16, 4096}, {512, 4096}}) {
+      const std::string name = "attend/" + std::string(cpu::isa_name(isa)) + "/Q:" + std::to_string(n_q) +
+                               "/ctx:" + std::to_string(ctx);
+      benchmark::RegisterBenchmark(name.c_str(), bm_attend, isa, n_q, ctx)->Unit(benchmark::kMicrosecond);
+    }
   }
   for (int t : {1, 2}) {
     benchmark::RegisterBenchmark(("copy/threads:" + std::to_string(t)).c_str(), bm_copy, t)->UseRealTime();

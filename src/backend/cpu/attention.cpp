@@ -158,8 +158,24 @@ void run_chunk(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q
       }
       if (p.window > 0 && qpos_lo - (b - 1) >= p.window) continue;  // all keys out of every window
       const int64_t n = b - tile_a;
-      const float* kt = tile_rows(ops, p, span, KiviPlane::kKey, it.kv_head, tile_a - span.pos0, n, sc.kt);
-      const float* vt = tile_rows(ops, p, span, KiviPlane::kValue, it.kv_head, tile_a - span.pos0, n, sc.vt);
+      // For one or two query tokens (decode), f16 rows without KIVI blocks are read in place by the
+      // f16 kernels (converted in registers); otherwise the tile is converted once into f32 for all
+      // the item's tokens (f32 rows in place, KIVI rows dequantised). Same values either way.
+      const bool f16_rows =
+          p.kv_dtype == KvDtype::kF16 && it.t1 - it.t0 <= 2 && span.n_quant <= tile_a - span.pos0;
+      const float* kt = nullptr;
+      const float* vt = nullptr;
+      const uint16_t* kh = nullptr;  // [n, dk] f16
+      const uint16_t* vh = nullptr;  // [n, dv] f16
+      if (f16_rows) {
+        kh = static_cast<const uint16_t*>(span.k) + it.kv_head * span.k_head_stride +
+             (tile_a - span.pos0) * dk;
+        vh = static_cast<const uint16_t*>(span.v) + it.kv_head * span.v_head_stride +
+             (tile_a - span.pos0) * dv;
+      } else {
+        kt = tile_rows(ops, p, span, KiviPlane::kKey, it.kv_head, tile_a - span.pos0, n, sc.kt);
+        vt = tile_rows(ops, p, span, KiviPlane::kValue, it.kv_head, tile_a - span.pos0, n, sc.vt);
+      }
       for (int64_t t = it.t0; t < it.t1; ++t) {
         const int64_t qpos = q.pos0 + t;
         int64_t klo = tile_a;
@@ -170,8 +186,11 @@ void run_chunk(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q
         // The G query heads of this KV head: scores together, then each row's online-softmax
         // update, then the accumulation together (per row the same operations as one at a time).
         const int64_t r0 = (t - it.t0) * G;
-        ops.scores(q.q + t * q.token_stride + it.kv_head * G * dk, dk, G, kt + (klo - tile_a) * dk, nk, dk,
-                   sc.s);
+        const float* qt = q.q + t * q.token_stride + it.kv_head * G * dk;
+        if (f16_rows)
+          ops.scores_f16(qt, dk, G, kh + (klo - tile_a) * dk, nk, dk, sc.s);
+        else
+          ops.scores(qt, dk, G, kt + (klo - tile_a) * dk, nk, dk, sc.s);
         for (int64_t g = 0; g < G; ++g) {
           const int64_t r = r0 + g;
           float* sr = sc.s + g * nk;  // [nk]
@@ -191,7 +210,10 @@ void run_chunk(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q
           sc.m[r] = m_new;
           sc.l[r] += ops.exp_sum(sr, nk, m_new, sr);
         }
-        ops.accumulate(sc.s, G, vt + (klo - tile_a) * dv, nk, dv, sc.acc + r0 * dv);
+        if (f16_rows)
+          ops.accumulate_f16(sc.s, G, vh + (klo - tile_a) * dv, nk, dv, sc.acc + r0 * dv);
+        else
+          ops.accumulate(sc.s, G, vt + (klo - tile_a) * dv, nk, dv, sc.acc + r0 * dv);
       }
     }
     if (past_queries) break;

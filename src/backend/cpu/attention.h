@@ -114,6 +114,12 @@ struct AttnTileOps {
   // acc[r * dv + i] += sum_j p[r * n + j] * v[j * dv + i], j in order, for r < rows (each element's
   // chain is the same whatever `rows` is).
   void (*accumulate)(const float* p, int64_t rows, const float* v, int64_t n, int64_t dv, float* acc);
+  // scores and accumulate over f16 key / value rows ([n, d] and [n, dv] f16), converted in registers:
+  // the conversion is exact, so every value is the one scores / accumulate give on the converted
+  // rows, bit for bit, without writing the converted tile to memory first.
+  void (*scores_f16)(const float* q, int64_t q_stride, int64_t rows, const uint16_t* k, int64_t n, int64_t d,
+                     float* s);
+  void (*accumulate_f16)(const float* p, int64_t rows, const uint16_t* v, int64_t n, int64_t dv, float* acc);
   // dst[i] = f16 src[i] as f32
   void (*f16_to_f32)(const uint16_t* src, int64_t n, float* dst);
   // x[i] *= c

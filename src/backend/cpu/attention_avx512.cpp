@@ -5,7 +5,9 @@
 //     sequence of 8-lane FMAs, and its half is reduced by the same hsum_f32;
 //   - accumulate, f16_to_f32, scale: element-wise operations (one FMA / conversion / product per
 //     element), the same in any vector width;
-//   - exp_sum: the AVX2 kernel itself (its lane sums depend on the width).
+//   - exp_sum: the AVX2 kernel itself (its lane sums depend on the width);
+//   - scores_f16, accumulate_f16 (decode's in-place f16 rows): the AVX2 kernels themselves. A 512-bit
+//     variant was not written: they were built on an AVX2-only machine, where it could not be tested.
 #include <immintrin.h>
 
 #include "backend/cpu/attention.h"
@@ -136,7 +138,8 @@ void scale(float* x, int64_t n, float c) {
 
 const AttnTileOps& attn_tile_ops_avx512() {
   static const AttnTileOps ops{
-      scores, accumulate, f16_to_f32_row, scale, attn_tile_ops_avx2().exp_sum, kivi_dequant_avx512};
+      scores,         accumulate, attn_tile_ops_avx2().scores_f16, attn_tile_ops_avx2().accumulate_f16,
+      f16_to_f32_row, scale,      attn_tile_ops_avx2().exp_sum,    kivi_dequant_avx512};
   return ops;
 }
 
