@@ -4,7 +4,7 @@ copy was quantised, so the attention reads the same bits as the KIVI representat
 here is held to `<placement>+kivi4` (kivi2) without kvpr, bit for bit (logits digests at every position
 and the tokens): forced splits of none, one that is not group-aligned (100 -> 96), one that crosses a
 256-token block (300 -> 288), all, and a pseudo-random one per visit; layer and headinfer; host and
---kv-disk homes; the smallest --kv-mem. The prompts outgrow the residual window many times over, so most
+--kv-disk homes; the smallest --kv-mem; +sliding on Gemma-3. The prompts outgrow the residual window many times over, so most
 positions are quantised. Without the re-quantisation the recomputed groups' quantised bytes are not
 what the home holds and these rows differ (checked once by hand, docs/policies.md)."""
 import json
@@ -108,6 +108,16 @@ def test_synthetic_mha(tmp_path):
                    "@DISK"], 300),
     ]
     check(mha, 600, rows, tmp_path)
+
+
+def test_gemma3_sliding(tmp_path):
+    """Gemma-3 (1 KV head, Q4_K: Q8_K input rows, 512-token sliding windows): an 800-token prompt, so
+    +sliding frees the local layers' first blocks and their split counts from the first visible row."""
+    rows = [
+        ("kivi4+sliding", ["--kv-policy", "layer+kivi4+kvpr+sliding", "--recompute", "300", "--kv-disk", "@DISK"],
+         300),
+    ]
+    check(model("gemma3"), 800, rows, tmp_path)
 
 
 @pytest.mark.parametrize("spec,error", [
