@@ -32,8 +32,7 @@ std::vector<policy::AxisValue> values_of(const policy::KvPolicy& p) {
   std::vector<policy::AxisValue> out;
   for (const policy::AxisValue& v : policy::axis_values()) {
     if ((v.axis == policy::Axis::kPlacement && v.name == policy::placement_name(p.placement)) ||
-        (v.axis == policy::Axis::kRepresentation &&
-         v.name == policy::representation_name(p.representation)) ||
+        (v.axis == policy::Axis::kRepresentation && policy::representation_has(p.representation, v.name)) ||
         (v.axis == policy::Axis::kSelection && v.name == policy::selection_name(p.selection)) ||
         (v.axis == policy::Axis::kRetention && v.name == policy::retention_name(p.retention)))
       out.push_back(v);

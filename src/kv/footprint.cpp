@@ -65,13 +65,13 @@ uint64_t retention_scratch(const KvGeometry& geo, int64_t capacity, uint32_t n_h
 }
 
 cpu::KiviFormat kivi_format_of(const KvGeometry& geo, const KvOptions& o) {
-  const bool k4 = o.representation == policy::Representation::kKivi4;
-  if (!k4 && o.representation != policy::Representation::kKivi2) return {};
+  const int bits = policy::kivi_bits(o.representation);
+  if (bits == 0) return {};
   if (geo.dtype != cpu::KvDtype::kF16)
     fail(ErrorKind::kInvalidArgument, "KIVI keeps its residual rows in f16");
   if (o.knobs.kivi_residual < 0)
     fail(ErrorKind::kInvalidArgument, "--kivi-residual {}: must be >= 0", o.knobs.kivi_residual);
-  return cpu::kivi_format(k4 ? 4 : 2, geo.block_tokens, o.knobs.kivi_group, geo.head_dim_k, geo.head_dim_v);
+  return cpu::kivi_format(bits, geo.block_tokens, o.knobs.kivi_group, geo.head_dim_k, geo.head_dim_v);
 }
 
 int64_t kivi_layer_f16_blocks(const KvGeometry& geo, uint32_t layer, int64_t capacity, const KvOptions& o) {
@@ -142,10 +142,13 @@ StagingPlanes staging_planes(const TieredLayout& t, const KvGeometry& geo, uint6
   const uint64_t row_max = std::max(geo.head_dim_k, geo.head_dim_v) * cpu::kv_dtype_bytes(geo.dtype);
   StagingPlanes s;
   if (t.xpage_bytes != 0) {
-    // kvpr: whole blocks; per block, each head's two planes' rows, and one page of the unit's inputs.
-    const uint64_t blocks = buffer_bytes / (2ull * group * geo.block_tokens * row_max + t.xpage_bytes);
+    // kvpr: whole blocks; per block, each head's two planes' rows (and with KIVI its quantised page),
+    // and one page of the unit's inputs.
+    const uint64_t blocks =
+        buffer_bytes / (group * (2ull * geo.block_tokens * row_max + t.qpage_bytes) + t.xpage_bytes);
     s.rows = static_cast<int64_t>(blocks * geo.block_tokens);
     s.pitch = blocks * geo.block_tokens * row_max;
+    s.qpitch = blocks * t.qpage_bytes;
     s.xpitch = blocks * t.xpage_bytes;
     return s;
   }
@@ -307,8 +310,9 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     t.home_pages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * f16_blocks));
     if (t.kivi.bits != 0) t.home_qpages.push_back(static_cast<uint32_t>(int64_t{o.max_seqs} * blocks));
     t.home_offset.push_back(t.home_bytes);
-    // kvpr: after the heads' regions, the layer's inputs, one page per K/V page index.
-    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.head_region_bytes(l) + t.home_pages[l] * t.xpage_bytes;
+    // kvpr: after the heads' regions, the layer's inputs, one page per K/V page index (KIVI: per
+    // quantised page index, as the f16 pages cover the residual window only).
+    t.home_bytes += uint64_t{geo.n_head_kv[l]} * t.head_region_bytes(l) + t.xpages(l) * t.xpage_bytes;
   }
   // A job reads or writes at most the pages of one sequence's layer, one extent per page and plane
   // (KIVI: its f16 and its quantised pages; kvpr: its inputs' pages, and a load one more extent for
@@ -316,7 +320,9 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   t.max_copies =
       static_cast<uint32_t>(((t.kivi.bits == 0 ? 2ull : 3ull) * t.h_max + (t.xpage_bytes != 0 ? 1 : 0)) *
                                 static_cast<uint64_t>(most_blocks) +
-                            (t.xpage_bytes != 0 ? 1 : 0));  // kvpr: the inputs' page around the new rows
+                            (t.xpage_bytes != 0 ? 1 : 0) +  // kvpr: the inputs' page around the new rows
+                            // kivi+kvpr: the quantised page a split cuts, in two extents
+                            (t.kivi.bits != 0 && t.xpage_bytes != 0 ? t.h_max : 0));
   uint64_t free_list = 0;
   for (uint32_t p : t.home_pages) free_list += uint64_t{p} * sizeof(uint32_t);
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
@@ -404,7 +410,9 @@ void check_placement_options(const TieredOptions& o) {
     if (o.placement.placement == policy::Placement::kResident) {
       fail(ErrorKind::kInvalidArgument,
            "kvpr recomputes part of the K/V that an offloaded placement would move: use --kv-policy kvpr "
-           "(layer+kvpr) or headinfer+kvpr, not resident+kvpr");
+           "(layer+kvpr), headinfer+kvpr or layer+{}, not resident+{}",
+           policy::is_kivi(o.representation) ? policy::representation_name(o.representation) : "kivi4+kvpr",
+           policy::representation_name(o.representation));
     }
     if (o.retention != policy::Retention::kNone && o.retention != policy::Retention::kSliding) {
       fail(ErrorKind::kInvalidArgument, "kvpr combines with retention none or sliding, not {}",
@@ -415,8 +423,7 @@ void check_placement_options(const TieredOptions& o) {
            policy::selection_name(o.selection));
     }
   }
-  const bool kivi = o.representation == policy::Representation::kKivi4 ||
-                    o.representation == policy::Representation::kKivi2;
+  const bool kivi = policy::is_kivi(o.representation);
   if (kivi && (o.retention == policy::Retention::kStreaming || o.retention == policy::Retention::kH2o ||
                o.selection == policy::Selection::kQuest)) {
     fail(ErrorKind::kInvalidArgument,

@@ -108,7 +108,12 @@ struct TieredLayout {
   std::vector<uint32_t> home_qpages;    // KIVI: [n_layer] quantised pages of each (layer, head)
   uint64_t xrow_bytes = 0;              // kvpr: bytes of one token's stored inputs (the widest layer's)
   uint64_t xpage_bytes = 0;             // kvpr: one block of a layer's inputs (4 KiB-rounded); 0: none
-  int64_t recompute_rows = 0;           // kvpr: rows recomputed per hook call (one block at most)
+  // kvpr: pages of a layer's inputs: one per f16 page index, with KIVI one per quantised page index
+  // (inputs are kept for every position, the f16 pages for the residual window only)
+  uint64_t xpages(uint32_t layer) const {
+    return home_qpages.empty() ? home_pages[layer] : home_qpages[layer];
+  }
+  int64_t recompute_rows = 0;  // kvpr: rows recomputed per hook call (one block at most)
   uint64_t head_region_bytes(uint32_t layer) const {  // one head's pages in the layer's home regions
     return home_pages[layer] * (page_bytes[0] + page_bytes[1]) +
            (home_qpages.empty() ? 0 : home_qpages[layer] * qpage_bytes);
@@ -139,8 +144,8 @@ struct TieredLayout {
 // The planes of one staging buffer of `buffer_bytes` for units of `group` KV heads: head h's K and V
 // rows (f16 planes of `pitch` bytes, `rows` rows of the larger of a K and a V row) at
 // (2h + K|V) * pitch, then with KIVI head h's quantised plane at 2 * group * pitch + h * qpitch,
-// block b's page at b * qpage_bytes; with kvpr the unit's inputs plane at 2 * group * pitch, block b's
-// page at b * xpage_bytes.
+// block b's page at b * qpage_bytes; with kvpr the unit's inputs plane at
+// 2 * group * pitch + group * qpitch (qpitch 0 without KIVI), block b's page at b * xpage_bytes.
 struct StagingPlanes {
   uint64_t pitch = 0;
   uint64_t qpitch = 0;

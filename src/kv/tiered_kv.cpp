@@ -339,6 +339,8 @@ void TieredKv::write(uint32_t layer, const LayerRows& rows) {
     if (kivi_.bits != 0) {
       ensure_qpages(sp.seq, layer, std::max(quantised_end(sp.seq, sp.pos0), first_row(layer, sp.pos0)),
                     quantised_end(sp.seq, sp.pos0 + sp.n));
+      // kivi+kvpr: the new rows' inputs go to their blocks' quantised page indices (xpage_of)
+      if (kvpr()) ensure_qpages(sp.seq, layer, sp.pos0, sp.pos0 + sp.n);
     }
   }
   const float* k = rows.k;
@@ -363,13 +365,14 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
   uint8_t* base = buffer(visit);
   rows = pool_row(u.layer, rows);  // a pooled layer: its live slots
   const int64_t first = std::min(first_row(u.layer, rows), rows);
-  // kvpr: the inputs of [first, first + xrows), K/V from there on.
-  const int64_t xrows = split_rows(seq, u, first, rows);
+  // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
+  const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(seq, rows));
+  // kvpr: the inputs of [first, first + xrows), K/V from there on (kivi+kvpr: whole key groups below
+  // qend, their quantised pages from first + xrows on).
+  const int64_t xrows = split_rows(seq, u, first, rows, qend);
   // kvpr: the visit stores its new rows' inputs when it recomputes (or always, lazy_inputs() off), and
   // that store writes back the I/O page around row `rows`.
   const bool xcontext = kvpr() && (!lazy_inputs() || xrows > 0);
-  // KIVI: the quantised pages of [first, qend), f16 rows from qend on.
-  const int64_t qend = kivi_.bits == 0 ? 0 : std::max(first, quantised_end(seq, rows));
   size_t n_blocks = 0;
   // Streaming: the blocks between the sinks and the window of the pass's first query are not needed
   // (they are freed when the pass ends).
@@ -411,7 +414,8 @@ void TieredKv::submit_load(uint64_t visit, SeqId seq, size_t unit_index, int64_t
         add_rows(seq, u.layer, u.head0 + h, kv, plane, f16_first, rows, n_blocks);
       }
     }
-    if (qend > first) add_qpages(seq, u.layer, u.head0 + h, qplane(base, h), first, qend, n_blocks);
+    if (qend > first + xrows)
+      add_qgroups(seq, u.layer, u.head0 + h, qplane(base, h), first + xrows, qend, n_blocks);
   }
   if (hybrid()) {  // the inputs of the ACT blocks
     const int64_t bt = geo_.block_tokens;
@@ -634,13 +638,21 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     }
     // kvpr: the recomputed rows inside the pages the store writes back go first (the store reads them);
     // the rest runs after the next visit's load is submitted, so that the link works meanwhile.
+    // kivi+kvpr: whole key groups, and those of the quantised page that the store of this pass's new
+    // groups writes back (the block of q0, below) go first too.
     const int64_t xend = xfirst + xrows;
-    const int64_t x_mid = std::clamp(store_first_row(pos0), xfirst, xend);
+    int64_t x_mid = std::clamp(store_first_row(pos0), xfirst, xend);
+    if (kivi_.bits != 0 && xrows > 0) {
+      const int64_t q0 = std::max(quantised_end(pass_seq_, pos0), first_row(layer, pos0));
+      const int64_t q1 = quantised_end(pass_seq_, pos0 + n);
+      if (q1 > q0) x_mid = std::min(x_mid, q0 / geo_.block_tokens * geo_.block_tokens);
+      x_mid = std::max(xfirst, x_mid / kivi_.key_group * kivi_.key_group);
+    }
     const bool calibrate = time_visits() && !hybrid() && xrows > 0;  // kvpr auto: time the recompute
     double recompute_s = 0;
     if (x_mid < xend) {
       const double t0 = calibrate ? visit_clock() : 0;
-      recompute_unit(base, u, x_mid, xend);
+      recompute_rows(base, u, x_mid, xend);
       if (calibrate) recompute_s += visit_clock() - t0;
     }
     if (act_n > 0) recompute_act(base, u, xfirst, pos0, store_first_row(pos0), pos0);
@@ -691,7 +703,7 @@ void TieredKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
     auto recompute_rest = [&] {
       if (xfirst < x_mid) {
         const double t0 = timed || calibrate ? visit_clock() : 0;
-        recompute_unit(base, u, xfirst, x_mid);
+        recompute_rows(base, u, xfirst, x_mid);
         const double dt = timed || calibrate ? visit_clock() - t0 : 0;
         if (timed) prev_blocked_s_ += dt;
         recompute_s += dt;

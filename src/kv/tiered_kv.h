@@ -42,6 +42,7 @@
 #include "kv/unit_scorer.h"
 #include "policy/infinigen_select.h"
 #include "policy/kv_pool.h"
+#include "policy/kvpr_schedule.h"
 #include "policy/placement.h"
 
 namespace kvtier::kv {
@@ -181,11 +182,24 @@ class TieredKv final : public KvCache {
   void ensure_qpages(SeqId seq, uint32_t layer, int64_t p0, int64_t p1);
   void add_qpages(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
                   size_t& n);
+  // kivi+kvpr: the load of one head's quantised groups [p0, p1) (p0 a multiple of the key group): the
+  // pages of blocks wholly in it, and of the block p0 cuts, the K rows and parameters from p0's group on
+  // and the V rows and parameters from p0 on (two extents; the groups before are recomputed).
+  void add_qgroups(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
+                   size_t& n);
   void quantise_unit(uint8_t* base, const policy::Unit& u, int64_t p0, int64_t p1);
   // kvpr (tiered_kv_kvpr.cpp): inputs of positions [first, first + split) replace their K/V on a visit.
   bool kvpr() const { return lay_.xpage_bytes != 0; }
-  // The split never passes x_end(seq, u.layer): rows past it have no stored inputs.
-  int64_t split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows) const;
+  // The split never passes x_end(seq, u.layer): rows past it have no stored inputs. kivi+kvpr: nor
+  // qend (the f16 residual rows are loaded), and it is whole key groups (rounded down), whose K/V the
+  // visit recomputes and quantises as the home copy was (recompute_rows).
+  int64_t split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows, int64_t qend) const;
+  // kivi+kvpr: the split's scheduler inputs weigh the quantised bytes of the rows not recomputed.
+  int64_t kivi_split(const policy::KvprCosts& c, const policy::Unit& u, int64_t first, int64_t rows,
+                     int64_t qend, int64_t visible) const;
+  // The page holding (seq, layer, token block b)'s inputs: the f16 page's index, with KIVI the
+  // quantised page's (kept for every block).
+  uint32_t xpage_of(SeqId seq, uint32_t layer, int64_t b) const;
   // kvpr: positions [0, x_end) of (seq, layer) have their inputs in the home tier. Prefill, hybrid and
   // forced splits N > 0 store every new row's inputs; with auto, random and 0 a decode visit stores its
   // row's inputs only when it recomputes (l > 0), so that a step at l = 0 moves no inputs at all (spec
@@ -221,12 +235,17 @@ class TieredKv final : public KvCache {
   int64_t store_first_row(int64_t pos0) const;
   // K/V of the unit's heads for rows [r0, r1) recomputed from the inputs plane into the K/V planes.
   void recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1);
+  // recompute_unit, and with KIVI the rows' key groups quantised into the quantised planes as the home
+  // copy was (r0, r1 multiples of the key group): the attention reads those.
+  void recompute_rows(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1);
   // kvpr auto: the steady clock (seconds), and the start of a unit visit (updates hidden_s_).
   static double visit_clock();
   void visit_started(double now);
   // The sequence's new inputs of this pass (rows [pos0, pos0 + n)) into the inputs plane.
   void scatter_new_inputs(uint8_t* xplane, uint32_t layer, int64_t pos0, int64_t n);
-  uint8_t* xplane(uint8_t* base) const { return base + 2ull * layout_.group * layout_.pitch; }
+  uint8_t* xplane(uint8_t* base) const {  // after the f16 planes and (KIVI) the quantised planes
+    return base + 2ull * layout_.group * layout_.pitch + uint64_t{layout_.group} * layout_.qpitch;
+  }
   uint8_t* qplane(uint8_t* base, uint32_t h) const {  // head h's quantised pages in a staging buffer
     return base + 2ull * layout_.group * layout_.pitch + h * layout_.qpitch;
   }

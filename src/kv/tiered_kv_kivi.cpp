@@ -10,6 +10,19 @@
 #include "policy/kivi.h"
 
 namespace kvtier::kv {
+namespace {
+
+uint64_t round_up(uint64_t v, uint64_t a) {
+  return (v + a - 1) / a * a;
+}
+uint64_t round_down(uint64_t v, uint64_t a) {
+  return v / a * a;
+}
+
+}  // namespace
+}  // namespace kvtier::kv
+
+namespace kvtier::kv {
 
 uint64_t TieredKv::qpage_offset(uint32_t layer, uint32_t head, uint32_t page) const {
   const uint64_t f16 = lay_.home_pages[layer] * (lay_.page_bytes[0] + lay_.page_bytes[1]);
@@ -44,6 +57,43 @@ void TieredKv::add_qpages(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qpl
     add_copy(qpage_offset(layer, head, e.slot), qplane + static_cast<uint64_t>(b) * lay_.qpage_bytes,
              lay_.qpage_bytes, n);
   }
+}
+
+void TieredKv::add_qgroups(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qplane, int64_t p0, int64_t p1,
+                           size_t& n) {
+  const int64_t bt = geo_.block_tokens;
+  if (p1 <= p0) return;
+  const int64_t t0 = p0 % bt;  // p0's row in its block
+  if (t0 == 0) {
+    add_qpages(seq, layer, head, qplane, p0, p1, n);
+    return;
+  }
+  // The block p0 cuts: K rows from t0 and K parameters (all groups' scales and mins: small), then the
+  // V rows from t0 and V parameters (all tokens'), page-rounded for direct I/O and merged where the
+  // rounding joins them; the rows before t0 are recomputed and quantised into the page.
+  const int64_t b = p0 / bt;
+  const BlockEntry& e = qpages_.at(seq, layer, 0, b);
+  KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no quantised page", seq, layer,
+                b);
+  const uint64_t a = home_->alignment();
+  const uint64_t voff = lay_.qpage_v_offset;
+  const uint64_t vend = voff + cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kValue, geo_.head_dim_v);
+  const auto t = static_cast<uint64_t>(t0);
+  const uint64_t k_lo =
+      round_down(t * cpu::kivi_block_parts(kivi_, cpu::KiviPlane::kKey, geo_.head_dim_k).row_bytes, a);
+  const uint64_t k_hi = std::min(round_up(voff, a), lay_.qpage_bytes);
+  const uint64_t v_lo = round_down(
+      voff + t * cpu::kivi_block_parts(kivi_, cpu::KiviPlane::kValue, geo_.head_dim_v).row_bytes, a);
+  const uint64_t v_hi = std::min(round_up(vend, a), lay_.qpage_bytes);
+  const uint64_t home = qpage_offset(layer, head, e.slot);
+  uint8_t* page = qplane + static_cast<uint64_t>(b) * lay_.qpage_bytes;
+  if (v_lo <= k_hi) {
+    add_copy(home + k_lo, page + k_lo, v_hi - k_lo, n);
+  } else {
+    add_copy(home + k_lo, page + k_lo, k_hi - k_lo, n);
+    add_copy(home + v_lo, page + v_lo, v_hi - v_lo, n);
+  }
+  add_qpages(seq, layer, head, qplane, (b + 1) * bt, p1, n);
 }
 
 void TieredKv::quantise_unit(uint8_t* base, const policy::Unit& u, int64_t p0, int64_t p1) {

@@ -26,11 +26,15 @@ uint64_t round_down(uint64_t v, uint64_t a) {
 
 }  // namespace
 
-int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows) const {
+int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows,
+                             int64_t qend) const {
   if (!kvpr() || hybrid()) return 0;  // hybrid: the ACT blocks, not a prefix
   // Rows past x_end have no stored inputs (kvpr auto stores none at l = 0); their K/V is always stored.
-  const int64_t visible = std::clamp<int64_t>(x_end(seq, u.layer) - first, 0, rows - first);
-  if (opt_.knobs.recompute >= 0) return std::min(opt_.knobs.recompute, visible);  // forced
+  // KIVI: the quantised rows only, in whole key groups (first is block-aligned, so a multiple of one).
+  const int64_t top = kivi_.bits == 0 ? x_end(seq, u.layer) : std::min(x_end(seq, u.layer), qend);
+  const int64_t g = kivi_.bits == 0 ? 1 : kivi_.key_group;
+  const int64_t visible = std::clamp<int64_t>(top - first, 0, rows - first) / g * g;
+  if (opt_.knobs.recompute >= 0) return std::min(opt_.knobs.recompute, visible) / g * g;  // forced
   if (opt_.knobs.recompute == policy::PolicyKnobs::kRecomputeRandom) {
     // Tests: a split in [0, visible] that changes from visit to visit (a hash of the visit's unit and
     // length, so that a run is reproducible).
@@ -38,7 +42,7 @@ int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, in
     h ^= h >> 33;
     h *= 0xff51afd7ed558ccdULL;
     h ^= h >> 33;
-    return static_cast<int64_t>(h % static_cast<uint64_t>(visible + 1));
+    return static_cast<int64_t>(h % static_cast<uint64_t>(visible + 1)) / g * g;
   }
   if (opt_.kvpr_link_bytes_per_s <= 0 || opt_.kvpr_tokens_per_s <= 0) return 0;  // not profiled
   // The scheduler (policy/kvpr_schedule.h) for this unit: its heads' share of the layer's projection,
@@ -52,8 +56,27 @@ int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, in
   // W: measured between decode visits; before the first such measurement, the profiled decode weight
   // pass shared among the step's visits (policy::kvpr_hidden_estimate says why that is comparable).
   c.hidden_s = hidden_s_ > 0 ? hidden_s_ : hidden_seed_;
+  if (kivi_.bits != 0) return kivi_split(c, u, first, rows, qend, visible);
   // (all the step's rows: K/V of those past the cap cross the link anyway)
   return policy::kvpr_visit_split(c, rows - first, visible);
+}
+
+int64_t TieredKv::kivi_split(const policy::KvprCosts& c, const policy::Unit& u, int64_t first, int64_t rows,
+                             int64_t qend, int64_t visible) const {
+  // A quantised row of the unit's heads costs its share of their quantised pages on the link; the f16
+  // residual rows [qend, rows) cross it whatever the split.
+  policy::KvprCosts cq = c;
+  cq.kv_bytes = static_cast<double>(u.n_heads * lay_.qpage_bytes) / static_cast<double>(geo_.block_tokens);
+  const double f16_s = static_cast<double>(rows - std::max(first, qend)) * c.kv_bytes / c.v_com_kv;
+  return policy::kvpr_kivi_visit_split(cq, std::max<int64_t>(qend - first, 0), f16_s, visible,
+                                       kivi_.key_group);
+}
+
+uint32_t TieredKv::xpage_of(SeqId seq, uint32_t layer, int64_t b) const {
+  const BlockEntry& e = (kivi_.bits != 0 ? qpages_ : pages_).at(seq, layer, 0, b);
+  KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no page for its inputs", seq,
+                layer, b);
+  return e.slot;
 }
 
 void TieredKv::calibrate_recompute(const policy::Unit& u, int64_t rows, double seconds) {
@@ -80,12 +103,10 @@ void TieredKv::add_xrows(SeqId seq, uint32_t layer, uint8_t* xp, int64_t r0, int
   const uint64_t xr = geo_.act_row_bytes[layer];
   const uint64_t a = home_->alignment();
   for (int64_t b = r0 / bt; r1 > r0 && b <= (r1 - 1) / bt; ++b) {
-    const BlockEntry& e = pages_.at(seq, layer, 0, b);
-    KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
     const uint64_t lo = round_down(static_cast<uint64_t>(std::max(r0, b * bt) - b * bt) * xr, a);
     const uint64_t hi = round_up(static_cast<uint64_t>(std::min(r1, (b + 1) * bt) - b * bt) * xr, a);
-    add_copy(xpage_offset(layer, e.slot) + lo, xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo, hi - lo,
-             n);
+    add_copy(xpage_offset(layer, xpage_of(seq, layer, b)) + lo,
+             xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo, hi - lo, n);
   }
 }
 
@@ -95,10 +116,8 @@ void TieredKv::add_xcontext(SeqId seq, uint32_t layer, uint8_t* xp, int64_t pos,
   const uint64_t off = static_cast<uint64_t>(pos - b * bt) * geo_.act_row_bytes[layer];
   const uint64_t lo = round_down(off, home_->alignment());
   if (lo == off) return;  // the row starts a page: a store from it writes nothing before it
-  const BlockEntry& e = pages_.at(seq, layer, 0, b);
-  KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
-  add_copy(xpage_offset(layer, e.slot) + lo, xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo,
-           round_up(off, home_->alignment()) - lo, n);
+  add_copy(xpage_offset(layer, xpage_of(seq, layer, b)) + lo,
+           xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo, round_up(off, home_->alignment()) - lo, n);
 }
 
 double TieredKv::visit_clock() {
@@ -144,6 +163,15 @@ void TieredKv::recompute_unit(uint8_t* base, const policy::Unit& u, int64_t r0, 
     p += m;
   }
   recomputed_rows_ += static_cast<uint64_t>(r1 - r0);
+}
+
+void TieredKv::recompute_rows(uint8_t* base, const policy::Unit& u, int64_t r0, int64_t r1) {
+  if (r0 >= r1) return;
+  recompute_unit(base, u, r0, r1);
+  if (kivi_.bits == 0) return;
+  KVTIER_ASSERT(r0 % kivi_.key_group == 0 && r1 % kivi_.key_group == 0,
+                "recomputed rows {}..{} cut a key group", r0, r1);
+  quantise_unit(base, u, r0, r1);
 }
 
 int64_t TieredKv::store_first_row(int64_t pos0) const {

@@ -32,6 +32,7 @@ constexpr AxisValue kValues[] = {
      "--kivi-group --kivi-residual"},
     {Axis::kRepresentation, "kivi2", false, "KIVI 2-bit: as kivi4 at 2 bits per element",
      "--kivi-group --kivi-residual"},
+    // (kvpr composes with kivi4 and kivi2: see kComposeNote)
     {Axis::kSelection, "all", true, "attention sees every stored token (the default)", ""},
     {Axis::kSelection, "quest", false,
      "Quest: per page of --quest-page keys a per-channel min/max bound; each decode step attends, per KV "
@@ -88,6 +89,14 @@ constexpr Preset kPresets[] = {
     {"locret", "resident+locret",
      "Locret: chunked prefill evicting to --kv-budget by trained retaining heads (--locret-heads)"},
 };
+
+// `kvtier policies` prints it under the representation axis.
+constexpr std::string_view kComposeNote =
+    "kivi4+kvpr, kivi2+kvpr: the one pair of representation values that composes. The home keeps KIVI's "
+    "quantised pages and f16 residual rows and kvpr's inputs of every position; a visit recomputes the "
+    "K/V of a prefix of whole --kivi-group key groups (--recompute, rounded down; auto weighs the "
+    "quantised bytes it saves) and quantises them as the home copy was: the same bits as kivi4 (kivi2) "
+    "alone; offloaded placements (layer+kivi4+kvpr, headinfer+kivi2+kvpr)";
 
 std::optional<AxisValue> find_value(std::string_view name) {
   for (const AxisValue& v : kValues) {
@@ -161,8 +170,22 @@ std::string_view representation_name(Representation r) {
       return "kvpr";
     case Representation::kHybrid:
       return "hybrid";
+    case Representation::kKivi4Kvpr:
+      return "kivi4+kvpr";
+    case Representation::kKivi2Kvpr:
+      return "kivi2+kvpr";
   }
   return "?";
+}
+
+bool representation_has(Representation r, std::string_view value) {
+  if (r == Representation::kKivi4Kvpr) return value == "kivi4" || value == "kvpr";
+  if (r == Representation::kKivi2Kvpr) return value == "kivi2" || value == "kvpr";
+  return value == representation_name(r);
+}
+
+std::string_view representation_compose_note() {
+  return kComposeNote;
 }
 
 std::string_view selection_name(Selection s) {
@@ -252,14 +275,14 @@ void check_knobs(const KvPolicy& p) {
          "layer+infinigen+pool or headinfer+infinigen+pool)",
          spec);
   }
-  if (p.representation == Representation::kKvpr && k.recompute < PolicyKnobs::kRecomputeRandom)
+  if (recomputes_prefix(p.representation) && k.recompute < PolicyKnobs::kRecomputeRandom)
     fail(ErrorKind::kInvalidArgument, "--recompute {}: give auto, random or a number of positions >= 0",
          k.recompute);
   if (p.representation == Representation::kHybrid && !(k.act_ratio >= 0) &&
       k.act_ratio != PolicyKnobs::kActRatioAuto)
     fail(ErrorKind::kInvalidArgument, "--act-ratio {}: give auto or a ratio of ACT to KV blocks >= 0",
          k.act_ratio);
-  if (p.representation == Representation::kKivi4 || p.representation == Representation::kKivi2) {
+  if (is_kivi(p.representation)) {
     if (k.kivi_group < 1) fail(ErrorKind::kInvalidArgument, "--kivi-group {}: must be >= 1", k.kivi_group);
     if (k.kivi_residual < 0)
       fail(ErrorKind::kInvalidArgument, "--kivi-residual {}: must be >= 0", k.kivi_residual);
@@ -271,7 +294,7 @@ bool KvPolicy::exact() const {
   // eviction) will say so in their AxisValue.
   for (const AxisValue& v : kValues) {
     const bool mine = (v.axis == Axis::kPlacement && v.name == placement_name(placement)) ||
-                      (v.axis == Axis::kRepresentation && v.name == representation_name(representation)) ||
+                      (v.axis == Axis::kRepresentation && representation_has(representation, v.name)) ||
                       (v.axis == Axis::kSelection && v.name == selection_name(selection)) ||
                       (v.axis == Axis::kRetention && v.name == retention_name(retention));
     if (mine && !v.exact) return false;
@@ -299,6 +322,7 @@ std::span<const Preset> presets() {
 KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
   KvPolicy p = defaults;
   std::optional<std::string_view> seen[4];
+  bool composed = false;  // the representation is kivi4+kvpr or kivi2+kvpr
   std::vector<std::string_view> parts;
   const std::vector<std::string_view> given = parts_of(spec);
   for (std::string_view part : given) {
@@ -319,6 +343,27 @@ KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults) {
       fail(ErrorKind::kInvalidArgument, "unknown KV policy value '{}' in '{}' (known {})", part, spec,
            known_names());
     auto& slot = seen[static_cast<int>(v->axis)];
+    // kivi4 / kivi2 with kvpr: one representation (KIVI's rows, kvpr's stored inputs and recompute).
+    if (slot && v->axis == Axis::kRepresentation) {
+      const auto kivi_of = [](std::string_view a, std::string_view b) -> std::optional<Representation> {
+        if (b != "kvpr") return std::nullopt;
+        if (a == "kivi4") return Representation::kKivi4Kvpr;
+        if (a == "kivi2") return Representation::kKivi2Kvpr;
+        return std::nullopt;
+      };
+      auto both = kivi_of(*slot, part);
+      if (!both) both = kivi_of(part, *slot);
+      if (both && !composed) {
+        p.representation = *both;
+        composed = true;
+        continue;
+      }
+      fail(ErrorKind::kInvalidArgument,
+           "KV policy '{}' names two representation values, '{}' and '{}': a policy takes one value per axis "
+           "(placement x representation x selection x retention); the one pair that composes is kivi4 or "
+           "kivi2 with kvpr (e.g. layer+kivi4+kvpr)",
+           spec, composed ? representation_name(p.representation) : *slot, part);
+    }
     if (slot) {
       fail(ErrorKind::kInvalidArgument,
            "KV policy '{}' names two {} values, '{}' and '{}': a policy takes one value per axis "

@@ -31,11 +31,34 @@ enum class Representation {
   kHybrid,  // HybridServe: each block of context is an activation checkpoint (its K/V-projection inputs
             // are loaded and its K/V recomputed) or a KV block, by Eq. 11 with the ratio --act-ratio
             // (exact; offloaded placements; kvpr's stored inputs and recompute path)
+  // KIVI with kvpr's stored inputs ("kivi4+kvpr" in a spec: the two values compose): the home keeps
+  // kivi4's (kivi2's) quantised pages and f16 residual rows and each position's inputs; a visit
+  // recomputes the K/V of a prefix of whole key groups from the inputs and quantises them as the home
+  // copy was, so it attends the same bits as kivi4 (kivi2) alone (approximate as KIVI is; offloaded)
+  kKivi4Kvpr,
+  kKivi2Kvpr,
 };
 
-// Representations whose home tier stores each position's K/V-projection inputs (kvpr, hybrid).
+// Representations whose home tier stores each position's K/V-projection inputs (kvpr, hybrid, kivi+kvpr).
 inline bool stores_inputs(Representation r) {
-  return r == Representation::kKvpr || r == Representation::kHybrid;
+  return r == Representation::kKvpr || r == Representation::kHybrid || r == Representation::kKivi4Kvpr ||
+         r == Representation::kKivi2Kvpr;
+}
+// KIVI rows (kivi4, kivi2, alone or with kvpr's stored inputs).
+inline bool is_kivi(Representation r) {
+  return r == Representation::kKivi4 || r == Representation::kKivi2 || r == Representation::kKivi4Kvpr ||
+         r == Representation::kKivi2Kvpr;
+}
+// Bits of a KIVI representation (4 or 2), 0 for the others.
+inline int kivi_bits(Representation r) {
+  if (r == Representation::kKivi4 || r == Representation::kKivi4Kvpr) return 4;
+  if (r == Representation::kKivi2 || r == Representation::kKivi2Kvpr) return 2;
+  return 0;
+}
+// A prefix of positions recomputed from stored inputs (kvpr, kivi+kvpr; not hybrid's ACT blocks):
+// --recompute applies.
+inline bool recomputes_prefix(Representation r) {
+  return r == Representation::kKvpr || r == Representation::kKivi4Kvpr || r == Representation::kKivi2Kvpr;
 }
 
 enum class Selection {
@@ -101,7 +124,11 @@ struct KvPolicy {
 };
 
 std::string_view axis_name(Axis a);
+// kivi4+kvpr: "kivi4+kvpr" (the spec's two values).
 std::string_view representation_name(Representation r);
+// Is `value` (an AxisValue name of the representation axis) one of the values r is made of? (kivi4+kvpr
+// is made of kivi4 and kvpr; the others of their own name.)
+bool representation_has(Representation r, std::string_view value);
 std::string_view selection_name(Selection s);
 std::string_view retention_name(Retention r);
 
@@ -114,6 +141,8 @@ struct AxisValue {
   std::string_view flags;  // the flags that tune it, space-separated ("" if none)
 };
 std::span<const AxisValue> axis_values();
+// How kivi4 / kivi2 compose with kvpr (a line for `kvtier policies`).
+std::string_view representation_compose_note();
 
 // A named combination (the papers' names and the baselines).
 struct Preset {
@@ -124,7 +153,8 @@ struct Preset {
 std::span<const Preset> presets();
 
 // Parses a spec; throws Error(kInvalidArgument) naming the unknown value (with the known ones), or the
-// two values that compete for one axis.
+// two values that compete for one axis. The one pair of values of one axis that composes: kivi4 or kivi2
+// with kvpr (representation kivi4+kvpr, kivi2+kvpr).
 KvPolicy parse_kv_policy(std::string_view spec, const KvPolicy& defaults = {});
 // "resident,layer+sliding" -> policies in order; an empty item or a repeated policy is an error.
 std::vector<KvPolicy> parse_kv_policy_list(std::string_view list, const KvPolicy& defaults = {});

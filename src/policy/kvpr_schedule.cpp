@@ -138,6 +138,15 @@ int64_t kvpr_visit_split(const KvprCosts& c, int64_t s_prime, int64_t l_cap) {
   return t_l < t_0 ? l : 0;
 }
 
+int64_t kvpr_kivi_visit_split(const KvprCosts& c, int64_t q_rows, double f16_s, int64_t l_cap,
+                              int64_t group) {
+  KVTIER_ASSERT(group >= 1 && q_rows >= 0, "key group {} quantised rows {}", group, q_rows);
+  KvprCosts cq = c;
+  cq.hidden_s = std::max(0.0, c.hidden_s - f16_s);  // the residual rows' transfer is hidden first
+  const int64_t l = kvpr_visit_split(cq, q_rows, std::min(l_cap, q_rows));
+  return l / group * group;
+}
+
 double kvpr_hidden_estimate(double decode_weights_s, int64_t visits_per_step) {
   if (!(decode_weights_s > 0) || visits_per_step <= 0) return 0;
   return decode_weights_s / static_cast<double>(visits_per_step);

@@ -81,6 +81,14 @@ int64_t kvpr_split_scan(const KvprCosts& c, KvprSchedule schedule, int64_t s_pri
 // rows, a split is taken only when it beats l = 0 with that cost added.
 int64_t kvpr_visit_split(const KvprCosts& c, int64_t s_prime, int64_t l_cap);
 
+// The same for kivi+kvpr (TieredKv with kivi4+kvpr, kivi2+kvpr): only the quantised rows [0, q_rows)
+// can be recomputed, in whole key groups of `group` rows, and the f16 residual rows after them cross the
+// link on every visit, taking f16_s of the time W hides first. c.kv_bytes is one quantised row's bytes
+// (1/3 to 1/5 of an f16 row), so recomputing pays off at a slower link than with f16 rows: on GQA models,
+// whose input row is about as large as an f16 K/V row, it is 0 almost always. kvpr_visit_split's l over
+// the q_rows with W - f16_s, rounded down to whole groups.
+int64_t kvpr_kivi_visit_split(const KvprCosts& c, int64_t q_rows, double f16_s, int64_t l_cap, int64_t group);
+
 // kPipelined's W (KvprCosts::hidden_s) for a unit visit before any decode visit has been timed; TieredKv
 // then measures W as the time between the starts of two decode visits less their waiting and
 // recomputing (a moving average over all the step's visits), and this estimate only stands in until

@@ -16,7 +16,8 @@ double KvPhasePrediction::tokens_per_s_bound() const {
 std::optional<KvPhasePrediction> predict_kv_phase(const LoadedModel& model, const SessionOptions& o,
                                                   const Profile& profile) {
   const kv::KvOptions& ko = o.kv_placement;
-  if (ko.placement.placement == policy::Placement::kResident) return std::nullopt;
+  if (ko.placement.placement == policy::Placement::kResident || policy::is_kivi(ko.representation))
+    return std::nullopt;
   const auto& cfg = model.config;
   const kv::KvGeometry geo = model::kv_geometry(cfg, o.kv_block_tokens, o.kv_dtype);
   const double b = ko.max_seqs;  // sequences in the step

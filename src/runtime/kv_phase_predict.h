@@ -34,7 +34,8 @@ struct KvPhasePrediction {
   double tokens_per_s_bound() const;
 };
 
-// Nothing for the resident placement (no link). `profile` holds the rates for o's home tier.
+// Nothing for the resident placement (no link), nor for KIVI rows (quantised pages and f16 residual rows
+// with their own sizes: not modelled here). `profile` holds the rates for o's home tier.
 std::optional<KvPhasePrediction> predict_kv_phase(const LoadedModel& model, const SessionOptions& o,
                                                   const Profile& profile);
 

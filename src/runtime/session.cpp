@@ -91,7 +91,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
             ? static_cast<double>(ws.streamed_bytes) / ws.streamed_layers / opt_.weights.link_bytes_per_s
             : 0;
   }
-  if (((ko.representation == policy::Representation::kKvpr && ko.knobs.recompute < 0) || hybrid_auto) &&
+  if (((policy::recomputes_prefix(ko.representation) && ko.knobs.recompute < 0) || hybrid_auto) &&
       ko.placement.placement != policy::Placement::kResident &&
       (ko.kvpr_link_bytes_per_s <= 0 || ko.kvpr_tokens_per_s <= 0)) {
     // --recompute auto: the scheduler weighs the home link against the projection rate, profiled

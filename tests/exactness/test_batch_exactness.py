@@ -127,6 +127,8 @@ APPROX = [
     ["--kv-policy", "resident+kivi4", "--kivi-residual", "32"],
     ["--kv-policy", "layer+kivi2", "--kivi-residual", "32"],
     ["--kv-policy", "headinfer+kivi4", "--kivi-residual", "32"],
+    # kivi with kvpr's recomputed part: several sequences' inputs and quantised pages in one home
+    ["--kv-policy", "layer+kivi4+kvpr", "--kivi-residual", "32", "--recompute", "random"],
 ]
 
 

@@ -96,6 +96,8 @@ def budgets_for(mdl, ctx, chunk, flags):
     ["--kv-policy", "resident+kivi4", "--kivi-residual", "64"],
     ["--kv-policy", "layer+kivi2", "--kivi-residual", "32", "--kivi-group", "64"],
     ["--kv-policy", "headinfer+kivi4", "--group", "1", "--prefetch-depth", "2"],
+    # KIVI with kvpr's stored inputs: the inputs' pages per quantised page, the staging's inputs plane
+    ["--kv-policy", "layer+kivi4+kvpr", "--kivi-residual", "64", "--recompute", "100"],
 ], ids=lambda f: "-".join(f[1:]).replace("--", ""))
 def test_smollm2(flags):
     mdl = model("smollm2")

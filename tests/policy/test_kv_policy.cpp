@@ -95,9 +95,46 @@ TEST(KvPolicy, KvprIsAPresetAloneAndARepresentationInACombination) {
   EXPECT_EQ(hi.placement, Placement::kHeadInfer);
   EXPECT_EQ(hi.representation, Representation::kKvpr);
   EXPECT_EQ(hi.spec(), "headinfer+kvpr");
-  EXPECT_THROW((void)parse_kv_policy("kvpr+kivi4"), Error);  // two representations
+  EXPECT_THROW((void)parse_kv_policy("kvpr+hybrid"), Error);  // two representations
   KvPolicy bad = alone;
   bad.knobs.recompute = -3;  // -1 auto, -2 random
+  EXPECT_THROW(check_knobs(bad), Error);
+}
+
+TEST(KvPolicy, KiviComposesWithKvpr) {
+  const KvPolicy p = parse_kv_policy("layer+kivi4+kvpr");
+  EXPECT_EQ(p.placement, Placement::kLayer);
+  EXPECT_EQ(p.representation, Representation::kKivi4Kvpr);
+  EXPECT_EQ(p.spec(), "layer+kivi4+kvpr");
+  EXPECT_EQ(parse_kv_policy(p.spec()), p);  // the canonical spec parses back
+  EXPECT_FALSE(p.exact());                  // KIVI's rounding stays
+  EXPECT_TRUE(stores_inputs(p.representation));
+  EXPECT_TRUE(recomputes_prefix(p.representation));
+  EXPECT_TRUE(is_kivi(p.representation));
+  EXPECT_EQ(kivi_bits(p.representation), 4);
+  EXPECT_TRUE(representation_has(p.representation, "kivi4"));
+  EXPECT_TRUE(representation_has(p.representation, "kvpr"));
+  EXPECT_FALSE(representation_has(p.representation, "kivi2"));
+  // either order, either width, with the other axes
+  const KvPolicy q = parse_kv_policy("kvpr+headinfer+kivi2+sliding");
+  EXPECT_EQ(q.representation, Representation::kKivi2Kvpr);
+  EXPECT_EQ(q.spec(), "headinfer+kivi2+kvpr+sliding");
+  EXPECT_EQ(kivi_bits(q.representation), 2);
+  EXPECT_FALSE(recomputes_prefix(Representation::kHybrid));
+  EXPECT_FALSE(is_kivi(Representation::kKvpr));
+  // no other pair composes, and a third representation value is named in the error
+  std::string m = error_of("layer+kivi4+hybrid");
+  EXPECT_NE(m.find("two representation values, 'kivi4' and 'hybrid'"), std::string::npos) << m;
+  EXPECT_NE(m.find("kivi4 or kivi2 with kvpr"), std::string::npos) << m;
+  m = error_of("layer+kivi4+kvpr+kvpr");
+  EXPECT_NE(m.find("'kivi4+kvpr' and 'kvpr'"), std::string::npos) << m;
+  m = error_of("layer+kivi4+kivi2");
+  EXPECT_NE(m.find("'kivi4' and 'kivi2'"), std::string::npos) << m;
+  KvPolicy bad = p;
+  bad.knobs.recompute = -3;
+  EXPECT_THROW(check_knobs(bad), Error);
+  bad = p;
+  bad.knobs.kivi_group = 0;
   EXPECT_THROW(check_knobs(bad), Error);
 }
 

@@ -426,5 +426,45 @@ TEST(KvprSchedule, VisitSplitWithTheDecodeWeightPassAsHiddenCompute) {
   }
 }
 
+// kivi+kvpr (kvpr_kivi_visit_split): the rows not recomputed cost their quantised bytes (kivi4 on
+// SmolLM2's 3 KV heads of 64: a 256-row page of K and V is 20 KiB against 192 KiB of f16 for the
+// three heads, i.e. 80 B per head-row against 256 B), and its input row is 720 B (Q8 of 576).
+TEST(KvprSchedule, KiviSplitWeighsQuantisedBytesInWholeGroups) {
+  KvprCosts f16;
+  f16.x_bytes = 720;
+  f16.kv_bytes = 3 * 256;
+  f16.recompute_flops = 1;
+  f16.v_gpu = 1 / 20e-6;  // 20 us per row (two cores, SmolLM2's K/V projections)
+  KvprCosts q = f16;
+  q.kv_bytes = 3 * 80;
+  for (double link : {1e6, 1e7, 1e8, 1e9}) {
+    f16.v_com_x = f16.v_com_kv = q.v_com_x = q.v_com_kv = link;
+    const int64_t lq = kvpr_kivi_visit_split(q, 640, 0, 640, 32);
+    EXPECT_EQ(lq % 32, 0) << link;  // whole key groups
+    EXPECT_LE(lq, 640);
+    // The input row (720 B) is larger than a quantised row (240 B): recomputing never pays on this GQA
+    // model, whatever the link; with f16 rows (768 B) it may.
+    EXPECT_EQ(lq, 0) << link;
+  }
+  // MHA with a small input row (the synthetic tiny-mha's Q8 rows, 4 heads): at a slow link the split
+  // is the f16 one over the quantised rows, rounded down to a group, and never above the cap.
+  KvprCosts mha = q;
+  mha.x_bytes = 40;
+  mha.kv_bytes = 4 * 80;
+  mha.v_com_x = mha.v_com_kv = 1e6;
+  const int64_t l = kvpr_kivi_visit_split(mha, 640, 0, 640, 32);
+  EXPECT_GT(l, 0);
+  EXPECT_EQ(l % 32, 0);
+  EXPECT_EQ(l, kvpr_visit_split(mha, 640, 640) / 32 * 32);
+  EXPECT_LE(kvpr_kivi_visit_split(mha, 640, 0, 100, 32), 96);
+  EXPECT_EQ(kvpr_kivi_visit_split(mha, 640, 0, 31, 32), 0);
+  // The f16 residual rows' transfer uses up W first: with W = their transfer the split is W = 0's.
+  mha.hidden_s = 5e-3;
+  EXPECT_EQ(kvpr_kivi_visit_split(mha, 640, 5e-3, 640, 32), l);
+  // A W larger than everything: nothing to recompute.
+  mha.hidden_s = 100;
+  EXPECT_EQ(kvpr_kivi_visit_split(mha, 640, 0, 640, 32), 0);
+}
+
 }  // namespace
 }  // namespace kvtier::policy

@@ -26,7 +26,7 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
   const bool predict = std::any_of(a.policies.begin(), a.policies.end(), [](const policy::KvPolicy& p) {
     return p.placement != policy::Placement::kResident &&
            (p.representation == policy::Representation::kKvpr ||
-            p.representation == policy::Representation::kHybrid);
+            p.representation == policy::Representation::kHybrid);  // (kivi+kvpr: not modelled)
   });
   std::optional<runtime::Profile> prof;
   for (size_t i = 0; i < a.policies.size(); ++i) {

@@ -48,6 +48,9 @@ int run_policies(const PoliciesArgs& a) {
       r["help"] = std::string(pr.help);
       j["presets"].push_back(r);
     }
+    j["compose"] = {{"representation", "kivi4+kvpr kivi2+kvpr"},
+                    {"help", std::string(policy::representation_compose_note())},
+                    {"flags", "--recompute --kivi-group --kivi-residual"}};
     j["axes"] = nlohmann::ordered_json::array();
     for (const auto& v : policy::axis_values()) {
       j["axes"].push_back({{"axis", std::string(policy::axis_name(v.axis))},
@@ -75,6 +78,9 @@ int run_policies(const PoliciesArgs& a) {
     }
     fmt::print("  {:<12} {:<7} {}{}\n", v.name, v.exact ? "exact" : "approx", v.help,
                v.flags.empty() ? "" : fmt::format(" ({})", v.flags));
+    if (v.axis == policy::Axis::kRepresentation && v.name == "kivi2")
+      fmt::print("  {:<12} {:<7} {} (--recompute --kivi-group --kivi-residual)\n", "kivi4+kvpr", "approx",
+                 policy::representation_compose_note());
   }
   return 0;
 }

@@ -52,7 +52,8 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "kvpr: positions whose K/V are recomputed from stored inputs on each visit: auto (the "
          "scheduler's split), N (min(N, positions): forces the split, for tests and sweeps) or random "
          "(a pseudo-random split on every visit, for tests); with auto, random and 0 a decode step that "
-         "recomputes nothing stores no inputs, and the split never passes the stored inputs")
+         "recomputes nothing stores no inputs, and the split never passes the stored inputs; kivi4+kvpr, "
+         "kivi2+kvpr: whole --kivi-group groups of the quantised positions (N rounded down)")
       ->transform(CLI::Transformer(std::map<std::string, std::string>{{"auto", "-1"}, {"random", "-2"}}))
       ->default_str("auto");
   cmd->add_option(
