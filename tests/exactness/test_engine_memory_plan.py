@@ -221,6 +221,12 @@ def test_plan_checks_locret_heads(tmp_path):
     assert p.returncode != 0 and "train_locret_heads.sh" in p.stderr, p.stderr
     p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", "--kv-budget", 256)
     assert "locret: 868 rows per (sequence, layer, KV head)" in p.stdout, p.stdout
+    # Without heads the knobs are still checked: a budget is needed, and n_s < b.
+    p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", check=False)
+    assert p.returncode != 0 and "needs --kv-budget" in p.stderr, p.stderr
+    p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", "--kv-budget", 256,
+            "--stabilizers", 300, check=False)
+    assert p.returncode != 0 and "--stabilizers 300 must be smaller" in p.stderr, p.stderr
 
 
 def test_zz_summary():
