@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds Locret training data for a model and trains its retaining heads (docs/locret.md).
-# Usage: scripts/train_locret_heads.sh MODEL.gguf OUT_DIR [STEPS] [D_M]
+# Usage: scripts/train_locret_heads.sh MODEL.gguf OUT_DIR [STEPS] [D_M] [TRAIN-LOCRET FLAGS...]
+# (flags after D_M go to `kvtier train-locret`, e.g. --labels centered --lr 5e-3 --warmup 3 for
+# Gemma-3, whose labels carry a large offset: docs/locret.md, "Gemma-3")
 # Writes OUT_DIR/locret-data.jsonl, OUT_DIR/<model>.locret.gguf (the heads) and OUT_DIR/train.log.
 # The data: 160 prompts of 1K tokens, half eval-harness tasks, half QA over the licence texts in
 # /usr/share/common-licenses (Debian base-files); 10 held out. Defaults: 60 steps, d_m 64, which take
@@ -9,8 +11,8 @@
 # continues where it stopped when the same command is run again (--resume).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-model=${1:?usage: $0 MODEL.gguf OUT_DIR [STEPS] [D_M]}
-out=${2:?usage: $0 MODEL.gguf OUT_DIR [STEPS] [D_M]}
+model=${1:?usage: $0 MODEL.gguf OUT_DIR [STEPS] [D_M] [TRAIN-LOCRET FLAGS...]}
+out=${2:?usage: $0 MODEL.gguf OUT_DIR [STEPS] [D_M] [TRAIN-LOCRET FLAGS...]}
 steps=${3:-60}
 d_m=${4:-64}
 mkdir -p "$out"
@@ -20,4 +22,5 @@ kvtier=build/cpu/bin/kvtier
   "$kvtier" locret-data -m "$model" -o "$out/locret-data.jsonl" --samples 160 --lengths 1k
 name=$(basename "$model" .gguf)
 "$kvtier" train-locret -m "$model" -o "$out/$name.locret.gguf" --data "$out/locret-data.jsonl" \
-  --steps "$steps" --d-m "$d_m" --held-out 10 --eval-every 0 --log-every 10 --resume 2>&1 | tee "$out/train.log"
+  --steps "$steps" --d-m "$d_m" --held-out 10 --eval-every 0 --log-every 10 --resume "${@:5}" 2>&1 |
+  tee "$out/train.log"

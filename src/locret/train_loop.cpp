@@ -38,18 +38,28 @@ int64_t sample_for_step(int64_t n_samples, uint64_t seed, int64_t step) {
 EvalStats evaluate(LocretTrainer& trainer, const std::vector<Sample>& held_out) {
   EvalStats e;
   if (held_out.empty()) return e;
-  int64_t hits = 0, total = 0;
+  int64_t hits = 0, total = 0, rhits = 0, rtotal = 0, cells = 0;
   for (const Sample& s : held_out) {
     const SampleStats st = trainer.run(s, false);
     e.loss += st.loss;
     e.reg += st.reg;
     hits += st.overlap.hits;
     total += st.overlap.total;
+    rhits += st.recency.hits;
+    rtotal += st.recency.total;
+    e.label_mean += st.label_mean;
+    e.label_std += st.label_std;
+    cells += st.label_cells;
     e.finite = e.finite && st.finite;
   }
   e.loss /= static_cast<double>(held_out.size());
   e.reg /= static_cast<double>(held_out.size());
   e.acc = total > 0 ? static_cast<double>(hits) / static_cast<double>(total) : 0.0;
+  e.recency_acc = rtotal > 0 ? static_cast<double>(rhits) / static_cast<double>(rtotal) : 0.0;
+  if (cells > 0) {
+    e.label_mean /= static_cast<double>(cells);
+    e.label_std /= static_cast<double>(cells);
+  }
   return e;
 }
 

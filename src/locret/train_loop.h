@@ -22,6 +22,9 @@ struct EvalStats {
   double loss = 0.0;  // mean over samples of the loss
   double reg = 0.0;   // mean over samples of the regression term (the spec's "regression loss")
   double acc = 0.0;   // top-10% overlap over all samples, layers and KV heads
+  // Label diagnostics (SampleStats): a recency predictor's overlap; the labels' mean and their
+  // standard deviation within a prompt, averaged over samples, layers and KV heads.
+  double recency_acc = 0.0, label_mean = 0.0, label_std = 0.0;
   bool finite = true;
 };
 

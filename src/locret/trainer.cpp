@@ -87,6 +87,16 @@ void LocretTrainer::on_layer(const LayerCapture& c) {
   li.softcap = c.attention.softcap;
   cis_labels(li, y_full_.data());
   for (int64_t j = 0; j < hk; ++j) std::copy_n(y_full_.data() + j * nq, T, y_.data() + j * T);
+  label_diagnostics(T, hk);
+  if (opt_.labels == LabelTarget::kCentered) {
+    for (int64_t j = 0; j < hk; ++j) {
+      float* y = y_.data() + j * T;
+      double mean = 0.0;
+      for (int64_t t = 0; t < T; ++t) mean += y[t];
+      mean /= static_cast<double>(T);
+      for (int64_t t = 0; t < T; ++t) y[t] = static_cast<float>(y[t] - mean);
+    }
+  }
 
   const Compute comp{&pool_, isa_};
   assemble_features(s, c.q_pre, c.k_pre, c.v, T, x_.data());
@@ -106,6 +116,27 @@ void LocretTrainer::on_layer(const LayerCapture& c) {
                 dp_.data(), grad_, backward_);
   optimizer_step_layer(heads_.layer(l), grad_, state_.m[l], state_.v[l], state_.step, opt_.schedule,
                        opt_.clip, opt_.adam);
+}
+
+void LocretTrainer::label_diagnostics(int64_t T, int64_t hk) {
+  pos_.resize(sz(T * hk));  // [T, h_kv]: score = position
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < hk; ++j) pos_[sz(t * hk + j)] = static_cast<float>(t);
+  const Overlap r = topk_overlap(pos_.data(), y_.data(), T, hk);
+  stats_.recency.hits += r.hits;
+  stats_.recency.total += r.total;
+  for (int64_t j = 0; j < hk; ++j) {
+    double s = 0.0, s2 = 0.0;
+    for (int64_t t = 0; t < T; ++t) {
+      const double y = y_[sz(j * T + t)];
+      s += y;
+      s2 += y * y;
+    }
+    const double mean = s / static_cast<double>(T);
+    stats_.label_mean += mean;
+    stats_.label_std += std::sqrt(std::max(0.0, s2 / static_cast<double>(T) - mean * mean));
+    ++stats_.label_cells;
+  }
 }
 
 }  // namespace kvtier::locret

@@ -28,6 +28,14 @@ struct Sample {
   int64_t n_prompt = 0;
 };
 
+// The regression target: the reference's max logit (raw), or that minus its mean over the trained
+// prompt tokens of each (layer, KV head) (centered). Eviction ranks the units of one (layer, KV head)
+// against each other, so a shift shared by all of them does not change what is kept; centering takes
+// the per-sample offset out of what the bias-free heads must fit (mean 10.0 over a spread of 3.5 within
+// a prompt on Gemma-3-270M, whose QK-normed logits are large; -0.3 over 2.1 on SmolLM2-135M:
+// docs/locret.md).
+enum class LabelTarget { kRaw, kCentered };
+
 struct TrainerOptions {
   int64_t max_tokens = 0;   // the longest sample (prompt + answer), run in one pass
   int64_t max_len = 10240;  // prompt tokens trained on (features and labels truncated alike)
@@ -35,6 +43,7 @@ struct TrainerOptions {
   AdamWConfig adam;
   LinearSchedule schedule;
   double clip = 0.5;  // gradient clipping by value
+  LabelTarget labels = LabelTarget::kRaw;
   cpu::KvDtype kv_dtype = cpu::KvDtype::kF16;
 };
 
@@ -43,7 +52,13 @@ struct SampleStats {
   double reg = 0.0;     // the regression (SmoothL1) part
   double smooth = 0.0;  // sum over layers of smooth_l (before alpha)
   Overlap overlap;      // top-10% overlap of predictions and labels, all layers and KV heads
-  bool finite = true;   // no NaN or Inf in the loss
+  // Diagnostics of the labels (no effect on training): the overlap a recency predictor (score =
+  // position) would reach, and the labels' mean and their standard deviation over one prompt's
+  // tokens, summed over layers and KV heads (divide by label_cells).
+  Overlap recency;
+  double label_mean = 0.0, label_std = 0.0;
+  int64_t label_cells = 0;
+  bool finite = true;  // no NaN or Inf in the loss
   int64_t n_trained = 0;
 };
 
@@ -62,6 +77,7 @@ class LocretTrainer final : private LayerObserver {
 
  private:
   void on_layer(const LayerCapture& c) override;
+  void label_diagnostics(int64_t T, int64_t hk);  // of y_: SampleStats::recency, label_mean/std
 
   const model::ModelConfig& cfg_;
   ThreadPool& pool_;
@@ -77,6 +93,7 @@ class LocretTrainer final : private LayerObserver {
   std::vector<float> x_;       // [T, d_in] f32
   std::vector<float> z_, a_;   // [T, d_m] f32
   std::vector<float> p_, dp_;  // [T, h_kv] f32
+  std::vector<float> pos_;     // [T, h_kv] f32: the recency predictor (position)
   std::vector<float> y_full_;  // [h_kv, n_prompt] f32
   std::vector<float> y_;       // [h_kv, T] f32
   LayerParams<float> grad_;

@@ -6,7 +6,8 @@ smallest that fits, 1.5x that). The peak bytes `kvtier run --json` measures per 
 must be within 10% of what `kvtier plan -m` predicts for the same model/ctx/chunk/threads/flags
 (they are equal by construction: both come from the size functions the buffers are allocated with),
 for the total and every category, and the bytes --kv-mem governs (KV, staging, scratch) never exceed
-the budget."""
+the budget. Locret's placements are planned without retaining heads (its KV is bounded by its budget,
+tail and chunk, not by the scores) and measured with untrained ones: the same KV bytes."""
 import json
 import re
 import sys
@@ -158,6 +159,76 @@ def test_smollm2_kivi_disk_home(tmp_path):
 ], ids=lambda f: "-".join(f[1:]).replace("--", ""))
 def test_synthetic_mha(synthetic_mha, flags):
     check_workload("tiny-mha", synthetic_mha, 1024, 96, flags, budgets_for(synthetic_mha, 1024, 96, flags))
+
+
+@pytest.fixture(scope="module")
+def smollm2_heads(tmp_path_factory):
+    """Untrained retaining heads (instant): the KV locret reserves does not depend on the scores."""
+    h = tmp_path_factory.mktemp("locret") / "smollm2.locret.gguf"
+    run("train-locret", "-m", model("smollm2"), "-o", h, "--steps", 0, "--d-m", 16)
+    return h
+
+
+LOCRET = ["--kv-budget", 64, "--local-tail", 16]
+
+
+def plan_row(mdl, ctx, chunk, flags):
+    j = json.loads(run("plan", "-m", mdl, "--json", *engine_flags(ctx, chunk, flags, None)).stdout)
+    (row,) = j["engine"]["policies"]
+    assert row["fits"], row
+    return row
+
+
+@pytest.mark.parametrize("flags", [
+    ["--kv-policy", "locret"],
+    ["--kv-policy", "layer+locret"],
+    ["--kv-policy", "headinfer+locret", "--group", "1"],
+], ids=lambda f: "-".join(f[1:]).replace("--", ""))
+def test_smollm2_locret_without_heads(smollm2_heads, flags):
+    """plan sizes locret's bounded KV without retaining heads (b + n_loc + B rows per layer and KV
+    head, as the cache reserves them); a run with (untrained) heads measures exactly those bytes; given
+    heads, plan checks them and predicts the same; the KV does not grow with --ctx."""
+    mdl = model("smollm2")
+    ctx, chunk = 1024, 64
+    flags = [*flags, *LOCRET]
+    row = plan_row(mdl, ctx, chunk, flags)
+    assert row["locret_rows"] == 64 + 16 + chunk and row["locret_heads"].startswith("not given"), row
+    j = json.loads(run("run", "-m", mdl, "-p", PROMPT, "-n", 4, "--ignore-eos", "--json",
+                       *engine_flags(ctx, chunk, flags, None), "--locret-heads", smollm2_heads).stdout)
+    assert j["n_prompt"] > 64 + 16 + chunk  # the prompt outgrows the rows: evictions ran
+    measured, predicted = j["peak_memory_bytes"], row["memory"]
+    RESULTS.append((f"smollm2 {' '.join(map(str, flags))} (plan without heads)", measured, predicted))
+    for tier in TIERS:
+        assert measured[tier]["kv"] == predicted[tier]["kv"], (tier, measured[tier], predicted[tier])
+        for cat in CATEGORIES:
+            m, p = measured[tier][cat], predicted[tier][cat]
+            assert abs(m - p) <= 0.10 * p, (flags, tier, cat, m, p)
+    assert j["kv"]["kv_bytes_peak"] == sum(predicted[t]["kv"] for t in TIERS)
+    with_heads = plan_row(mdl, ctx, chunk, [*flags, "--locret-heads", smollm2_heads])
+    assert with_heads["locret_heads"] == "checked" and with_heads["memory"] == predicted
+    # Bounded: 32x the context, the same KV; the placement without locret grows.
+    long = plan_row(mdl, 32 * ctx, chunk, flags)
+    assert [long["memory"][t]["kv"] for t in TIERS] == [predicted[t]["kv"] for t in TIERS]
+    plain = plan_row(mdl, 32 * ctx, chunk, [flags[0], flags[1].replace("+locret", "").replace("locret", "resident"),
+                                            *flags[2:-len(LOCRET)]])
+    assert sum(plain["memory"][t]["kv"] for t in TIERS) > 10 * sum(predicted[t]["kv"] for t in TIERS)
+
+
+def test_plan_checks_locret_heads(tmp_path):
+    """Heads given to plan are checked as run checks them; a bad file names the command that builds heads."""
+    bad = tmp_path / "bad.locret.gguf"
+    bad.write_bytes(b"not a gguf file")
+    p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", "--kv-budget", 256,
+            "--locret-heads", bad, check=False)
+    assert p.returncode != 0 and "train_locret_heads.sh" in p.stderr, p.stderr
+    p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", "--kv-budget", 256)
+    assert "locret: 868 rows per (sequence, layer, KV head)" in p.stdout, p.stdout
+    # Without heads the knobs are still checked: a budget is needed, and n_s < b.
+    p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", check=False)
+    assert p.returncode != 0 and "needs --kv-budget" in p.stderr, p.stderr
+    p = run("plan", "-m", model("smollm2"), "--ctx", 32768, "--kv-policy", "locret", "--kv-budget", 256,
+            "--stabilizers", 300, check=False)
+    assert p.returncode != 0 and "--stabilizers 300 must be smaller" in p.stderr, p.stderr
 
 
 def test_zz_summary():

@@ -303,6 +303,32 @@ TEST_P(LocretTrainerDm, TrainedHeadsFindTheNeedle) {
 
 INSTANTIATE_TEST_SUITE_P(C2, LocretTrainerDm, ::testing::Values(int64_t{64}));
 
+// --labels centered moves each (layer, KV head)'s target by its mean over the prompt: the ranking the
+// overlap measures (and eviction uses) is the same, the label diagnostics (taken before centering) are
+// the same, and the regression loss of near-zero predictions shrinks to the labels' spread.
+TEST(LocretTrainer, CenteredLabelsShiftTheTargetNotTheRanking) {
+  const auto& m = fixture();
+  const auto samples = match_samples(2, MatchSampleOptions{256, 384, 8, 16}, 41);
+  SampleStats st[2];
+  for (int c = 0; c < 2; ++c) {
+    RetainingHeads heads = RetainingHeads::random(head_shapes(m.config, 16), 3);
+    OptimizerState state = OptimizerState::zeros(heads.shapes());
+    ThreadPool pool(1);
+    TrainerOptions o = fixture_options(10, 384 + 16);
+    o.labels = c == 0 ? LabelTarget::kRaw : LabelTarget::kCentered;
+    LocretTrainer trainer(m.config, m.weights, pool, cpu::best_isa(), heads, state, o);
+    st[c] = trainer.run(samples[0], false);
+  }
+  EXPECT_EQ(st[0].overlap.hits, st[1].overlap.hits);
+  EXPECT_EQ(st[0].overlap.total, st[1].overlap.total);
+  EXPECT_EQ(st[0].recency.hits, st[1].recency.hits);
+  EXPECT_EQ(st[0].label_mean, st[1].label_mean);
+  EXPECT_EQ(st[0].label_std, st[1].label_std);
+  const double mean = st[0].label_mean / static_cast<double>(st[0].label_cells);
+  ASSERT_GT(std::fabs(mean), 1.0);  // the fixture's logits have an offset for centering to remove
+  EXPECT_LT(st[1].reg, st[0].reg);
+}
+
 }  // namespace
 }  // namespace kvtier::locret
 

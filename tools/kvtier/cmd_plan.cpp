@@ -46,7 +46,8 @@ struct PlanArgs {
   std::string kv_disk;
   uint32_t prefetch_depth = 1;
   uint32_t static_heads = 0;
-  std::string weights_mem;  // with -m: weight budget (streamed layers), as for run
+  std::string locret_heads;  // with -m: checked against the model when given; locret's KV needs none
+  std::string weights_mem;   // with -m: weight budget (streamed layers), as for run
   policy::WeightSource weights_from = policy::WeightSource::kHost;
 };
 
@@ -181,6 +182,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.prefetch_depth = a.prefetch_depth;
     e.engine.static_heads = a.static_heads;
     e.engine.knobs = a.knobs;
+    e.engine.locret_heads = a.locret_heads;
     e.engine.weights_mem = a.weights_mem;
     e.engine.weights_from = a.weights_from;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
@@ -231,7 +233,8 @@ void add_plan(CLI::App& app, Runner& run) {
   cmd->add_flag("--json", a->json, "Print one JSON object");
   // The engine rows (with -m): the same flags as `kvtier run`.
   cmd->add_option("--kv-policy", a->kv_policies,
-                  "With -m: engine placements to size, comma-separated (resident, layer, headinfer)")
+                  "With -m: engine placements to size, comma-separated (resident, layer, headinfer, with "
+                  "their retentions, e.g. locret, layer+locret)")
       ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "With -m: worker threads, as for run (default: all cores)")
       ->check(CLI::NonNegativeNumber);
@@ -253,6 +256,10 @@ void add_plan(CLI::App& app, Runner& run) {
           {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
       ->default_str("host");
   add_knob_flags(cmd, a->knobs);
+  cmd->add_option("--locret-heads", a->locret_heads,
+                  "With -m: locret's retaining heads, as for run (checked against the model); not needed: "
+                  "locret's KV (--kv-budget + --local-tail + --chunk rows per layer and KV head) does not "
+                  "depend on the heads");
   cmd->callback([a, &run] { run = [a] { return run_plan(*a); }; });
 }
 

@@ -9,6 +9,7 @@
 
 #include "cli_util.h"
 #include "core/error.h"
+#include "kv/locret_kv.h"
 #include "runtime/kv_phase_predict.h"
 #include "runtime/model_files.h"
 #include "runtime/profile_cache.h"
@@ -31,14 +32,19 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
   std::optional<runtime::Profile> prof;
   for (size_t i = 0; i < a.policies.size(); ++i) {
     const EngineArgs e = engine_for(a.engine, a.policies[i]);
-    const runtime::SessionOptions o =
-        runtime::resolve_session_options(model->config, session_options(e, model->config, e.ctx));
+    const runtime::SessionOptions o = runtime::resolve_session_options(
+        model->config, session_options(e, model->config, e.ctx, LocretHeads::kIfGiven));
     if (i == 0) first = o;
     nlohmann::ordered_json r;
     r["policy"] = e.kv_policy;
     r["group"] = a.policies[i].placement == policy::Placement::kHeadInfer
                      ? e.group
                      : 0;  // 0: all heads (layer), adaptive (headinfer)
+    if (o.kv_placement.retention == policy::Retention::kLocret) {
+      // The rows locret keeps per (sequence, layer, KV head), whatever the context: b + n_loc + B.
+      r["locret_rows"] = kv::locret_rows(o.n_ctx, o.kv_placement);
+      r["locret_heads"] = o.kv_placement.scorer ? "checked" : "not given (not needed for memory)";
+    }
     try {
       const kv::MemoryLedger p = runtime::predict_memory(*model, o);
       r["fits"] = true;
@@ -119,6 +125,12 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
         r["policy"].get<std::string>(), w, g, m(d["weights"]), m(d["kv"]), m(d["activations"]),
         m(d["staging"]), m(d["scratch"]), m(d["logits"]), m(d["total"]), m(r["memory"]["host"]["kv"]),
         m(r["memory"]["disk"]["kv"]));
+    if (r.contains("locret_rows")) {
+      std::cout << fmt::format(
+          "{:<{}} {:>4} locret: {} rows per (sequence, layer, KV head) (budget + tail + chunk), any context; "
+          "heads {}\n",
+          "", w, "", r["locret_rows"].get<int64_t>(), r["locret_heads"].get<std::string>());
+    }
     if (r.contains("predicted_kv_phase")) {
       const auto& k = r["predicted_kv_phase"];
       std::string what;

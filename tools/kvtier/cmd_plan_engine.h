@@ -19,7 +19,8 @@ struct EnginePlanArgs {
   double link_bytes_per_s = 0;
 };
 
-// {"ctx": N, "chunk": N, "threads": N, "kv_mem": B, "policies": [{"policy", "group", "fits",
+// {"ctx": N, "chunk": N, "threads": N, "kv_mem": B, "policies": [{"policy", "group", locret rows:
+//  "locret_rows" (kept per sequence, layer and KV head) and "locret_heads" (checked or not given), "fits",
 //  "memory": {tier: {category: B, "total": B}}, offloaded rows when a kvpr or hybrid row is asked for:
 //  "predicted_kv_phase": {"context", "sequences", "link_bytes_per_s", "recompute_tokens_per_s",
 //  "kv_bytes_per_token_layer", "x_bytes_per_token_layer", "step_s", "offload_step_s", "tokens_per_s_bound",

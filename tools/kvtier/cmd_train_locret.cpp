@@ -31,6 +31,7 @@ struct TrainLocretArgs {
   int64_t d_m = 256;
   double alpha = 0.0025;
   std::string smooth = "sum";
+  locret::LabelTarget labels = locret::LabelTarget::kRaw;
   double clip = 0.5;
   uint64_t seed = 0;
   int64_t max_len = 10240;
@@ -47,11 +48,12 @@ struct TrainLocretArgs {
 // Everything that must match for a checkpoint to be resumed.
 std::string config_string(const TrainLocretArgs& a, int64_t warmup, const std::string& data_id) {
   return fmt::format(
-      "steps={} warmup={} lr={} d_m={} alpha={} smooth={} clip={} seed={} max_len={} max_tokens={} "
-      "held_out={} "
-      "data={}",
-      a.steps, warmup, a.lr, a.d_m, a.alpha, a.smooth, a.clip, a.seed, a.max_len, a.max_tokens, a.held_out,
-      data_id);
+             "steps={} warmup={} lr={} d_m={} alpha={} smooth={} clip={} seed={} max_len={} max_tokens={} "
+             "held_out={} "
+             "data={}",
+             a.steps, warmup, a.lr, a.d_m, a.alpha, a.smooth, a.clip, a.seed, a.max_len, a.max_tokens,
+             a.held_out, data_id) +
+         (a.labels == locret::LabelTarget::kCentered ? " labels=centered" : "");
 }
 
 std::string provenance_value(const locret::HeadFileMeta& m, const std::string& key) {
@@ -169,6 +171,7 @@ int run_train_locret(const TrainLocretArgs& a) {
              a.smooth == "mean" ? locret::SmoothReduction::kMeanLayers : locret::SmoothReduction::kSumLayers};
   to.schedule = {a.lr, warmup, a.steps};
   to.clip = a.clip;
+  to.labels = a.labels;
   locret::LocretTrainer trainer(model->config, model->weights, pool, isa, heads, state, to);
 
   locret::TrainLoopOptions lo;
@@ -181,8 +184,11 @@ int run_train_locret(const TrainLocretArgs& a) {
   double loss_sum = 0.0;
   int64_t hits = 0, total = 0, n_logged = 0;
   auto print_eval = [](const char* what, int64_t step, const locret::EvalStats& e) {
-    std::fprintf(stderr, "%s step %lld: held-out loss %.5f reg %.5f top-10%% overlap %.4f\n", what,
-                 static_cast<long long>(step), e.loss, e.reg, e.acc);
+    std::fprintf(
+        stderr,
+        "%s step %lld: held-out loss %.5f reg %.5f top-10%% overlap %.4f (recency %.4f; labels: mean "
+        "%.3f, std within a prompt %.3f)\n",
+        what, static_cast<long long>(step), e.loss, e.reg, e.acc, e.recency_acc, e.label_mean, e.label_std);
   };
   const locret::TrainResult r =
       locret::train_loop(trainer, heads, state, samples, held, lo, meta, [&](const locret::StepReport& rep) {
@@ -248,6 +254,12 @@ void add_train_locret(CLI::App& app, Runner& run) {
   cmd->add_option("--smooth-reduction", a->smooth, "smoothness term over layers: sum (the reference) or mean")
       ->check(CLI::IsMember({"sum", "mean"}))
       ->capture_default_str();
+  cmd->add_option("--labels", a->labels,
+                  "regression target: raw (the reference's max logit) or centered (minus its mean over the "
+                  "prompt, per layer and KV head: the ranking eviction uses, without the per-sample offset)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, locret::LabelTarget>{
+          {"raw", locret::LabelTarget::kRaw}, {"centered", locret::LabelTarget::kCentered}}))
+      ->default_str("raw");
   cmd->add_option("--clip", a->clip, "gradient clipping by value")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();

@@ -192,7 +192,7 @@ std::string profile_cache_path(const std::string& given) {
 }
 
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
-                                        int64_t ctx_needed) {
+                                        int64_t ctx_needed, LocretHeads heads) {
   if (a.backend == Backend::kCuda)
     fail(ErrorKind::kUnsupported, "--backend cuda: only run and bench support it so far");
   if (!a.device_mem.empty()) fail(ErrorKind::kInvalidArgument, "--device-mem applies to --backend cuda only");
@@ -218,7 +218,8 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   p.selection = kp.selection;
   p.representation = kp.representation;
   p.knobs = kp.knobs;
-  if (kp.retention == policy::Retention::kLocret)
+  if (kp.retention == policy::Retention::kLocret &&
+      (heads == LocretHeads::kRequired || !a.locret_heads.empty()))
     p.scorer = locret::load_head_scorer(a.locret_heads, a.model, cfg);
   p.placement.group = a.group;
   p.placement.prefetch_depth = a.prefetch_depth;

@@ -65,8 +65,12 @@ void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams
 // The KVPR profile cache: --profile-cache, else $KVTIER_PROFILE_CACHE, else
 // $XDG_CACHE_HOME/kvtier/profile.json, else $HOME/.cache/kvtier/profile.json; empty if none is set.
 std::string profile_cache_path(const std::string& given);
+// What session_options does with locret's retaining heads (--locret-heads): a session scores with
+// them, so they are required; a planner only sizes the KV (locret's rows, b + n_loc + B per layer and
+// KV head, do not depend on the scores), so it loads and checks them only when they are given.
+enum class LocretHeads { kRequired, kIfGiven };
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
-                                        int64_t ctx_needed);
+                                        int64_t ctx_needed, LocretHeads heads = LocretHeads::kRequired);
 // The KV policy `spec` names, --kv-type giving the representation it leaves out (a spec that names
 // another representation than an explicit --kv-type is an error).
 policy::KvPolicy kv_policy_of(const EngineArgs& a, std::string_view spec);
