@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "kv/block_pool.h"
 #include "kv/block_table.h"
@@ -19,13 +20,6 @@ namespace kvtier::kv {
 namespace {
 
 constexpr uint64_t kPageAlign = 4096;
-
-uint64_t round_up(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
-uint64_t round_down(uint64_t v, uint64_t a) {
-  return v / a * a;
-}
 
 std::vector<uint32_t> groups_heads(const KvGeometry& geo) {
   return std::vector<uint32_t>(geo.n_head_kv.begin(), geo.n_head_kv.end());

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "kv/kv_row.h"
 #include "policy/hybrid_plan.h"
@@ -15,13 +16,6 @@ namespace kvtier::kv {
 namespace {
 
 constexpr uint64_t kPageAlign = 4096;
-
-uint64_t round_up(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
-uint64_t round_down(uint64_t v, uint64_t a) {
-  return v / a * a;
-}
 
 uint8_t* aligned_bytes(uint64_t bytes, const char* what) {
   void* p = std::aligned_alloc(kPageAlign, round_up(std::max<uint64_t>(bytes, 1), kPageAlign));

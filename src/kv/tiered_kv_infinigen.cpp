@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "backend/cpu/spec_scores.h"
+#include "core/align.h"
 #include "core/error.h"
 #include "core/half.h"
 #include "kv/tiered_kv.h"
@@ -25,10 +26,6 @@ namespace kvtier::kv {
 namespace {
 
 constexpr uint64_t kPageAlign = 4096;
-
-uint64_t round_up(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
 
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

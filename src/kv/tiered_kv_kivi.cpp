@@ -5,22 +5,10 @@
 // end and f16 rows above it. An f16 page is released once every position of its block is quantised.
 #include <algorithm>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "kv/tiered_kv.h"
 #include "policy/kivi.h"
-
-namespace kvtier::kv {
-namespace {
-
-uint64_t round_up(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
-uint64_t round_down(uint64_t v, uint64_t a) {
-  return v / a * a;
-}
-
-}  // namespace
-}  // namespace kvtier::kv
 
 namespace kvtier::kv {
 

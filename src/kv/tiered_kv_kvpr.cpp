@@ -8,6 +8,7 @@
 #include <chrono>
 #include <limits>
 
+#include "core/align.h"
 #include "core/error.h"
 #include "kv/kv_row.h"
 #include "kv/tiered_kv.h"
@@ -15,17 +16,6 @@
 #include "policy/kvpr_schedule.h"
 
 namespace kvtier::kv {
-namespace {
-
-uint64_t round_up(uint64_t v, uint64_t a) {
-  return (v + a - 1) / a * a;
-}
-uint64_t round_down(uint64_t v, uint64_t a) {
-  return v / a * a;
-}
-
-}  // namespace
-
 int64_t TieredKv::split_rows(SeqId seq, const policy::Unit& u, int64_t first, int64_t rows,
                              int64_t qend) const {
   if (!kvpr() || hybrid()) return 0;  // hybrid: the ACT blocks, not a prefix
