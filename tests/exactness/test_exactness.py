@@ -140,6 +140,15 @@ def degenerate_configs(n_kv_heads):
             if placement == "headinfer":
                 flags += ["--group", "1"]
             out.append((flags, placement != "resident"))
+    # KIVI composed with kvpr's recomputed prefix (issue 18): with the residual window covering --ctx
+    # nothing is quantised, so the split (which counts quantised rows only) recomputes nothing and the
+    # rest streams as f16 K/V: the same bits as resident, on both offloaded placements.
+    for bits in ("kivi4", "kivi2"):
+        if bits in approximate_values():
+            out.append((["--kv-policy", f"layer+{bits}+kvpr", "--kivi-residual", "1024", "--recompute", "random"],
+                        True))
+            out.append((["--kv-policy", f"headinfer+{bits}+kvpr", "--group", "1", "--kivi-residual", "1024",
+                         "--recompute", "300"], True))
     return out
 
 
