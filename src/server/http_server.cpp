@@ -140,6 +140,9 @@ void HttpServer::routes() {
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_payload_max_length(opt_.max_body_bytes);
   s.set_read_timeout(opt_.read_timeout_s, 0);
+  // cpp-httplib waits keep_alive_timeout for the first byte of every request, the first included (5 s
+  // by default); the same silence is allowed before a request as inside one.
+  s.set_keep_alive_timeout(opt_.read_timeout_s);
   s.set_write_timeout(opt_.write_timeout_s, 0);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {

@@ -30,7 +30,8 @@ struct ServerOptions {
   std::string model_name;  // the id clients name in "model"
   std::optional<tokenizer::ChatTemplate> chat_template;
   size_t max_body_bytes = size_t{1} << 20;
-  int read_timeout_s = 10;   // a client that sends nothing for this long is dropped
+  int read_timeout_s =
+      10;  // a client that sends nothing for this long (before or inside a request) is dropped
   int write_timeout_s = 10;  // a client that reads nothing for this long is dropped
   size_t http_threads = 96;  // connections served at once (beyond: they wait for a thread)
 };

@@ -102,10 +102,12 @@ def post(port, path, body, headers=None):
         c.close()
 
 
-def raw_exchange(port, data, delay=0.0, timeout=15):
-    """Sends raw bytes (one at a time with `delay` between them if > 0); returns the raw response."""
+def raw_exchange(port, data, delay=0.0, timeout=15, pause=0.0):
+    """Sends raw bytes (8 at a time with `delay` between them if > 0), `pause` seconds after connecting;
+    returns the raw response."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     try:
+        time.sleep(pause)
         if delay > 0:
             for i in range(0, len(data), 8):
                 s.sendall(data[i:i + 8])
@@ -229,3 +231,14 @@ def test_http_level_malformed_and_slow_clients(srv):
     status, out = post(srv.port, "/v1/completions",
                        json.dumps({"model": srv.model_id, "prompt": "Hi", "max_tokens": 2}).encode())
     assert status == 200 and json.loads(out)["usage"]["completion_tokens"] == 2
+
+
+
+def test_silence_before_the_request_is_allowed_up_to_the_read_timeout(patient_srv):
+    """A client that connects and stays silent longer than cpp-httplib's 5 s keep-alive default, but within
+    --read-timeout (60 s here), still gets its answer (a 4xx for this malformed body)."""
+    body = b'{"model": 1}'
+    data = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    status, resp = parse_raw(raw_exchange(patient_srv.port, data, timeout=30, pause=6))
+    check_error(status, resp, "silent for 6 s first")

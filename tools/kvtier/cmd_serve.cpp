@@ -88,7 +88,9 @@ void add_serve(CLI::App& app, Runner& run) {
       ->capture_default_str();
   cmd->add_option("--model-name", a->model_name, "the model id clients send (default: the file name's stem)");
   cmd->add_option("--chat-template", a->chat_template, "chat template name (default: the model file's)");
-  cmd->add_option("--read-timeout", a->read_timeout_s, "seconds a client may stay silent mid-request")
+  cmd->add_option("--read-timeout", a->read_timeout_s,
+                  "seconds a client may stay silent before or inside a request (an idle kept-alive "
+                  "connection is closed after it)")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_serve(*a); }; });
