@@ -45,10 +45,10 @@ struct KvPhasePrediction {
   double step_s = 0;           // the policy's KV phase of one decode step (all layers, all sequences)
   double offload_s = 0;        // the same with every row over the link (the `layer` placement's)
   int64_t context = 0;         // s'
-  int64_t split = -1;          // kvpr: the split l at s' (tokens recomputed per layer)
+  int64_t split = -1;          // kvpr, kivi+kvpr: the split l at s' (rows recomputed by layer 0's first unit)
   double act_ratio = -1;       // hybrid: R = ACT / KV blocks (+inf: every block ACT)
   int64_t step_bytes = -1;     // bytes the step reads over the home link (-1: not given, hybrid)
-  int64_t offload_bytes = 0;   // the same with every row over the link in f16 (the `layer` placement's)
+  int64_t offload_bytes = 0;   // the same with every row over the link in the KV dtype (`layer`'s)
   int64_t quantised_end = -1;  // kivi: q_end at s' (rows below it are quantised pages)
   double tokens_per_s_bound() const;
 };
