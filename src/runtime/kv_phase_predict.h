@@ -25,7 +25,8 @@
 // step_bytes counts what TieredKv's loads read from the home for the step (its transfer stats'
 // bytes_loaded): rows rounded out to the home's I/O alignment (a disk home: direct I/O's 4 KiB), KIVI's
 // quantised pages whole, the inputs of a recomputed prefix; not the one I/O page around the new row's
-// input that kvpr also reads on a disk home, nor hybrid (not given there).
+// input that kvpr also reads on a disk home, nor hybrid (not given there). headinfer's --static-heads
+// (compute-local, never loaded) are counted as crossing, in the bytes as in the times.
 //
 // times n_layer, for max_seqs sequences of s' = n_ctx tokens. The weights' own streaming and the
 // layers' other compute are not in it, so batch / step is an upper bound on decode tokens per second
