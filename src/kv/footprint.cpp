@@ -10,6 +10,7 @@
 #include "kv/block_table.h"
 #include "kv/h2o_kv.h"
 #include "kv/locret_kv.h"
+#include "kv/page_extents.h"
 #include "kv/quest_index.h"
 #include "kv/streaming_attend.h"
 #include "kv/transfer_engine.h"
@@ -226,9 +227,9 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
          "--static-heads with a KIVI representation: static heads keep f16 rows; use --static-heads 0");
   }
   if (t.kivi.bits != 0) {
-    t.qpage_v_offset = cpu::kivi_block_bytes(t.kivi, cpu::KiviPlane::kKey, geo.head_dim_k);
-    t.qpage_bytes = round_up(
-        t.qpage_v_offset + cpu::kivi_block_bytes(t.kivi, cpu::KiviPlane::kValue, geo.head_dim_v), kPageAlign);
+    const QpageSize q = kivi_qpage_size(t.kivi, geo);
+    t.qpage_v_offset = q.v_offset;
+    t.qpage_bytes = q.bytes;
   }
   t.staging_bytes = static_cast<uint64_t>(max_new_rows) * t.h_max * (geo.head_dim_k + geo.head_dim_v) * esz;
   if (policy::stores_inputs(o.representation)) {

@@ -17,11 +17,12 @@
 #endif
 
 #include "core/error.h"
+#include "kv/page_extents.h"
 
 namespace kvtier::kv {
 namespace {
 
-constexpr uint64_t kDirectAlign = 4096;
+constexpr uint64_t kDirectAlign = kDirectIoAlign;
 
 struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }

@@ -8,6 +8,7 @@
 #include "core/align.h"
 #include "core/error.h"
 #include "kv/kv_row.h"
+#include "kv/page_extents.h"
 #include "policy/hybrid_plan.h"
 #include "policy/kvpr_schedule.h"
 #include "policy/retention.h"
@@ -234,10 +235,9 @@ void TieredKv::add_rows(SeqId seq, uint32_t layer, uint32_t head, int kv, uint8_
     KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no home page", seq, layer, b);
     // The rows of the block, page-rounded for direct I/O inside the page (a page is a whole number of
     // I/O pages): the bytes around the rows are loaded rows or never read as valid.
-    const uint64_t lo = round_down(static_cast<uint64_t>(std::max(r0, b * bt) - b * bt) * rb, a);
-    const uint64_t hi = round_up(static_cast<uint64_t>(std::min(r1, (b + 1) * bt) - b * bt) * rb, a);
-    add_copy(page_offset(layer, head, kv, e.slot) + lo, buf + static_cast<uint64_t>(b * bt) * rb + lo,
-             hi - lo, n);
+    const Extent x = block_rows_extent(r0, r1, b, bt, rb, a);
+    add_copy(page_offset(layer, head, kv, e.slot) + x.lo, buf + static_cast<uint64_t>(b * bt) * rb + x.lo,
+             x.bytes(), n);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/align.h"
 #include "core/error.h"
+#include "kv/page_extents.h"
 #include "kv/tiered_kv.h"
 #include "policy/kivi.h"
 
@@ -63,23 +64,14 @@ void TieredKv::add_qgroups(SeqId seq, uint32_t layer, uint32_t head, uint8_t* qp
   const BlockEntry& e = qpages_.at(seq, layer, 0, b);
   KVTIER_ASSERT(e.slot != BlockTable::kNoSlot, "seq {} layer {} block {} has no quantised page", seq, layer,
                 b);
-  const uint64_t a = home_->alignment();
-  const uint64_t voff = lay_.qpage_v_offset;
-  const uint64_t vend = voff + cpu::kivi_block_bytes(kivi_, cpu::KiviPlane::kValue, geo_.head_dim_v);
-  const auto t = static_cast<uint64_t>(t0);
-  const uint64_t k_lo =
-      round_down(t * cpu::kivi_block_parts(kivi_, cpu::KiviPlane::kKey, geo_.head_dim_k).row_bytes, a);
-  const uint64_t k_hi = std::min(round_up(voff, a), lay_.qpage_bytes);
-  const uint64_t v_lo = round_down(
-      voff + t * cpu::kivi_block_parts(kivi_, cpu::KiviPlane::kValue, geo_.head_dim_v).row_bytes, a);
-  const uint64_t v_hi = std::min(round_up(vend, a), lay_.qpage_bytes);
+  const QpageCut c = qpage_cut(kivi_, geo_, {lay_.qpage_v_offset, lay_.qpage_bytes}, t0, home_->alignment());
   const uint64_t home = qpage_offset(layer, head, e.slot);
   uint8_t* page = qplane + static_cast<uint64_t>(b) * lay_.qpage_bytes;
-  if (v_lo <= k_hi) {
-    add_copy(home + k_lo, page + k_lo, v_hi - k_lo, n);
+  if (c.merged) {
+    add_copy(home + c.k.lo, page + c.k.lo, c.v.hi - c.k.lo, n);
   } else {
-    add_copy(home + k_lo, page + k_lo, k_hi - k_lo, n);
-    add_copy(home + v_lo, page + v_lo, v_hi - v_lo, n);
+    add_copy(home + c.k.lo, page + c.k.lo, c.k.bytes(), n);
+    add_copy(home + c.v.lo, page + c.v.lo, c.v.bytes(), n);
   }
   add_qpages(seq, layer, head, qplane, (b + 1) * bt, p1, n);
 }

@@ -11,6 +11,7 @@
 #include "core/align.h"
 #include "core/error.h"
 #include "kv/kv_row.h"
+#include "kv/page_extents.h"
 #include "kv/tiered_kv.h"
 #include "policy/hybrid_plan.h"
 #include "policy/kvpr_schedule.h"
@@ -93,10 +94,9 @@ void TieredKv::add_xrows(SeqId seq, uint32_t layer, uint8_t* xp, int64_t r0, int
   const uint64_t xr = geo_.act_row_bytes[layer];
   const uint64_t a = home_->alignment();
   for (int64_t b = r0 / bt; r1 > r0 && b <= (r1 - 1) / bt; ++b) {
-    const uint64_t lo = round_down(static_cast<uint64_t>(std::max(r0, b * bt) - b * bt) * xr, a);
-    const uint64_t hi = round_up(static_cast<uint64_t>(std::min(r1, (b + 1) * bt) - b * bt) * xr, a);
-    add_copy(xpage_offset(layer, xpage_of(seq, layer, b)) + lo,
-             xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + lo, hi - lo, n);
+    const Extent x = block_rows_extent(r0, r1, b, bt, xr, a);
+    add_copy(xpage_offset(layer, xpage_of(seq, layer, b)) + x.lo,
+             xp + static_cast<uint64_t>(b) * lay_.xpage_bytes + x.lo, x.bytes(), n);
   }
 }
 

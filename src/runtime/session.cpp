@@ -39,13 +39,13 @@ int64_t logit_rows(const model::ModelConfig& cfg, int64_t chunk) {
   return std::clamp<int64_t>(static_cast<int64_t>(kLogitsBytes / (4 * uint64_t{cfg.n_vocab})), 1, chunk);
 }
 
+}  // namespace
+
 kv::KvGeometry kv_geometry(const LoadedModel& model, const SessionOptions& o) {
   kv::KvGeometry g = model::kv_geometry(model.config, o.kv_block_tokens, o.kv_dtype);
   g.act_row_bytes = model::kv_input_row_bytes(model.config, model.weights);
   return g;
 }
-
-}  // namespace
 
 kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& options) {
   const auto& cfg = model.config;

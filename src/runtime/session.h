@@ -116,6 +116,10 @@ class Session {
 // Error(kInvalidArgument) for impossible values.
 SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOptions opt);
 
+// The KV geometry a Session with these options builds its cache with (the model's, and the size of
+// each layer's stored K/V-projection inputs).
+kv::KvGeometry kv_geometry(const LoadedModel& model, const SessionOptions& opt);
+
 // The bytes a Session with these options reserves, per tier and category, computed without
 // allocating from the same size functions its parts allocate with (model::forward_buffers,
 // kv::kv_footprint, the logits rows): a prediction equal to the session's ledger by construction

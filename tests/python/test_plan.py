@@ -138,3 +138,32 @@ def test_kv_phase_counts_a_sliding_layer_window_only_where_the_engine_drops_the_
     assert math.isclose(slid / full, expect, rel_tol=1e-9), (slid / full, expect)
     assert math.isclose(rows["layer+hybrid"]["step_s"], full, rel_tol=1e-9)
     assert math.isclose(rows["layer+hybrid+sliding"]["step_s"], slid, rel_tol=1e-9)
+
+
+def test_kivi_rows_predict_the_bytes_they_move(tmp_path):
+    """KIVI rows on an offloaded placement predict their KV phase too (issue 18): per layer and step the
+    quantised pages of the rows below q_end (whole 20 KiB pages of SmolLM2's 64-dim heads at 4 bits, 12
+    KiB at 2 bits: K and V packed, f16 scale and min, rounded to 4 KiB) and the f16 residual rows; kivi+kvpr
+    splits whole key groups of the quantised rows, none on this GQA model (an input row of 720 B against
+    80 B of a quantised row per head). The measured side: tests/exactness/test_engine_memory_plan.py."""
+    import os
+    env = dict(os.environ, KVTIER_PROFILE_CACHE=str(tmp_path / "profiles.json"))
+    ctx, layers, heads = 8192, 30, 3
+    j = json.loads(run("plan", "-m", model("smollm2"), "--ctx", "8K", "-t", "2", "--json", "--kv-policy",
+                       "layer,layer+kivi4,layer+kivi2,layer+kivi4+kvpr,layer+kvpr", env=env).stdout)
+    rows = {r["policy"]: r["predicted_kv_phase"] for r in j["engine"]["policies"]}
+    f16 = layers * heads * ctx * 256  # K and V rows of 64 f16 dims per head
+    assert rows["layer"]["step_bytes"] == rows["layer"]["offload_step_bytes"] == f16
+    q_end = (ctx - 128) // 32 * 32  # default residual 128, group 32: 8064 rows, 31.5 blocks -> 32 pages
+    for r, page in (("layer+kivi4", 20480), ("layer+kivi2", 12288)):
+        k = rows[r]
+        assert k["quantised_end"] == q_end and "split" not in k
+        want = layers * heads * (32 * page + (ctx - q_end) * 256)
+        assert k["step_bytes"] == want and k["offload_step_bytes"] == f16, (r, k)
+        assert math.isclose(k["step_s"] / k["offload_step_s"], want / f16, rel_tol=1e-9)
+    kk = rows["layer+kivi4+kvpr"]
+    assert kk["split"] == 0 and kk["step_bytes"] == rows["layer+kivi4"]["step_bytes"]
+    out = run("plan", "-m", model("smollm2"), "--ctx", "8K", "-t", "2", "--kv-policy", "layer,layer+kivi4",
+              env=env).stdout
+    assert f"{rows['layer+kivi4']['step_bytes'] / 2**20:.2f} MiB (all rows over the link" in out
+    assert f"{q_end} rows quantised" in out

@@ -228,7 +228,7 @@ void add_plan(CLI::App& app, Runner& run) {
   cmd->add_option("--peak-tflops", a->peak_tflops, "Compute rate for a roofline time estimate (TFLOP/s)");
   cmd->add_option("--link-gbps", a->link_gbps,
                   "Host-to-compute link bandwidth for the estimate (GB/s); with -m, also the throttle the "
-                  "engine rows' predicted KV phase (kvpr, hybridserve) is profiled at");
+                  "engine rows' predicted KV phase (kvpr, hybridserve, KIVI) is profiled at");
   cmd->add_option("--mem-gbps", a->mem_gbps, "Compute-local memory bandwidth for the decode estimate (GB/s)");
   cmd->add_flag("--json", a->json, "Print one JSON object");
   // The engine rows (with -m): the same flags as `kvtier run`.

@@ -21,13 +21,12 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
   const auto model = runtime::load_model(a.engine.model);
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   runtime::SessionOptions first;
-  // kvpr and hybrid rows weigh the home link against recomputation: with one of them asked for, every
-  // offloaded row gets its predicted KV phase from the profile (measured and cached on first use, as
-  // `kvtier run` does).
+  // kvpr and hybrid rows weigh the home link against recomputation, KIVI rows move fewer bytes over it:
+  // with one of them asked for, every offloaded row gets its predicted KV phase from the profile
+  // (measured and cached on first use, as `kvtier run` does).
   const bool predict = std::any_of(a.policies.begin(), a.policies.end(), [](const policy::KvPolicy& p) {
     return p.placement != policy::Placement::kResident &&
-           (p.representation == policy::Representation::kKvpr ||
-            p.representation == policy::Representation::kHybrid);  // (kivi+kvpr: not modelled)
+           (policy::stores_inputs(p.representation) || policy::is_kivi(p.representation));
   });
   std::optional<runtime::Profile> prof;
   for (size_t i = 0; i < a.policies.size(); ++i) {
@@ -69,6 +68,9 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
           k["x_bytes_per_token_layer"] = prof->x_bytes_per_token;
           k["step_s"] = kp->step_s;
           k["offload_step_s"] = kp->offload_s;
+          if (kp->step_bytes >= 0) k["step_bytes"] = kp->step_bytes;  // read from the home in the step
+          k["offload_step_bytes"] = kp->offload_bytes;
+          if (kp->quantised_end >= 0) k["quantised_end"] = kp->quantised_end;
           k["tokens_per_s_bound"] = kp->tokens_per_s_bound() * o.kv_placement.max_seqs;
           if (kp->split >= 0) k["split"] = kp->split;
           if (kp->act_ratio >= 0) {
@@ -140,12 +142,17 @@ nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
         what =
             ", ACT:KV " + (k["act_ratio"].is_string() ? std::string("inf")
                                                       : fmt::format("{:.3g}", k["act_ratio"].get<double>()));
+      if (k.contains("quantised_end"))
+        what += fmt::format(", {} rows quantised", k["quantised_end"].get<int64_t>());
+      std::string bytes;
+      if (k.contains("step_bytes")) bytes = fmt::format(", {:.2f} MiB", k["step_bytes"].get<int64_t>() / mib);
       std::cout << fmt::format(
-          "{:<{}} {:>4} predicted KV phase per decode step at {} tokens: {:.2f} ms (all rows over the link: "
-          "{:.2f} "
-          "ms){}; at most {:.1f} tok/s from the KV phase\n",
-          "", w, "", k["context"].get<int64_t>(), 1e3 * k["step_s"].get<double>(),
-          1e3 * k["offload_step_s"].get<double>(), what, k["tokens_per_s_bound"].get<double>());
+          "{:<{}} {:>4} predicted KV phase per decode step at {} tokens: {:.2f} ms{} (all rows over the "
+          "link: "
+          "{:.2f} ms, {:.2f} MiB){}; at most {:.1f} tok/s from the KV phase\n",
+          "", w, "", k["context"].get<int64_t>(), 1e3 * k["step_s"].get<double>(), bytes,
+          1e3 * k["offload_step_s"].get<double>(), k["offload_step_bytes"].get<int64_t>() / mib, what,
+          k["tokens_per_s_bound"].get<double>());
     }
     const auto& hw = r["memory"]["host"]["weights"];
     const auto& dw = r["memory"]["disk"]["weights"];
