@@ -56,7 +56,8 @@ inline void sweep(const float* qj, int64_t K, const float* base, __m256i tail_ma
 void spec_scores_avx2(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
                       float* out) {
   constexpr int64_t kLanes = 8;
-  constexpr int64_t kHeads = 4;  // query heads per sweep over the columns (accumulators in registers)
+  constexpr int64_t kHeads = 4;     // query heads per sweep over the columns (accumulators in registers)
+  constexpr int64_t kPrefetch = 8;  // blocks of 8 rows
   const __m256 vscale = _mm256_set1_ps(scale);
   // The last w < 8 columns of a row: a masked load reads only them (nothing past the row is touched).
   const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
@@ -65,6 +66,11 @@ void spec_scores_avx2(const float* q, int64_t G, int64_t K, const float* pk, int
   int64_t t = 0;
   for (; t + kLanes <= T; t += kLanes) {
     const float* base = pk + t * K;
+    // The rows kPrefetch blocks ahead (the partial keys stream from memory once per decode step).
+    if (t + (kPrefetch + 1) * kLanes <= T) {
+      const auto* ahead = reinterpret_cast<const char*>(base + kPrefetch * kLanes * K);
+      for (int64_t b = 0; b < kLanes * K * 4; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
     for (int64_t j0 = 0; j0 < G; j0 += kHeads) {
       const int64_t nj = G - j0 < kHeads ? G - j0 : kHeads;
