@@ -265,19 +265,22 @@ void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int
 }
 
 // InfiniGen's estimated scores for one KV head: SmolLM2's shape (3 query heads per KV head, 19
-// partial columns) over T rows; items = rows scored.
-void bm_spec_scores(benchmark::State& state, Isa isa, int64_t T) {
+// partial columns) over T rows; items = rows scored. units > 1: each call scores the next of `units`
+// separate partial key caches (a decode step's 28 layers x 3 KV heads: 84 x T x 76 B, out of cache).
+void bm_spec_scores(benchmark::State& state, Isa isa, int64_t T, int64_t units) {
   const int64_t G = 3, K = 19;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
-  std::vector<float> q(static_cast<size_t>(G * K)), pk(static_cast<size_t>(T * K)),
+  std::vector<float> q(static_cast<size_t>(G * K)), pk(static_cast<size_t>(units * T * K)),
       out(static_cast<size_t>(T));
   for (float& x : q) x = nd(rng);
   for (float& x : pk) x = nd(rng);
   const cpu::SpecScoresFn fn = cpu::spec_scores_kernel(isa);
+  int64_t u = 0;
   for (auto _ : state) {
-    fn(q.data(), G, K, pk.data(), T, 0.125f, out.data());
+    fn(q.data(), G, K, pk.data() + u * T * K, T, 0.125f, out.data());
     benchmark::DoNotOptimize(out.data());
+    u = u + 1 == units ? 0 : u + 1;
   }
   state.SetItemsProcessed(state.iterations() * T);
 }
@@ -332,7 +335,10 @@ void register_all() {
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!cpu::isa_supported(isa)) continue;
     benchmark::RegisterBenchmark(("spec_scores/" + std::string(cpu::isa_name(isa)) + "/T:4096").c_str(),
-                                 bm_spec_scores, isa, int64_t{4096});
+                                 bm_spec_scores, isa, int64_t{4096}, int64_t{1});
+    benchmark::RegisterBenchmark(
+        ("spec_scores/" + std::string(cpu::isa_name(isa)) + "/T:3545/units:84").c_str(), bm_spec_scores, isa,
+        int64_t{3545}, int64_t{84});
   }
   for (Isa isa : isas) {
     for (const auto& [n_q, ctx] : {std::pair<int64_t, int64_t>{1, 4096}, {16, 4096}, {512, 4096}}) {

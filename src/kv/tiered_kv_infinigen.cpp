@@ -72,7 +72,8 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
     s.n_past.reserve(n_seqs);
     s.r.idx.reserve(size_t{n_seqs} * lay_.h_max * static_cast<size_t>(lay_.ig_rows));
     s.r.scores.reserve(static_cast<size_t>(capacity_) * n_seqs * lay_.h_max);
-    s.r.order.reserve(static_cast<size_t>(capacity_));
+    s.r.order.reserve(static_cast<size_t>(capacity_) + 1);
+    s.r.values.reserve(static_cast<size_t>(capacity_));
   }
   const uint64_t page = lay_.page_bytes[0];
   void* p = std::aligned_alloc(kPageAlign, round_up(lay_.h_max * page, kPageAlign));

@@ -2,11 +2,67 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include "core/error.h"
 
 namespace kvtier::policy {
+
+namespace {
+
+// #{t : v[t] > bound}.
+int64_t count_above(const float* v, int64_t T, float bound) {
+  int64_t c = 0;
+  for (int64_t t = 0; t < T; ++t) c += v[t] > bound ? 1 : 0;
+  return c;
+}
+
+// The first n < T rows of v ordered by (score descending, row ascending), in ascending row order, into
+// dst: [n]. m = max v and c = #{v > m - alpha} (pass 1). Scratch: rows: [T + 1], vals: [T].
+//
+// Only rows above a bound with at least n rows above it can be among them (the n-th largest score x is
+// above the bound then), so the candidates are those rows: first m - alpha (c of them), else
+// m - 2^k alpha for k = 1..4, else every row. Their values' n-th largest is x (nth_element on a copy);
+// the rows above x and the lowest rows equal to x until there are n are the answer, in row order.
+void top_rows(const float* v, int64_t T, int64_t n, float m, float alpha, int64_t c, int32_t* rows,
+              float* vals, int32_t* dst) {
+  float bound = m - alpha;
+  for (int k = 1; c < n && k <= 4; ++k) {
+    bound = m - alpha * static_cast<float>(1 << k);
+    c = count_above(v, T, bound);
+  }
+  int64_t nc = 0;  // candidates, in row order
+  if (c >= n) {
+    for (int64_t t = 0; t < T; ++t) {  // branch-free: rows has one slot of slack
+      rows[nc] = static_cast<int32_t>(t);
+      nc += v[t] > bound ? 1 : 0;
+    }
+  } else {
+    for (int64_t t = 0; t < T; ++t) rows[t] = static_cast<int32_t>(t);
+    nc = T;
+  }
+  KVTIER_ASSERT(nc >= n, "{} candidate rows for {} chosen", nc, n);
+  for (int64_t i = 0; i < nc; ++i) vals[i] = v[rows[i]];
+  std::nth_element(vals, vals + (n - 1), vals + nc, std::greater<float>());
+  const float x = vals[n - 1];
+  int64_t above = 0;
+  for (int64_t i = 0; i < nc; ++i) above += v[rows[i]] > x ? 1 : 0;
+  int64_t ties = n - above;  // rows equal to x that are taken
+  int64_t k = 0;
+  for (int64_t i = 0; i < nc; ++i) {
+    const float y = v[rows[i]];
+    if (y > x) {
+      dst[k++] = rows[i];
+    } else if (y == x && ties > 0) {
+      dst[k++] = rows[i];
+      --ties;
+    }
+  }
+  KVTIER_ASSERT(k == n, "{} rows taken for {} chosen (NaN scores?)", k, n);
+}
+
+}  // namespace
 
 void validate(const InfinigenParams& p) {
   if (!(p.alpha > 0.0f))
@@ -42,7 +98,8 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
   int64_t n_scores = 0;
   for (int64_t s = 0; s < S; ++s) n_scores += Hk * in.n_tokens[s];
   out.scores.resize(static_cast<size_t>(n_scores));
-  out.order.resize(static_cast<size_t>(t_max));
+  out.order.resize(static_cast<size_t>(t_max + 1));
+  out.values.resize(static_cast<size_t>(t_max));
 
   // Scores of every (s, g), packed in (s, g) order: computed once, read by both passes.
   {
@@ -66,8 +123,7 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t t = 0; t < T; ++t) m = std::max(m, sc[t]);
       const float threshold = m - alpha;  // -inf for alpha = +inf: every row passes
-      int64_t c = 0;
-      for (int64_t t = 0; t < T; ++t) c += sc[t] > threshold ? 1 : 0;
+      const int64_t c = count_above(sc, T, threshold);
       out.max[static_cast<size_t>(s * Hk + g)] = m;
       out.count[static_cast<size_t>(s * Hk + g)] = c;
       total += c;
@@ -97,13 +153,8 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
         for (int64_t t = 0; t < T; ++t) dst[t] = static_cast<int32_t>(t);
         continue;
       }
-      int32_t* ord = out.order.data();
-      for (int64_t t = 0; t < T; ++t) ord[t] = static_cast<int32_t>(t);
-      const float* v = sc;
-      std::nth_element(ord, ord + n, ord + T,
-                       [v](int32_t a, int32_t b) { return v[a] > v[b] || (v[a] == v[b] && a < b); });
-      std::copy(ord, ord + n, dst);
-      std::sort(dst, dst + n);
+      const size_t i = static_cast<size_t>(s * Hk + g);
+      top_rows(sc, T, n, out.max[i], alpha, out.count[i], out.order.data(), out.values.data(), dst);
     }
   }
   out.offset[static_cast<size_t>(S * Hk)] = at;

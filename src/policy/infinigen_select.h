@@ -62,7 +62,8 @@ struct SpecResult {
   std::vector<int64_t> offset;  // [n_seq * n_head_kv + 1] where (s,g)'s rows start in idx
   std::vector<int32_t> idx;     // rows, ascending within each (s,g)
   std::vector<float> scores;    // scratch: S_g of every (s,g), [n_seq, n_head_kv, T_s] packed
-  std::vector<int32_t> order;   // scratch: [max T_s]
+  std::vector<int32_t> order;   // scratch: [max T_s + 1] candidate rows of one (s,g)
+  std::vector<float> values;    // scratch: [max T_s] their scores, partly ordered
 
   std::span<const int32_t> rows(int64_t s, int64_t g, int64_t n_head_kv) const {
     const auto i = static_cast<size_t>(s * n_head_kv + g);

@@ -73,8 +73,12 @@ void check_against_reference(const Case& c, float alpha, float scale) {
   }
 }
 
+void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn);
 void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn) {
-  const Data d = make_data(c);
+  check_data(c, make_data(c), alpha, scale, fn);
+}
+
+void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn) {
   SpecResult got;
   speculate(input(c, d, scale, fn), alpha, got);
   const int64_t G = c.H / c.Hk;
@@ -150,6 +154,30 @@ TEST(InfinigenSelect, InfiniteAlphaAndFullCapSelectEverything) {
       for (size_t t = 0; t < rows.size(); ++t) EXPECT_EQ(rows[t], static_cast<int32_t>(t));
     }
   check_against_reference(c, std::numeric_limits<float>::infinity(), 1.0f);
+}
+
+// The top rows come from candidates above a bound (m - alpha, then m - 2^k alpha, else every row): a
+// head whose count is below the shared count widens the bound, and one whose scores fall too slowly for
+// any bound (or are -inf) takes every row as a candidate. K = 1, queries 1: the scores are the keys.
+TEST(InfinigenSelect, TopRowsBelowTheThresholdMatchTheReference) {
+  const int64_t T = 100;
+  const Case c{1, 2, 2, 1, {T}, {T - 1}, false, 0};
+  Data d;
+  d.qp = {1.0f, 1.0f};
+  d.pk.assign(2, std::vector<float>(static_cast<size_t>(T)));
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < T; ++t) {
+    d.pk[0][static_cast<size_t>(t)] = 1.0f;                                       // c = T
+    d.pk[1][static_cast<size_t>(t)] = t % 7 == 3 ? -inf : static_cast<float>(t);  // c small
+  }
+  for (const auto& p : d.pk) d.pk_ptr.push_back(p.data());
+  for (float alpha : {5.0f, 0.5f, 1e-3f}) {  // the bound found at m - 80; none found (every row)
+    SCOPED_TRACE(alpha);
+    check_data(c, d, alpha, 1.0f, cpu::spec_scores_ref);
+  }
+  // Ties at the n-th score across the bound's candidates: the lower rows.
+  for (int64_t t = 0; t < T; ++t) d.pk[1][static_cast<size_t>(t)] = static_cast<float>(t / 10);
+  for (float alpha : {5.0f, 0.5f, 1e-3f}) check_data(c, d, alpha, 1.0f, cpu::spec_scores_ref);
 }
 
 TEST(InfinigenSelect, BuffersAreReusedAcrossCalls) {
