@@ -20,8 +20,6 @@
 namespace kvtier::kv {
 namespace {
 
-constexpr uint64_t kPageAlign = 4096;
-
 std::vector<uint32_t> groups_heads(const KvGeometry& geo) {
   return std::vector<uint32_t>(geo.n_head_kv.begin(), geo.n_head_kv.end());
 }

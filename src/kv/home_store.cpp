@@ -16,13 +16,12 @@
 #include <liburing.h>
 #endif
 
+#include "core/align.h"
 #include "core/error.h"
 #include "kv/page_extents.h"
 
 namespace kvtier::kv {
 namespace {
-
-constexpr uint64_t kDirectAlign = kDirectIoAlign;
 
 struct AlignedFree {
   void operator()(uint8_t* p) const { std::free(p); }
@@ -59,7 +58,7 @@ class DiskStore final : public HomeStore {
  public:
   DiskStore(MemoryLedger& ledger, const std::string& dir, uint64_t bytes, const DiskFaults& faults)
       : reservation_(ledger, Tier::kDisk, Category::kKv, bytes), dir_(dir), faults_(faults) {
-    size_ = (bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    size_ = round_up(bytes, kDirectIoAlign);
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec)) {
       fail(ErrorKind::kInvalidArgument, "--kv-disk {}: not a directory", dir);
@@ -87,7 +86,7 @@ class DiskStore final : public HomeStore {
     return Tier::kDisk;
   }
   uint64_t alignment() const override {
-    return direct_ ? kDirectAlign : 1;
+    return direct_ ? kDirectIoAlign : 1;
   }
   uint64_t size() const override {
     return size_;

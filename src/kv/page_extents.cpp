@@ -5,11 +5,6 @@
 #include "core/align.h"
 
 namespace kvtier::kv {
-namespace {
-
-constexpr uint64_t kPageAlign = 4096;  // home pages are whole direct-I/O pages
-
-}  // namespace
 
 Extent block_rows_extent(int64_t r0, int64_t r1, int64_t b, int64_t block_tokens, uint64_t row_bytes,
                          uint64_t a) {

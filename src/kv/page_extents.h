@@ -14,6 +14,8 @@ namespace kvtier::kv {
 
 // The I/O alignment of a disk home read with direct I/O (HomeStore::alignment; a host home is 1).
 inline constexpr uint64_t kDirectIoAlign = 4096;
+// Home pages (and the staging planes around them) are whole direct-I/O pages.
+inline constexpr uint64_t kPageAlign = kDirectIoAlign;
 
 // Bytes [lo, hi) inside one page.
 struct Extent {

@@ -16,8 +16,6 @@
 namespace kvtier::kv {
 namespace {
 
-constexpr uint64_t kPageAlign = 4096;
-
 uint8_t* aligned_bytes(uint64_t bytes, const char* what) {
   void* p = std::aligned_alloc(kPageAlign, round_up(std::max<uint64_t>(bytes, 1), kPageAlign));
   if (p == nullptr) fail(ErrorKind::kBudget, "cannot allocate {} bytes for {}", bytes, what);

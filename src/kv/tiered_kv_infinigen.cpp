@@ -20,12 +20,11 @@
 #include "core/align.h"
 #include "core/error.h"
 #include "core/half.h"
+#include "kv/page_extents.h"
 #include "kv/tiered_kv.h"
 
 namespace kvtier::kv {
 namespace {
-
-constexpr uint64_t kPageAlign = 4096;
 
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
