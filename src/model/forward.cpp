@@ -373,6 +373,8 @@ int64_t logit_rows(const SeqTokens& s) {
       return 1;
     case LogitRows::kAll:
       return static_cast<int64_t>(s.tokens.size());
+    case LogitRows::kStates:
+      return 0;
   }
   return 0;
 }
@@ -448,9 +450,18 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
   }
 
   // The logit rows the parts want, gathered in order, through the output norm.
+  states_rows_ = 0;
+  if (parts[0].rows == LogitRows::kStates) {
+    KVTIER_ASSERT(parts.size() == 1, "states of a pass of {} parts (one only)", parts.size());
+    for_tokens(
+        n, [&](int64_t t) { norm(x_.data() + t * E, w_.output_norm, w_.output_norm_b, xn_.data() + t * E); });
+    states_rows_ = n;
+    return;
+  }
   int64_t m = 0;
   int64_t part_row = 0;
   for (const SeqTokens& p : parts) {
+    KVTIER_ASSERT(p.rows != LogitRows::kStates, "states of a pass of {} parts (one only)", parts.size());
     const int64_t np = static_cast<int64_t>(p.tokens.size());
     const int64_t want = logit_rows(p);
     const int64_t first = part_row + np - want;
@@ -461,7 +472,11 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
   for_tokens(m, [&](int64_t t) {
     norm(x_.data() + logit_src_[sz(t)] * E, w_.output_norm, w_.output_norm_b, xn_.data() + t * E);
   });
-  matmul(w_.output, xn_.data(), m, logits);
+  output(xn_.data(), m, logits);
+}
+
+void Forward::output(const float* states, int64_t m, float* logits) {
+  matmul(w_.output, states, m, logits);
   if (cfg_.final_softcap > 0.0f) {
     const float c = cfg_.final_softcap;
     const int64_t V = cfg_.n_vocab;

@@ -35,6 +35,10 @@ enum class LogitRows {
   kNone,  // only fill the KV cache
   kLast,  // logits of the last token: [1, n_vocab]
   kAll,   // logits of every token: [n_tokens, n_vocab]
+  // no logits; the output-normed hidden state of every token, the output projection's input, in
+  // Forward::states() (bit-identity checks at every position without the [n_tokens, n_vocab] product:
+  // equal states give equal logits). A single-part pass only.
+  kStates,
 };
 
 // Sizes of Forward's buffers for passes of up to max_tokens tokens (T). The constructor allocates
@@ -86,6 +90,14 @@ class Forward final : public kv::KvCompute {
   // parts' logit rows concatenated in order ([sum logit_rows(part), n_vocab] f32). A failure aborts
   // the pass for all of them (each sequence is as before) and rethrows.
   void run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float* logits);
+  // The states of the last pass run with LogitRows::kStates: [n_tokens, n_embd] f32, valid until the
+  // next pass.
+  std::span<const float> states() const {
+    return {xn_.data(), static_cast<size_t>(states_rows_ * cfg_.n_embd)};
+  }
+  // The logits of m output-normed rows (states() rows or a copy): [m, n_vocab] f32, the same bits a
+  // pass's logits have.
+  void output(const float* states, int64_t m, float* logits);
 
   // kv::KvCompute: the same projection code a pass uses for its new tokens. Needs kv_needs != 0.
   void project_kv(uint32_t layer, const float* x, std::span<const int64_t> positions, float* k,
@@ -135,6 +147,7 @@ class Forward final : public kv::KvCompute {
   // Activation buffers (T = max_tokens_):
   std::vector<float> x_;             // [T, n_embd] f32: residual stream
   std::vector<float> xn_;            // [T, n_embd] f32: normed input of a sub-block
+  int64_t states_rows_ = 0;          // rows of xn_ holding kStates output (0: none)
   std::vector<float> q_;             // [T, n_head, head_dim_k] f32
   std::vector<float> k_;             // [T, n_head_kv, head_dim_k] f32
   std::vector<float> v_;             // [T, n_head_kv, head_dim_v] f32

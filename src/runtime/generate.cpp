@@ -51,8 +51,9 @@ GenerateResult generate(Session& s, Sampler& sampler, std::span<const TokenId> p
     if (progress) progress(done, total);
     if (opt.interrupted && opt.interrupted()) fail(ErrorKind::kInterrupted, "interrupted during the prompt");
   };
-  std::span<const float> logits =
-      opt.on_logits ? s.evaluate(prompt, opt.on_logits, checked) : s.prefill(prompt, checked);
+  std::span<const float> logits = opt.on_states   ? s.evaluate_states(0, prompt, opt.on_states, checked)
+                                  : opt.on_logits ? s.evaluate(prompt, opt.on_logits, checked)
+                                                  : s.prefill(prompt, checked);
   r.prefill_s = since(t0);
 
   TextStream text(tok, opt.stop);

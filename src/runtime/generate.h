@@ -24,6 +24,9 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::function<bool()> interrupted;  // polled between tokens (may be empty)
   LogitsFn on_logits;                 // if set: called with the logits of every evaluated position
+  // if set: called with the output-normed hidden state of every prompt position (on_logits then sees
+  // the decode steps only)
+  StatesFn on_states;
 };
 
 struct GenerateResult {

@@ -153,6 +153,27 @@ std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> 
   return {logits_.data(), model_.config.n_vocab};
 }
 
+std::span<const float> Session::evaluate_states(kv::SeqId seq, std::span<const TokenId> tokens,
+                                                const StatesFn& fn, const ProgressFn& progress) {
+  KVTIER_ASSERT(!tokens.empty(), "evaluation of no tokens");
+  const auto n = static_cast<int64_t>(tokens.size());
+  const size_t E = model_.config.n_embd;
+  int64_t i = 0;
+  for (const int64_t m : kv_->plan_prefill(seq, n, opt_.chunk)) {  // prefill's own passes
+    KVTIER_ASSERT(m > 0 && m <= opt_.chunk && i + m <= n, "prefill pass of {} tokens at {} of {}", m, i, n);
+    const int64_t pos0 = kv_->positions(seq);
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
+                  model::LogitRows::kStates, nullptr);
+    const std::span<const float> states = forward_->states();  // [m, n_embd]
+    for (int64_t t = 0; t < m; ++t) fn(pos0 + t, states.subspan(static_cast<size_t>(t) * E, E));
+    if (i + m == n) forward_->output(states.data() + static_cast<size_t>(m - 1) * E, 1, logits_.data());
+    if (progress) progress(i + m, n);
+    i += m;
+  }
+  KVTIER_ASSERT(i == n, "the prefill plan covers {} of {} tokens", i, n);
+  return {logits_.data(), model_.config.n_vocab};
+}
+
 std::span<const float> Session::decode(kv::SeqId seq, TokenId token) {
   forward_->run({&token, 1}, seq, *kv_, model::LogitRows::kLast, logits_.data());
   return {logits_.data(), model_.config.n_vocab};

@@ -51,6 +51,8 @@ struct SessionOptions {
 using ProgressFn = std::function<void(int64_t, int64_t)>;
 // Called with the logits of each evaluated position: (position, [n_vocab] f32).
 using LogitsFn = std::function<void(int64_t, std::span<const float>)>;
+// Called with the output-normed hidden state of each position: (position, [n_embd] f32).
+using StatesFn = std::function<void(int64_t, std::span<const float>)>;
 
 class Session {
  public:
@@ -81,6 +83,12 @@ class Session {
                                   const ProgressFn& progress = {}) {
     return evaluate(0, tokens, fn, progress);
   }
+  // Appends tokens in the passes prefill() runs, calling `fn` with every position's output-normed
+  // hidden state (the output projection's input: equal states give equal logits, so this checks
+  // every position bit for bit at the cost of a prefill). Returns the logits of the last position,
+  // the same bits prefill() returns.
+  std::span<const float> evaluate_states(kv::SeqId seq, std::span<const TokenId> tokens, const StatesFn& fn,
+                                         const ProgressFn& progress = {});
   // Forgets the sequence's positions >= n (n = 0 frees it).
   void truncate(kv::SeqId seq, int64_t n);
   void truncate(int64_t n) { truncate(0, n); }

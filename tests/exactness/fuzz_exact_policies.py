@@ -2,7 +2,7 @@
 """Randomised exactness: exact KV policies under configurations the matrix does not list (odd chunk
 sizes, budgets between the smallest and unlimited, prefetch depths, head groups, static heads, kvpr
 splits, thread counts, prompt and generation lengths), each held bit-identical to `resident` with the
-same representation and chunk (tokens and a hash of every position's logits, `run --logits-digest`).
+same representation and chunk (tokens and a hash of every position's state or logits, `run --state-digest`).
 
   tests/exactness/fuzz_exact_policies.py [--n N] [--seed S] [--models smollm2,gemma3,tiny-mha,tiny-opt]
 
@@ -28,11 +28,11 @@ GEOMETRY = {"smollm2": 3, "gemma3": 1, "tiny-mha": 4, "tiny-opt": 4}  # KV heads
 
 def digests(mdl, prompt, n_gen, chunk, ctx, threads, flags):
     p = run("run", "-m", mdl, "-p", prompt, "-n", n_gen, "--chunk", chunk, "--ctx", ctx, "-t", threads,
-            "--ignore-eos", "--json", "--logits-digest", *flags, check=False)
+            "--ignore-eos", "--json", "--state-digest", *flags, check=False)
     if p.returncode != 0:
         return None, p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}"
     j = json.loads(p.stdout)
-    return (j["tokens"], j["logits_digest"]), None
+    return (j["tokens"], j["state_digest"] + j["logits_digest"]), None
 
 
 def smallest(mdl, chunk, ctx, flags):

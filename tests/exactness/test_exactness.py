@@ -2,8 +2,9 @@
 reports (every exact placement x every exact retention; headinfer with each group size, static heads
 and a deeper prefetch) under each KV budget (unlimited; the smallest that fits, found from the
 engine's own budget error; the smallest with the KV master copy on disk) and each chunk size
-produces bit-identical logits at every position and identical tokens to `resident` with the same
-chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than its 512-token sliding
+produces bit-identical logits at every position (checked through the output-normed hidden state at
+each prompt position and the logits of each decode step) and identical tokens to `resident` with the
+same chunk size. Prompts span several chunks; on Gemma-3 the prompt is longer than its 512-token sliding
 window, so `+sliding` really frees blocks (and the test checks that it holds less KV).
 Models: SmolLM2 (GQA 9/3), Gemma-3 (1 KV head, sliding-window layers, soft-capping off), a
 synthetic MHA model (4/4 heads) and a synthetic OPT (MHA 4/4, LayerNorm, learned positions, ReLU FFN). Approximate values join the matrix in their degenerate settings
@@ -49,15 +50,16 @@ SWEEP = {
 
 
 def generate(tmp, mdl, chunk, extra, tag, prompt):
-    """The generated tokens and a 64-bit hash (XXH3) of the logits' bytes at every evaluated position:
-    equal hashes are equal bits (the logits themselves are ~1 GB per run on Gemma-3, and writing and
-    reading them was most of the matrix's time)."""
+    """The generated tokens and a 64-bit hash (XXH3) per evaluated position: of the output-normed
+    hidden state at every prompt position (the output projection's input, a row-wise product: equal
+    states give equal logits, SyntheticForward.StatesGiveTheLogitsBitForBit) and of the logits at each
+    decode step (`run --state-digest`). Equal hashes are equal bits. (The logits themselves are ~1 GB
+    per run on Gemma-3; hashing them at every prompt position cost 2.5x the run's prefill.)"""
     p = run("run", "-m", mdl, "-p", prompt, "-n", N_GEN, "--chunk", chunk, "--ctx", 1024, "-t", 2,
-            "--ignore-eos", "--json", "--logits-digest", *extra)
+            "--ignore-eos", "--json", "--state-digest", *extra)
     j = json.loads(p.stdout)
-    digests = j["logits_digest"]
-    assert len(digests) == j["n_prompt"] + N_GEN - 1  # every prompt position and each decode step
-    return j["tokens"], digests
+    assert len(j["state_digest"]) == j["n_prompt"] and len(j["logits_digest"]) == N_GEN - 1
+    return j["tokens"], j["state_digest"] + j["logits_digest"]
 
 
 def first_difference(a, b):

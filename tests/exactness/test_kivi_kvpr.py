@@ -1,7 +1,7 @@
 """KIVI with KVPR's recomputed part (representation kivi4+kvpr / kivi2+kvpr, docs/policies.md): a visit
 recomputes the K/V of a prefix of whole key groups from the stored inputs and quantises them as the home
 copy was quantised, so the attention reads the same bits as the KIVI representation alone. Every row
-here is held to `<placement>+kivi4` (kivi2) without kvpr, bit for bit (logits digests at every position
+here is held to `<placement>+kivi4` (kivi2) without kvpr, bit for bit (digests of every prompt position's output-normed state, each decode step's logits,
 and the tokens): forced splits of none, one that is not group-aligned (100 -> 96), one that crosses a
 256-token block (300 -> 288), all, and a pseudo-random one per visit; layer and headinfer; host and
 --kv-disk homes; the smallest --kv-mem; +sliding on Gemma-3. The prompts outgrow the residual window many times over, so most
@@ -29,9 +29,10 @@ def ids(n):
 
 def generate(mdl, n_prompt, flags):
     p = run("run", "-m", mdl, "--ids", ids(n_prompt), "-n", N_GEN, "--chunk", CHUNK, "--ctx", 1024, "-t", 2,
-            "--ignore-eos", "--json", "--logits-digest", *KIVI, *flags)
+            "--ignore-eos", "--json", "--state-digest", *KIVI, *flags)
     j = json.loads(p.stdout)
-    assert len(j["logits_digest"]) == n_prompt + N_GEN - 1
+    assert len(j["state_digest"]) == n_prompt and len(j["logits_digest"]) == N_GEN - 1
+    j["digests"] = j["state_digest"] + j["logits_digest"]  # every position: prompt states, decode logits
     return j
 
 
@@ -66,7 +67,7 @@ def check(mdl, n_prompt, rows, tmp_path):
         j = generate(mdl, n_prompt, flags)
         what = f"{mdl.name} {' '.join(flags)}"
         assert j["tokens"] == want["tokens"], what
-        diff = next((i for i, (a, b) in enumerate(zip(j["logits_digest"], want["logits_digest"])) if a != b), None)
+        diff = next((i for i, (a, b) in enumerate(zip(j["digests"], want["digests"])) if a != b), None)
         assert diff is None, f"{what}: logits differ from position {diff}"
         kv = j["kv"]
         # whole key groups, never past the quantised rows (the residual window's f16 rows are loaded)

@@ -1,7 +1,7 @@
 """Locret on the offloaded placements (layer+locret, headinfer+locret; host and disk homes) on SmolLM2:
 with a budget far below the prompt (evictions after every prefill chunk, and decode steps past the
 b + n_loc + B reserved rows, which evict before the step), every placement gives the bits of
-`resident+locret` with the same flags and heads file (logits at every position and tokens). The
+`resident+locret` with the same flags and heads file (every prompt position's output-normed state, the decode steps' logits, the tokens). The
 heads are untrained (`train-locret --steps 0`): their scores decide evictions as trained ones would.
 A decode step of layer+locret moves the rows held (b + n_loc + steps so far per layer and KV head),
 not the context: checked from `run --json`'s bytes between two generation lengths.
@@ -35,7 +35,7 @@ def heads(tmp_path_factory):
 
 def generate(policy, heads, n_gen=N_GEN, extra=()):
     p = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", n_gen, "--ctx", 1024, "-t", 2, "--ignore-eos",
-            "--json", "--logits-digest", "--kv-policy", policy, *LOCRET, "--locret-heads", heads, *extra)
+            "--json", "--state-digest", "--kv-policy", policy, *LOCRET, "--locret-heads", heads, *extra)
     return json.loads(p.stdout)
 
 
@@ -43,9 +43,9 @@ def test_offloaded_placements_give_resident_locret_bits(heads, tmp_path):
     ref = generate("resident+locret", heads)
     assert ref["n_prompt"] > 4 * BUDGET
     plain = run("run", "-m", model("smollm2"), "-p", PROMPT, "-n", N_GEN, "--ctx", 1024, "-t", 2, "--ignore-eos",
-                "--json", "--logits-digest", "--kv-policy", "resident", "--chunk", CHUNK)
+                "--json", "--state-digest", "--kv-policy", "resident", "--chunk", CHUNK)
     # the budget evicts (or the rows below could not fail)
-    assert json.loads(plain.stdout)["logits_digest"] != ref["logits_digest"]
+    assert json.loads(plain.stdout)["state_digest"] != ref["state_digest"]
     disk = tmp_path / "kvdisk"
     disk.mkdir()
     rows = [
@@ -59,6 +59,7 @@ def test_offloaded_placements_give_resident_locret_bits(heads, tmp_path):
         got = generate(r[1], heads, extra=r[2:])
         what = " ".join(map(str, r))
         assert got["tokens"] == ref["tokens"], what
+        assert got["state_digest"] == ref["state_digest"], what
         assert got["logits_digest"] == ref["logits_digest"], what
         assert got["kv"]["bytes_loaded"] > 0, what
     assert list(disk.iterdir()) == [], "the disk tier left files behind"

@@ -112,3 +112,23 @@ def test_logits_digest_is_xxh3_of_each_dumped_row(tiny, tmp_path):
     assert len(set(j["logits_digest"])) == rows.shape[0]  # distinct positions, distinct hashes
     p = kt.run("run", "-m", tiny, "-p", "abc", "-n", 1, "--logits-digest", check=False)
     assert p.returncode != 0 and "--json" in p.stderr
+
+
+def test_state_digest_covers_the_prompt_with_states_and_the_decode_steps_with_logits(tiny):
+    """--state-digest (what the exactness matrix compares): one hash per prompt position (its
+    output-normed hidden state) and the decode steps' logits hashes, which are those --logits-digest
+    gives; the states do not depend on the prefill chunk; the tokens are the plain run's."""
+    prompt = "abc abd abe abf " * 5
+    common = ["run", "-m", tiny, "-p", prompt, "-n", 4, "--ignore-eos", "--json"]
+    by_logits = kt.run_json(*common, "--logits-digest", "--chunk", 7)
+    n = len(by_logits["prompt_tokens"])
+    states = [kt.run_json(*common, "--state-digest", "--chunk", c) for c in (7, 64)]
+    for j in states:
+        assert j["tokens"] == by_logits["tokens"]
+        assert len(j["state_digest"]) == n and len(set(j["state_digest"])) == n
+        assert j["logits_digest"] == by_logits["logits_digest"][n:] and len(j["logits_digest"]) == 3
+        assert not set(j["state_digest"]) & set(by_logits["logits_digest"])  # states, not logits
+    assert states[0]["state_digest"] == states[1]["state_digest"]
+    for bad, msg in ((["--state-digest"], "--json"), (["--json", "--state-digest", "--logits-digest"], "not with")):
+        p = kt.run("run", "-m", tiny, "-p", "abc", "-n", 1, *bad, check=False)
+        assert p.returncode != 0 and msg in p.stderr, p.stderr

@@ -141,6 +141,62 @@ TEST(SyntheticForward, HeadGroupingDoesNotChangeLogits) {
   EXPECT_EQ(outs[0], outs[1]);
 }
 
+// LogitRows::kStates leaves the output-normed state of every token, and the output projection of each
+// state row gives the bits kAll gives for that position (so equal states prove equal logits: what
+// `run --state-digest` and the exactness matrix rely on). Session::evaluate_states hands the same rows
+// over and returns the last position's logits.
+TEST(SyntheticForward, StatesGiveTheLogitsBitForBit) {
+  for (GgmlType type : {GgmlType::kF32, GgmlType::kQ8_0}) {
+    const auto model = load_model(synth_file(type));
+    const auto tokens = prompt(70);
+    const size_t V = model->config.n_vocab;
+    const size_t E = model->config.n_embd;
+    ThreadPool pool(2);
+    kv::MemoryLedger ledger;
+    std::vector<float> logits_all;
+    std::vector<float> from_states;
+    std::vector<float> states;
+    for (const auto rows : {model::LogitRows::kAll, model::LogitRows::kStates}) {
+      model::Forward fwd(model->config, model->weights, 32, pool, cpu::best_isa(), ledger);
+      kv::ResidentKv cache(fwd.kv_geometry(32, cpu::KvDtype::kF16), 128, model->config.n_head, ledger, pool,
+                           cpu::best_isa());
+      std::vector<float> logits(32 * V);
+      for (size_t i = 0; i < tokens.size(); i += 32) {
+        const size_t n = std::min<size_t>(32, tokens.size() - i);
+        fwd.run(std::span(tokens).subspan(i, n), 0, cache, rows, logits.data());
+        if (rows == model::LogitRows::kAll) {
+          logits_all.insert(logits_all.end(), logits.begin(), logits.begin() + static_cast<int64_t>(n * V));
+          continue;
+        }
+        const std::vector<float> chunk(fwd.states().begin(), fwd.states().end());
+        ASSERT_EQ(chunk.size(), n * E);
+        states.insert(states.end(), chunk.begin(), chunk.end());
+        for (size_t t = 0; t < n; ++t) {  // one row at a time, from a copy: the projection is row-wise
+          fwd.output(chunk.data() + t * E, 1, logits.data());
+          from_states.insert(from_states.end(), logits.begin(), logits.begin() + static_cast<int64_t>(V));
+        }
+      }
+    }
+    ASSERT_EQ(from_states.size(), tokens.size() * V);
+    EXPECT_TRUE(from_states == logits_all) << ggml_type_name(type);
+
+    SessionOptions o;
+    o.n_ctx = 128;
+    o.chunk = 25;
+    Session s(*model, o);
+    std::vector<float> seen;
+    std::vector<int64_t> positions;
+    const auto last = s.evaluate_states(0, tokens, [&](int64_t pos, std::span<const float> row) {
+      positions.push_back(pos);
+      seen.insert(seen.end(), row.begin(), row.end());
+    });
+    EXPECT_TRUE(seen == states) << "states do not depend on the pass size";
+    ASSERT_EQ(positions.size(), tokens.size());
+    EXPECT_EQ(positions.back(), static_cast<int64_t>(tokens.size()) - 1);
+    EXPECT_TRUE(std::equal(last.begin(), last.end(), logits_all.end() - static_cast<int64_t>(V)));
+  }
+}
+
 // A cache that asks for the layer inputs and pre-RoPE rows and records what each write hands over.
 class RecordingKv final : public kv::KvCache {
  public:

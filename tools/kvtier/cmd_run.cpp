@@ -1,6 +1,6 @@
 // kvtier run -m MODEL (-p TEXT | -f FILE | --ids 1,2,3) [-n N] [--chat] [--ctx N] [--chunk N] [--threads N]
 //            [--temp --top-k --top-p --min-p --seed ...] [--stop S]... [--json] [--dump-logits FILE]
-//            [--logits-digest]
+//            [--logits-digest | --state-digest]
 // Streams the generated text to stdout; --json prints one object at the end instead.
 #include <fmt/format.h>
 
@@ -45,6 +45,7 @@ struct RunArgs {
   bool json = false;
   std::string dump_logits;
   bool logits_digest = false;
+  bool state_digest = false;
 };
 
 // The prompt's token ids: raw text, or a one-turn conversation in the model's chat template.
@@ -64,9 +65,9 @@ std::vector<runtime::TokenId> prompt_tokens(const tokenizer::Tokenizer& tok, con
   return tok.encode(formatted, {.add_special = !tokenizer::template_writes_bos(tmpl), .parse_special = true});
 }
 
-// XXH3-64 of one position's logits, as 16 hex digits: equal digests mean equal bits (up to hash
-// collisions, 2^-64 per pair).
-std::string logits_digest(std::span<const float> row) {
+// XXH3-64 of one position's logits or state, as 16 hex digits: equal digests mean equal bits (up to
+// hash collisions, 2^-64 per pair).
+std::string row_digest(std::span<const float> row) {
   return fmt::format("{:016x}", xxh3_64(row));
 }
 
@@ -83,6 +84,8 @@ int run_run(const RunArgs& a) {
                      : prompt_tokens(*model->tokenizer, a.file.empty() ? a.prompt : read_text_file(a.file),
                                      a.chat, a.system, a.chat_template);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
+  if (a.state_digest && a.engine.backend == Backend::kCuda)
+    fail(ErrorKind::kInvalidArgument, "--state-digest runs on the CPU backend only");
   if (a.engine.backend == Backend::kCuda) {
     return run_generate_cuda(a.engine, *model, prompt, sampler_params(a.sample),
                              {a.n_predict, a.ignore_eos, a.json});
@@ -101,13 +104,24 @@ int run_run(const RunArgs& a) {
   g.interrupted = [] { return interrupted(); };
   if (a.logits_digest && !a.json)
     fail(ErrorKind::kInvalidArgument, "--logits-digest is printed in --json: give both");
+  if (a.state_digest && !a.json)
+    fail(ErrorKind::kInvalidArgument, "--state-digest is printed in --json: give both");
+  if (a.state_digest && (a.logits_digest || !a.dump_logits.empty()))
+    fail(ErrorKind::kInvalidArgument,
+         "--state-digest replaces the prompt's logits: not with --logits-digest or "
+         "--dump-logits");
   if (!a.dump_logits.empty()) dump = std::make_unique<NpyWriter>(a.dump_logits, model->config.n_vocab);
   std::vector<std::string> digests;  // [n_positions] XXH3-64 of each position's logits, hex
   if (dump || a.logits_digest) {
     g.on_logits = [&](int64_t, std::span<const float> row) {
       if (dump) dump->append(row);
-      if (a.logits_digest) digests.push_back(logits_digest(row));
+      if (a.logits_digest) digests.push_back(row_digest(row));
     };
+  }
+  std::vector<std::string> states;  // [n_prompt] XXH3-64 of each prompt position's output-normed state, hex
+  if (a.state_digest) {
+    g.on_states = [&](int64_t, std::span<const float> row) { states.push_back(row_digest(row)); };
+    g.on_logits = [&](int64_t, std::span<const float> row) { digests.push_back(row_digest(row)); };
   }
   ProgressBar bar("prefill", stderr_is_tty() && static_cast<int64_t>(prompt.size()) > session.chunk());
   std::vector<runtime::TokenId> history;
@@ -145,7 +159,8 @@ int run_run(const RunArgs& a) {
         {"kv", kv_json(session, a.engine)},
         {"weights", weights_json(session)},
     };
-    if (a.logits_digest) j["logits_digest"] = digests;
+    if (a.logits_digest || a.state_digest) j["logits_digest"] = digests;
+    if (a.state_digest) j["state_digest"] = states;
     std::cout << j.dump() << "\n";
   }
   if (const auto st = session.kv_stats(); st && st->infinigen.pool_prefill_evictions > 0) {
@@ -188,6 +203,10 @@ void add_run(CLI::App& app, Runner& run) {
   cmd->add_flag("--logits-digest", a->logits_digest,
                 "with --json: a 64-bit hash (XXH3) of the logits' bytes at every evaluated position, in "
                 "\"logits_digest\" (bit-identity checks without writing the logits)");
+  cmd->add_flag("--state-digest", a->state_digest,
+                "with --json: the XXH3 of the output-normed hidden state (the output projection's input) at "
+                "every prompt position in \"state_digest\", and of the logits of each decode step in "
+                "\"logits_digest\": every position checked bit for bit at the cost of a prefill");
   cmd->callback([&run, a] { run = [a] { return run_run(*a); }; });
 }
 

@@ -157,6 +157,7 @@ void ForwardCuda::run(std::span<const TokenId> tokens, int64_t pos0, kv_cuda::De
   const auto n = static_cast<int64_t>(tokens.size());
   KVTIER_ASSERT(n > 0 && n <= max_tokens_, "{} tokens for a forward pass of at most {}", n, max_tokens_);
   KVTIER_ASSERT(pos0 == kv.length(), "forward at position {} with {} positions cached", pos0, kv.length());
+  KVTIER_ASSERT(rows != LogitRows::kStates, "the CUDA forward pass gives logits, not states");
   KVTIER_ASSERT(rows != LogitRows::kAll || n <= max_logit_rows_, "logits of {} rows, at most {}", n,
                 max_logit_rows_);
   if (pos0 + n > kv.capacity()) {
