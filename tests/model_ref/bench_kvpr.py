@@ -48,7 +48,8 @@ def main():
     ap.add_argument("--skip-p6", action="store_true", help="no P6 sweep")
     ap.add_argument("--overhead-rounds", type=int, default=0,
                     help="also: kvpr against layer where the scheduler picks l = 0 (fast links), this many "
-                         "interleaved rounds of 16 generated tokens, wall and CPU time")
+                         "interleaved rounds of --overhead-gen generated tokens, wall and CPU time")
+    ap.add_argument("--overhead-gen", type=int, default=16, help="generated tokens of the l = 0 overhead runs")
     a = ap.parse_args()
     out = pathlib.Path(a.out or tempfile.mkdtemp())
     out.mkdir(parents=True, exist_ok=True)
@@ -80,20 +81,22 @@ def main():
                   f"{kv['decode_ratio_to_first']:.2f}x |", flush=True)
     if a.overhead_rounds:
         print(f"\nkvpr (auto) against layer at fast links: medians of {a.overhead_rounds} interleaved rounds, "
-              f"{a.prompt}-token prompt, 16 generated")
+              f"{a.prompt}-token prompt, {a.overhead_gen} generated")
         print("| model | home, link | kvpr - layer, bytes loaded / stored per run | kvpr / layer, wall | "
-              "kvpr / layer, CPU time |")
-        print("|---|---|---|---|---|")
+              "kvpr / layer, CPU time | per-round wall ratios: median [min, max] |")
+        print("|---|---|---|---|---|---|")
         for name, path in (models[2], models[0]):
             for label, extra in (("host, unpaced", []), ("host, 1 GB/s", ["--link-gbps", "1"]),
                                  ("disk, unpaced", ["--kv-disk", disk])):
-                r = bench(a.kvtier, path, a.prompt, 16, a.overhead_rounds, extra, cache)
+                r = bench(a.kvtier, path, a.prompt, a.overhead_gen, a.overhead_rounds, extra, cache)
                 lay, kv = r["layer"], r["layer+kvpr"]
                 cpu_ratio = kv["decode_tokens_per_cpu_s"] / lay["decode_tokens_per_cpu_s"]
                 dl = kv["bytes_loaded_per_run"] - lay["bytes_loaded_per_run"]
                 ds = kv["bytes_stored_per_run"] - lay["bytes_stored_per_run"]
+                paired = sorted(k / l for k, l in zip(kv["decode_runs"], lay["decode_runs"]))  # same round
                 print(f"| {name} | {label} | {dl} / {ds} | "
-                      f"{kv['decode_ratio_to_first']:.3f}x | {cpu_ratio:.3f}x |", flush=True)
+                      f"{kv['decode_ratio_to_first']:.3f}x | {cpu_ratio:.3f}x | "
+                      f"{statistics.median(paired):.3f} [{paired[0]:.3f}, {paired[-1]:.3f}] |", flush=True)
     # P6: the scheduler's split against forced splits, interleaved rounds of run, per link rate.
     name, path = models[0]
     ids = ",".join(str(10 + i % 300) for i in range(a.prompt))
