@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 
 #include "core/error.h"
 
@@ -80,84 +81,134 @@ int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens) {
   return std::max<int64_t>(cap, 1);
 }
 
+namespace {
+
+// Rows [lo, hi) of T that thread w of W takes: slices of whole 8-row blocks (the SIMD kernels' unit, so a
+// row's bits do not depend on the slicing), the last thread also the T mod 8 rows after them.
+std::pair<int64_t, int64_t> row_slice(int64_t T, int w, int W) {
+  constexpr int64_t kBlock = 8;
+  const int64_t blocks = T / kBlock;
+  const int64_t lo = blocks * w / W * kBlock;
+  const int64_t hi = w + 1 == W ? T : blocks * (w + 1) / W * kBlock;
+  return {lo, hi};
+}
+
+// Below this many score products a sleeping pool's hand-off costs more than it saves.
+constexpr int64_t kSleepingMinWork = 1 << 20;
+
+}  // namespace
+
 void speculate(const SpecInput& in, float alpha, SpecResult& out) {
   const int64_t S = in.n_seq, H = in.n_head, Hk = in.n_head_kv, K = in.k_cols;
   KVTIER_ASSERT(S >= 1 && Hk >= 1 && H >= Hk && H % Hk == 0 && K >= 1 && alpha > 0.0f && in.group_scores);
   KVTIER_ASSERT(in.pk.size() == static_cast<size_t>(S * Hk) && in.n_tokens.size() == static_cast<size_t>(S) &&
                 in.cap.size() == static_cast<size_t>(S));
   const int64_t G = H / Hk;
+  const int64_t SG = S * Hk;
   int64_t t_max = 0;
+  int64_t n_scores = 0;
   for (int64_t s = 0; s < S; ++s) {
     KVTIER_ASSERT(in.n_tokens[s] >= 1 && in.cap[s] >= 1);
     t_max = std::max(t_max, in.n_tokens[s]);
+    n_scores += Hk * in.n_tokens[s];
   }
-  out.max.resize(static_cast<size_t>(S * Hk));
-  out.count.resize(static_cast<size_t>(S * Hk));
+  const int W = in.pool == nullptr ? 1 : in.pool->threads_for(n_scores * G * K, kSleepingMinWork);
+  const auto run = [&](const std::function<void(int)>& fn) {
+    if (W == 1) {
+      fn(0);
+    } else {
+      in.pool->run(W, fn);
+    }
+  };
+  out.max.resize(static_cast<size_t>(SG));
+  out.count.resize(static_cast<size_t>(SG));
   out.chosen.resize(static_cast<size_t>(S));
-  out.offset.resize(static_cast<size_t>(S * Hk + 1));
-  int64_t n_scores = 0;
-  for (int64_t s = 0; s < S; ++s) n_scores += Hk * in.n_tokens[s];
+  out.offset.resize(static_cast<size_t>(SG + 1));
   out.scores.resize(static_cast<size_t>(n_scores));
-  out.order.resize(static_cast<size_t>(t_max + 1));
-  out.values.resize(static_cast<size_t>(t_max));
-
-  // Scores of every (s, g), packed in (s, g) order: computed once, read by both passes.
+  out.order.resize(static_cast<size_t>(W * (t_max + 1)));
+  out.values.resize(static_cast<size_t>(W * t_max));
+  out.part_max.resize(static_cast<size_t>(W * SG));
+  out.part_count.resize(static_cast<size_t>(W * SG));
+  std::vector<int64_t>& first = out.first;
+  first.resize(static_cast<size_t>(SG));
   {
-    float* dst = out.scores.data();
+    int64_t at = 0;
     for (int64_t s = 0; s < S; ++s) {
-      const int64_t T = in.n_tokens[s];
-      for (int64_t g = 0; g < Hk; ++g, dst += T) {
-        const float* q = in.qp + (s * H + g * G) * K;
-        const float* pk = in.pk[static_cast<size_t>(s * Hk + g)];
-        in.group_scores(q, G, K, pk, T, in.scale, dst);
+      for (int64_t g = 0; g < Hk; ++g, at += in.n_tokens[s]) first[static_cast<size_t>(s * Hk + g)] = at;
+    }
+  }
+
+  // Pass 1a: the scores of every (s,g), packed in (s,g) order (computed once, read by both passes), and
+  // each thread's slice maxima.
+  run([&](int w) {
+    for (int64_t s = 0; s < S; ++s) {
+      const auto [lo, hi] = row_slice(in.n_tokens[s], w, W);
+      for (int64_t g = 0; g < Hk; ++g) {
+        const auto i = static_cast<size_t>(s * Hk + g);
+        float* sc = out.scores.data() + first[i];
+        if (hi > lo) {
+          const float* q = in.qp + (s * H + g * G) * K;
+          in.group_scores(q, G, K, in.pk[i] + lo * K, hi - lo, in.scale, sc + lo);
+        }
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t t = lo; t < hi; ++t) m = std::max(m, sc[t]);
+        out.part_max[static_cast<size_t>(w) * SG + i] = m;
       }
     }
+  });
+  for (int64_t i = 0; i < SG; ++i) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int w = 0; w < W; ++w) m = std::max(m, out.part_max[static_cast<size_t>(w * SG + i)]);
+    out.max[static_cast<size_t>(i)] = m;
   }
-
-  // Pass 1: the per-(s,g) max and count, and the shared count.
-  int64_t total = 0;
-  const float* sc = out.scores.data();
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t T = in.n_tokens[s];
-    for (int64_t g = 0; g < Hk; ++g, sc += T) {
-      float m = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t < T; ++t) m = std::max(m, sc[t]);
-      const float threshold = m - alpha;  // -inf for alpha = +inf: every row passes
-      const int64_t c = count_above(sc, T, threshold);
-      out.max[static_cast<size_t>(s * Hk + g)] = m;
-      out.count[static_cast<size_t>(s * Hk + g)] = c;
-      total += c;
+  // Pass 1b: the per-(s,g) count above m - alpha (-inf for alpha = +inf: every row passes).
+  run([&](int w) {
+    for (int64_t s = 0; s < S; ++s) {
+      const auto [lo, hi] = row_slice(in.n_tokens[s], w, W);
+      for (int64_t g = 0; g < Hk; ++g) {
+        const auto i = static_cast<size_t>(s * Hk + g);
+        const float threshold = out.max[i] - alpha;
+        out.part_count[static_cast<size_t>(w) * SG + i] =
+            count_above(out.scores.data() + first[i] + lo, hi - lo, threshold);
+      }
     }
+  });
+  int64_t total = 0;
+  for (int64_t i = 0; i < SG; ++i) {
+    int64_t c = 0;
+    for (int w = 0; w < W; ++w) c += out.part_count[static_cast<size_t>(w * SG + i)];
+    out.count[static_cast<size_t>(i)] = c;
+    total += c;
   }
   // c >= 1 whenever m - alpha < m; a margin below the float spacing of m could give 0: keep one row.
-  out.n_sel = std::max<int64_t>(total / (S * Hk), 1);
-  int64_t n_idx = 0;
-  for (int64_t s = 0; s < S; ++s) {
-    const int64_t T = in.n_tokens[s];
-    out.chosen[static_cast<size_t>(s)] = T <= in.cap[s] ? T : std::min({out.n_sel, in.cap[s], T});
-    n_idx += out.chosen[static_cast<size_t>(s)] * Hk;
-  }
-  out.idx.resize(static_cast<size_t>(n_idx));
-
-  // Pass 2: the top rows of each (s,g).
+  out.n_sel = std::max<int64_t>(total / SG, 1);
   int64_t at = 0;
-  sc = out.scores.data();
   for (int64_t s = 0; s < S; ++s) {
     const int64_t T = in.n_tokens[s];
-    const int64_t n = out.chosen[static_cast<size_t>(s)];
-    for (int64_t g = 0; g < Hk; ++g, sc += T) {
-      out.offset[static_cast<size_t>(s * Hk + g)] = at;
-      int32_t* dst = out.idx.data() + at;
-      at += n;
+    const int64_t n = T <= in.cap[s] ? T : std::min({out.n_sel, in.cap[s], T});
+    out.chosen[static_cast<size_t>(s)] = n;
+    for (int64_t g = 0; g < Hk; ++g, at += n) out.offset[static_cast<size_t>(s * Hk + g)] = at;
+  }
+  out.offset[static_cast<size_t>(SG)] = at;
+  out.idx.resize(static_cast<size_t>(at));
+
+  // Pass 2: the top rows of each (s,g); the pairs dealt round-robin, each thread with its own scratch.
+  run([&](int w) {
+    int32_t* order = out.order.data() + static_cast<size_t>(w) * (t_max + 1);
+    float* values = out.values.data() + static_cast<size_t>(w) * t_max;
+    for (int64_t i = w; i < SG; i += W) {
+      const int64_t s = i / Hk;
+      const int64_t T = in.n_tokens[s];
+      const int64_t n = out.chosen[static_cast<size_t>(s)];
+      int32_t* dst = out.idx.data() + out.offset[static_cast<size_t>(i)];
       if (n == T) {
         for (int64_t t = 0; t < T; ++t) dst[t] = static_cast<int32_t>(t);
         continue;
       }
-      const size_t i = static_cast<size_t>(s * Hk + g);
-      top_rows(sc, T, n, out.max[i], alpha, out.count[i], out.order.data(), out.values.data(), dst);
+      const auto u = static_cast<size_t>(i);
+      top_rows(out.scores.data() + first[u], T, n, out.max[u], alpha, out.count[u], order, values, dst);
     }
-  }
-  out.offset[static_cast<size_t>(S * Hk)] = at;
+  });
 }
 
 void partial_rows(const float* x, int64_t n, int64_t d, const float* b, int64_t k, float* out) {

@@ -18,6 +18,8 @@
 #include <span>
 #include <vector>
 
+#include "core/thread_pool.h"
+
 namespace kvtier::policy {
 
 struct InfinigenParams {
@@ -52,18 +54,25 @@ struct SpecInput {
   std::span<const int64_t> n_tokens;     // [n_seq] T_s >= 1 (the current token not included)
   std::span<const int64_t> cap;          // [n_seq] cap_s >= 1
   GroupScoresFn group_scores = nullptr;  // required: cpu::spec_scores_kernel(isa) or cpu::spec_scores_ref
+  // Splits the scores (rows in slices of whole 8-row blocks) and the selection ((s, g) pairs) across the
+  // pool's threads when it polls or the work is large (ThreadPool::threads_for); null: the caller's thread.
+  // The result is the same bits either way.
+  ThreadPool* pool = nullptr;
 };
 
 struct SpecResult {
-  int64_t n_sel = 0;            // the shared count before the per-sequence caps
-  std::vector<float> max;       // [n_seq, n_head_kv] m[s,g]
-  std::vector<int64_t> count;   // [n_seq, n_head_kv] c[s,g]
-  std::vector<int64_t> chosen;  // [n_seq] rows fetched per KV head of sequence s
-  std::vector<int64_t> offset;  // [n_seq * n_head_kv + 1] where (s,g)'s rows start in idx
-  std::vector<int32_t> idx;     // rows, ascending within each (s,g)
-  std::vector<float> scores;    // scratch: S_g of every (s,g), [n_seq, n_head_kv, T_s] packed
-  std::vector<int32_t> order;   // scratch: [max T_s + 1] candidate rows of one (s,g)
-  std::vector<float> values;    // scratch: [max T_s] their scores, partly ordered
+  int64_t n_sel = 0;                // the shared count before the per-sequence caps
+  std::vector<float> max;           // [n_seq, n_head_kv] m[s,g]
+  std::vector<int64_t> count;       // [n_seq, n_head_kv] c[s,g]
+  std::vector<int64_t> chosen;      // [n_seq] rows fetched per KV head of sequence s
+  std::vector<int64_t> offset;      // [n_seq * n_head_kv + 1] where (s,g)'s rows start in idx
+  std::vector<int32_t> idx;         // rows, ascending within each (s,g)
+  std::vector<float> scores;        // scratch: S_g of every (s,g), [n_seq, n_head_kv, T_s] packed
+  std::vector<int32_t> order;       // scratch: [threads, max T_s + 1] candidate rows of one (s,g) per thread
+  std::vector<float> values;        // scratch: [threads, max T_s] their scores, partly ordered
+  std::vector<float> part_max;      // scratch: [threads, n_seq * n_head_kv] each thread's slice maxima
+  std::vector<int64_t> part_count;  // scratch: [threads, n_seq * n_head_kv] each slice's count
+  std::vector<int64_t> first;       // scratch: [n_seq * n_head_kv] where (s,g)'s scores start
 
   std::span<const int32_t> rows(int64_t s, int64_t g, int64_t n_head_kv) const {
     const auto i = static_cast<size_t>(s * n_head_kv + g);

@@ -74,6 +74,28 @@ void check_against_reference(const Case& c, float alpha, float scale) {
 }
 
 void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn);
+
+// The same result with the scores and the selection split across a pool's threads (2 and 3; the 3-thread
+// pool on a 2-CPU machine sleeps, so only large inputs are split there: LargeInputsSplitAcrossThreads).
+void expect_same_with_threads(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn,
+                              const SpecResult& want) {
+  for (int threads : {2, 3}) {
+    SCOPED_TRACE("threads " + std::to_string(threads));
+    ThreadPool pool(threads);
+    SpecInput in = input(c, d, scale, fn);
+    in.pool = &pool;
+    SpecResult got;
+    speculate(in, alpha, got);
+    EXPECT_EQ(got.n_sel, want.n_sel);
+    EXPECT_EQ(got.chosen, want.chosen);
+    EXPECT_EQ(got.offset, want.offset);
+    EXPECT_EQ(got.idx, want.idx);
+    EXPECT_EQ(got.count, want.count);
+    EXPECT_EQ(got.max, want.max);
+    EXPECT_EQ(got.scores, want.scores);
+  }
+}
+
 void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn) {
   check_data(c, make_data(c), alpha, scale, fn);
 }
@@ -81,6 +103,7 @@ void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn) {
 void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn) {
   SpecResult got;
   speculate(input(c, d, scale, fn), alpha, got);
+  expect_same_with_threads(c, d, alpha, scale, fn, got);
   const int64_t G = c.H / c.Hk;
   std::vector<std::vector<float>> score(static_cast<size_t>(c.S * c.Hk));
   int64_t total = 0;
@@ -178,6 +201,18 @@ TEST(InfinigenSelect, TopRowsBelowTheThresholdMatchTheReference) {
   // Ties at the n-th score across the bound's candidates: the lower rows.
   for (int64_t t = 0; t < T; ++t) d.pk[1][static_cast<size_t>(t)] = static_cast<float>(t / 10);
   for (float alpha : {5.0f, 0.5f, 1e-3f}) check_data(c, d, alpha, 1.0f, cpu::spec_scores_ref);
+}
+
+// Inputs above the pool's small-work limit (2^20 products) are split even by a sleeping pool: rows in
+// slices of 8-row blocks with a remainder (3001, 2999 rows), several sequences, a cap that binds.
+TEST(InfinigenSelect, LargeInputsSplitAcrossThreads) {
+  for (uint32_t seed : {11u, 12u}) {
+    const Case c{2, 9, 3, 38, {3001, 2999}, {600, 3000}, seed == 12u, seed};
+    for (float alpha : {5.0f, 0.5f}) {
+      SCOPED_TRACE(alpha);
+      check_against_reference(c, alpha, 0.125f);
+    }
+  }
 }
 
 TEST(InfinigenSelect, BuffersAreReusedAcrossCalls) {
