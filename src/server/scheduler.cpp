@@ -51,6 +51,7 @@ void RequestHandle::push(GenEvent ev) {
 
 Scheduler::Scheduler(runtime::Session& session, SchedulerOptions opt) : session_(session), opt_(opt) {
   slots_.resize(session_.max_sequences());
+  piece_chunk_ = std::max<int64_t>(1, session_.chunk() - (session_.max_batch() - 1));
   stats_.max_seqs = session_.max_sequences();
   snapshot();
   thread_ = std::thread([this] { loop(); });
@@ -133,6 +134,8 @@ void Scheduler::admit(Pending p) {
   s.req = std::move(p.req);
   s.kv_tokens.resize(keep);
   s.fed = keep;
+  s.pieces = session_.plan_prefill(seq, static_cast<int64_t>(s.req.prompt.size() - keep), piece_chunk_);
+  s.piece = 0;
   s.next = -1;
   s.sampler = std::make_unique<runtime::Sampler>(s.req.sampling, session_.model().config.n_vocab);
   s.history = s.req.prompt;
@@ -257,7 +260,9 @@ void Scheduler::loop() {
       const size_t i = (rotate_ + j) % n_slots;
       Slot& s = slots_[i];
       if (!s.h || s.fed == s.req.prompt.size()) continue;
-      const size_t m = std::min<size_t>(static_cast<size_t>(budget), s.req.prompt.size() - s.fed);
+      const auto m = static_cast<size_t>(s.pieces[s.piece]);
+      if (static_cast<int64_t>(m) > budget) continue;  // a later step (one always has room for it)
+      ++s.piece;
       const bool last = s.fed + m == s.req.prompt.size();
       parts_.push_back({static_cast<kv::SeqId>(i), std::span(s.req.prompt).subspan(s.fed, m),
                         last ? model::LogitRows::kLast : model::LogitRows::kNone});

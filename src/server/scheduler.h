@@ -124,7 +124,10 @@ class Scheduler {
     GenRequest req;
     std::vector<TokenId> kv_tokens;  // the tokens whose KV the sequence holds
     size_t fed = 0;                  // prompt tokens in the KV
-    TokenId next = -1;               // sampled, to be fed by the next step
+    std::vector<int64_t>
+        pieces;         // the rest of the prompt's prefill passes (token counts), planned at admission
+    size_t piece = 0;   // the next of them
+    TokenId next = -1;  // sampled, to be fed by the next step
     std::unique_ptr<runtime::Sampler> sampler;
     std::vector<TokenId> history;
     std::unique_ptr<runtime::TextStream> text;
@@ -144,6 +147,10 @@ class Scheduler {
 
   runtime::Session& session_;
   SchedulerOptions opt_;
+  // Prompt pieces are planned in passes of at most this many tokens: the chunk less room for a decode
+  // token of every other sequence, so a piece always fits beside them and where a prompt's passes end
+  // does not depend on what else runs (h2o, kivi and locret depend on it).
+  int64_t piece_chunk_ = 1;
   std::vector<Slot> slots_;  // [max sequences] slot i runs sequence i
   std::vector<model::SeqTokens> parts_;
   std::vector<size_t> part_slot_;

@@ -114,9 +114,11 @@ def test_batch_sweeps_cover_both_budgets():
 
 # Approximate policies are deterministic per sequence too: batched, each sequence's tokens equal the
 # same policy run alone. The knobs are small enough that each policy drops, selects or quantises
-# positions of the 128-token prompts (sinks + window < prompt, budget < prompt, residual < prompt).
-# The prompts are two whole chunks, so the batched prefill passes cut each prompt where running it
-# alone does (h2o evicts and kivi quantises at the end of each pass: their output depends on the cut).
+# positions of the 150-token prompts (sinks + window < prompt, budget < prompt, residual < prompt).
+# h2o evicts and kivi quantises at the end of each pass, and locret evicts after each pass of its
+# prefill plan, so their output depends on where a prompt's passes end: the batched prefill feeds each
+# prompt in the pieces the policy plans for it alone (Session::plan_prefill; 150 = 64 + 64 + 22, so a
+# pass that had room for part of the next prompt would cut it elsewhere).
 APPROX = [
     ["--kv-policy", "resident+streaming", "--sinks", "4", "--window", "60"],
     ["--kv-policy", "layer+streaming", "--sinks", "4", "--window", "60"],
@@ -129,7 +131,18 @@ APPROX = [
     ["--kv-policy", "headinfer+kivi4", "--kivi-residual", "32"],
     # kivi with kvpr's recomputed part: several sequences' inputs and quantised pages in one home
     ["--kv-policy", "layer+kivi4+kvpr", "--kivi-residual", "32", "--recompute", "random"],
+    # locret (untrained heads: the scores still decide): evictions after each planned prefill pass
+    ["--kv-policy", "resident+locret", "--kv-budget", "48", "--local-tail", "16", "--locret-heads", "@HEADS"],
+    ["--kv-policy", "layer+locret", "--kv-budget", "48", "--local-tail", "16", "--locret-heads", "@HEADS"],
 ]
+APPROX_PROMPT = 150
+
+
+@pytest.fixture(scope="module")
+def locret_heads(tmp_path_factory):
+    h = tmp_path_factory.mktemp("locret") / "smollm2.locret.gguf"
+    run("train-locret", "-m", model("smollm2"), "-o", h, "--steps", 0, "--d-m", 16)
+    return h
 
 
 def alone_with(mdl, ids, chunk, cfg):
@@ -139,15 +152,16 @@ def alone_with(mdl, ids, chunk, cfg):
 
 
 @pytest.mark.parametrize("cfg", APPROX, ids=[c[1] for c in APPROX])
-def test_smollm2_approximate_batched_equals_alone(tmp_path, cfg):
+def test_smollm2_approximate_batched_equals_alone(tmp_path, cfg, locret_heads):
     mdl = model("smollm2")
+    cfg = [str(locret_heads) if c == "@HEADS" else c for c in cfg]
     extras = [[]]
     if not cfg[1].startswith("resident"):
         disk = tmp_path / "kvdisk"
         disk.mkdir()
-        extras.append(["--kv-mem", str(smallest_kv_mem(mdl, 128, 64, cfg)), "--kv-disk", str(disk)])
+        extras.append(["--kv-mem", str(smallest_kv_mem(mdl, APPROX_PROMPT, 64, cfg)), "--kv-disk", str(disk)])
     for extra in extras:
-        got = batched(mdl, 128, 64, cfg + extra)
+        got = batched(mdl, APPROX_PROMPT, 64, cfg + extra)
         assert len({tuple(t) for _, t in got}) > 1, "the sequences should differ"
         for b, (ids, tokens) in enumerate(got):
             assert tokens == alone_with(mdl, ids, 64, cfg + extra), f"{' '.join(cfg + extra)}: sequence {b}"

@@ -244,3 +244,39 @@ def test_prefix_reuse(tmp_path, policy):
         assert cached > 0.8 * first.usage.prompt_tokens, (cached, first.usage.prompt_tokens)
         assert second.choices[0].text == run_text(doc + "Question: what bends?", 8)
         assert s.metrics()["kvtier_prompt_tokens_reused_total"] == cached
+
+
+@pytest.mark.parametrize("policy", [["--kv-policy", "resident+h2o", "--kv-budget", "48"],
+                                    ["--kv-policy", "layer+locret", "--kv-budget", "48", "--local-tail", "16",
+                                     "--locret-heads", "{heads}"]])
+def test_approximate_policies_answer_alike_alone_and_among_other_requests(tmp_path, policy):
+    """h2o evicts at the end of each pass and locret after each pass of its prefill plan, so a prompt's
+    result depends on where its passes end. serve feeds a prompt in the pieces planned at admission
+    (passes of chunk - (max sequences - 1) tokens, so a piece fits beside every other sequence's decode
+    token): the completion is the same alone and while two other requests generate, and it is `kvtier
+    run --chunk 62`'s (chunk 64, 3 sequences)."""
+    heads = tmp_path / "smollm2.locret.gguf"
+    run("train-locret", "-m", model("smollm2"), "-o", heads, "--steps", 0, "--d-m", 16)
+    policy = [a.replace("{heads}", str(heads)) for a in policy]
+    doc = "Chapter one. The river bends twice before the old mill, and the miller counts the sacks. " * 8
+    prompt = doc + "Question: what does the miller count?"
+    with Server(model("smollm2"), "--max-seqs", 3, "--ctx", 1024, "--chunk", 64, *policy) as s:
+        c = client(s)
+        alone = c.completions.create(model=s.model_id, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+        others = []
+
+        def other(i):
+            r = c.completions.create(model=s.model_id, prompt=f"Story {i}: once upon a time " * (3 + 5 * i),
+                                     max_tokens=40, temperature=0)
+            others.append(r.usage.completion_tokens)
+
+        threads = [threading.Thread(target=other, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)  # they are decoding (or still prefilling) when the prompt arrives
+        among = c.completions.create(model=s.model_id, prompt=prompt, max_tokens=12, temperature=0).choices[0].text
+        for t in threads:
+            t.join()
+        assert others == [40, 40]
+    assert among == alone
+    assert alone == run_text(prompt, 12, "--ctx", 1024, "--chunk", 62, *policy)

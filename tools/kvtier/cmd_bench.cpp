@@ -110,6 +110,12 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
   if (digests != nullptr) digests->assign(B, {});
   std::vector<runtime::TokenId> next(B);
   std::vector<size_t> fed(B, 0);
+  // Each prompt in the pieces the policy plans for it (its prefill alone would run the same passes), so
+  // a policy whose result depends on where passes end gives each sequence what it gives alone.
+  std::vector<std::vector<int64_t>> pieces(B);  // [b] token counts of b's prefill passes
+  std::vector<size_t> piece(B, 0);              // [b] the next of them
+  for (size_t b = 0; b < B; ++b)
+    pieces[b] = s.plan_prefill(static_cast<kv::SeqId>(b), static_cast<int64_t>(prompts[b].size()));
   std::vector<model::SeqTokens> parts;
   std::vector<size_t> who;
   const auto t0 = Clock::now();
@@ -120,7 +126,9 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
     int64_t budget = s.chunk();
     for (size_t b = 0; b < B && budget > 0 && static_cast<int64_t>(parts.size()) < s.max_batch(); ++b) {
       if (fed[b] == prompts[b].size()) continue;
-      const size_t m = std::min<size_t>(static_cast<size_t>(budget), prompts[b].size() - fed[b]);
+      const auto m = static_cast<size_t>(pieces[b][piece[b]]);
+      if (static_cast<int64_t>(m) > budget) continue;  // the next pass (a piece fits an empty pass)
+      ++piece[b];
       const bool last = fed[b] + m == prompts[b].size();
       parts.push_back({static_cast<kv::SeqId>(b), std::span(prompts[b]).subspan(fed[b], m),
                        last ? model::LogitRows::kLast : model::LogitRows::kNone});
