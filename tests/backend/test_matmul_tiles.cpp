@@ -125,7 +125,7 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
           quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
         }
         std::vector<uint8_t> packed(act_panel_bytes(f, k, kPanelTokens));
-        pack_act_panel(f, act.data(), act_bytes, k, packed.data());
+        pack_act_panel(f, panel.layout, act.data(), act_bytes, k, packed.data());
         const int64_t ldy = panel.rows + 3;
         std::vector<float> y(static_cast<size_t>(ldy * kPanelTokens), 7.0f);  // [tokens, ldy]
         panel.fn(w_bytes.data(), row_bytes, packed.data(), k, y.data(), ldy);

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 
+#include "backend/cpu/act_panel.h"
 #include "backend/cpu/cpu_features.h"
 #include "core/ggml_type.h"
 
@@ -52,7 +53,8 @@ struct TileKernel {
 
 // Tile over an activation panel (act_panel.h): `rows` weight rows x kPanelTokens tokens.
 //   w: [rows] weight rows, row_bytes apart
-//   panel: one token group's panel blocks (PanelQ8_32 or PanelQ8_K, by the type's ActFormat)
+//   panel: one token group's panel blocks (PanelQ8_32 or PanelQ8_K by the type's ActFormat, or
+//          PanelQ8_32Rows where the kernel's layout is kRows)
 //   y: y[t * ldy + r] for t < kPanelTokens, r < rows
 // Bit-identical to the same table's vec_dot of each (row, token), like TileFn.
 using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t k, float* y,
@@ -61,6 +63,7 @@ using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t*
 struct PanelKernel {
   PanelTileFn fn = nullptr;  // null: the type has no panel tile
   int rows = 0;
+  PanelLayout layout = PanelLayout::kGroups;  // how matmul packs the panels it is given
 };
 
 constexpr size_t kMaxGgmlTypeId = 40;

@@ -169,7 +169,8 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
     pool.run(n_pack, [&](int part) {
       const Range g = split_range(n_groups, n_pack, part);
       for (int64_t i = g.begin; i < g.end; ++i)
-        pack_act_panel(fmt, act + i * kPanelTokens * act_bytes, act_bytes, w.k, panels + i * group_bytes);
+        pack_act_panel(fmt, panel.layout, act + i * kPanelTokens * act_bytes, act_bytes, w.k,
+                       panels + i * group_bytes);
     });
     const int64_t t_end = n_groups * kPanelTokens;
     pool.run(n_parts, [&](int part) {
