@@ -135,8 +135,8 @@ void narrow_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64
 // small buffer, and each 4-byte group is broadcast against the panel's vector of that group; the
 // int16 pair sums of 4 groups stay below 2^15 (4 x 2 x 31 x 127), so they are added before widening.
 template <bool kVnni, Chain kType, typename Block, int R>
-void panel_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t k, float* y,
-                 int64_t ldy) {
+void panel_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t /*group_bytes*/,
+                 int /*groups: 1*/, int64_t k, float* y, int64_t ldy) {
   const Block* x[R];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
   const auto* p = reinterpret_cast<const PanelQ8_32*>(panel);

@@ -117,8 +117,8 @@ void tile_q8_0(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
 // from one vector multiply with the panel's 8 scales instead of 8 broadcast-and-multiplies. They are
 // written for a run of blocks ahead of the dots, so each token's product is broadcast from memory
 // (the compiler would otherwise extract it from a register by shuffles).
-void panel_q8_0(const uint8_t* w, int64_t /*row_bytes*/, const uint8_t* panel, int64_t k, float* y,
-                int64_t ldy) {
+void panel_q8_0(const uint8_t* w, int64_t /*row_bytes*/, const uint8_t* panel, int64_t /*group_bytes*/,
+                int /*groups: 1*/, int64_t k, float* y, int64_t ldy) {
   const auto* x = reinterpret_cast<const BlockQ8_0*>(w);
   const auto* p = reinterpret_cast<const PanelQ8_32Rows*>(panel);
   constexpr int64_t kRun = 16;                  // blocks per run
