@@ -61,6 +61,19 @@ struct TileKernel {
 using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes,
                              int groups, int64_t k, float* y, int64_t ldy);
 
+// A PanelTileFn from a kernel of exactly G groups (kFull) and one of 1 group (kOne, for the last
+// groups of a matmul); both take (w, row_bytes, panel, group_bytes, k, y, ldy).
+template <auto kFull, auto kOne, int G>
+void panel_in_groups(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes,
+                     int groups, int64_t k, float* y, int64_t ldy) {
+  if (groups == G) {
+    kFull(w, row_bytes, panel, group_bytes, k, y, ldy);
+    return;
+  }
+  for (int g = 0; g < groups; ++g)
+    kOne(w, row_bytes, panel + g * group_bytes, group_bytes, k, y + g * kPanelTokens * ldy, ldy);
+}
+
 struct PanelKernel {
   PanelTileFn fn = nullptr;  // null: the type has no panel tile
   int rows = 0;

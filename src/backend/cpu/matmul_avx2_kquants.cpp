@@ -259,20 +259,6 @@ void panel_q6_k_groups(const uint8_t* w, int64_t row_bytes, const uint8_t* panel
     for (int g = 0; g < G; ++g) store_token_lanes(s[r][g], y + g * kPanelTokens * ldy, ldy, r);
 }
 
-template <int R, int G>
-void panel_q6_k(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes, int groups,
-                int64_t k, float* y, int64_t ldy) {
-  if constexpr (G > 1) {
-    if (groups < G) {
-      for (int g = 0; g < groups; ++g)
-        panel_q6_k_groups<R, 1>(w, row_bytes, panel + g * group_bytes, group_bytes, k,
-                                y + g * kPanelTokens * ldy, ldy);
-      return;
-    }
-  }
-  panel_q6_k_groups<R, G>(w, row_bytes, panel, group_bytes, k, y, ldy);
-}
-
 }  // namespace
 
 static_assert(kPanelTokens == 8, "the panel tiles keep one token per lane of a 256-bit vector");
@@ -286,7 +272,8 @@ void fill_avx2_ktiles(KernelTable& t) {
   set(GgmlType::kQ6_K, TileKernel{tile_q6_k<1, 8>, 1, 8});
   t.panel[static_cast<size_t>(GgmlType::kQ4_K)] = PanelKernel{panel_q45_k<false, BlockQ4_K, 2>, 2};
   t.panel[static_cast<size_t>(GgmlType::kQ5_K)] = PanelKernel{panel_q45_k<true, BlockQ5_K, 2>, 2};
-  t.panel[static_cast<size_t>(GgmlType::kQ6_K)] = PanelKernel{panel_q6_k<1, 4>, 1, PanelLayout::kGroups, 4};
+  t.panel[static_cast<size_t>(GgmlType::kQ6_K)] = PanelKernel{
+      panel_in_groups<panel_q6_k_groups<1, 4>, panel_q6_k_groups<1, 1>, 4>, 1, PanelLayout::kGroups, 4};
 }
 
 }  // namespace kvtier::cpu
