@@ -117,21 +117,23 @@ void tile_q6_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
     for (int t = 0; t < T; ++t) y[t * ldy + r] = s[r][t];
 }
 
-// q4_K / q5_K, R rows x 8 tokens over a PanelQ8_K (lane t: token t): the same integers and the same
+// q4_K / q5_K, R rows x G token groups of 8 over PanelQ8_Ks (lane t: token t): the same integers and the same
 // float expression as tile_q45_k, per lane. Per row and 32-element sub-block j, the unpacked quants
 // go to a buffer and each 4-byte group is broadcast against the panel's vector of that group; the
 // int16 pair sums of 8 groups stay below 2^15 for 4-bit quants (8 x 2 x 15 x 127), of 4 groups for
 // 5-bit ones, before the sub-block scale widens them. bench_matmul_cputime avx2 (as in
 // matmul_avx2_panel.cpp): q4_K 1024 -> 640 78 -> 104 GFLOP per CPU second against tile_q45_k 1 x 8.
-template <bool kFifthBit, typename Block, int R>
-void panel_q45_k(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t /*group_bytes*/,
-                 int /*groups: 1*/, int64_t k, float* y, int64_t ldy) {
+template <bool kFifthBit, typename Block, int R, int G>
+void panel_q45_k(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes, int64_t k,
+                 float* y, int64_t ldy) {
   const Block* x[R];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
-  const auto* p = reinterpret_cast<const PanelQ8_K*>(panel);
+  const PanelQ8_K* p[G];
+  for (int g = 0; g < G; ++g) p[g] = reinterpret_cast<const PanelQ8_K*>(panel + g * group_bytes);
   const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
-  __m256 s[R];  // [row] lane t: token t's sum
-  for (int r = 0; r < R; ++r) s[r] = _mm256_setzero_ps();
+  __m256 s[R][G];  // [row][group] lane t: token t's sum
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) s[r][g] = _mm256_setzero_ps();
   alignas(32) uint8_t u[R][kQKK];  // [row] the super-block's quants, unpacked in element order
   for (int64_t b = 0; b < k / kQKK; ++b) {
     uint8_t sc[R][8], mn[R][8];
@@ -152,36 +154,44 @@ void panel_q45_k(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int6
         _mm256_store_si256(reinterpret_cast<__m256i*>(u[r] + 64 * c + 32), hi);
       }
     }
-    __m256i isum[R], msum[R];  // [row] lane t: the exact integer sums of tile_q45_k
-    for (int r = 0; r < R; ++r) isum[r] = msum[r] = _mm256_setzero_si256();
+    __m256i isum[R][G], msum[R][G];  // [row][group] lane t: the exact integer sums of tile_q45_k
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) isum[r][g] = msum[r][g] = _mm256_setzero_si256();
     for (int j = 0; j < kQKK / 32; ++j) {
-      constexpr int kRun = kFifthBit ? 4 : 8;  // groups summed in int16
-      for (int g0 = 0; g0 < 8; g0 += kRun) {
-        __m256i s16[R];
-        for (int r = 0; r < R; ++r) s16[r] = _mm256_setzero_si256();
-        for (int g = g0; g < g0 + kRun; ++g) {
-          const __m256i av = load256(p[b].qs[8 * j + g]);
-          for (int r = 0; r < R; ++r) {
-            const __m256i wb = _mm256_set1_epi32(static_cast<int>(load_u32(u[r] + 32 * j + 4 * g)));
-            s16[r] = _mm256_add_epi16(s16[r], _mm256_maddubs_epi16(wb, av));
+      constexpr int kRun = kFifthBit ? 4 : 8;  // element groups summed in int16
+      for (int e0 = 0; e0 < 8; e0 += kRun) {
+        for (int r = 0; r < R; ++r) {
+          __m256i s16[G];
+          for (int g = 0; g < G; ++g) s16[g] = _mm256_setzero_si256();
+          for (int e = e0; e < e0 + kRun; ++e) {
+            const __m256i wb = _mm256_set1_epi32(static_cast<int>(load_u32(u[r] + 32 * j + 4 * e)));
+            for (int g = 0; g < G; ++g)
+              s16[g] = _mm256_add_epi16(s16[g], _mm256_maddubs_epi16(wb, load256(p[g][b].qs[8 * j + e])));
           }
+          const __m256i scj = _mm256_set1_epi16(sc[r][j]);
+          for (int g = 0; g < G; ++g)
+            isum[r][g] = _mm256_add_epi32(isum[r][g], _mm256_madd_epi16(s16[g], scj));
         }
-        for (int r = 0; r < R; ++r)
-          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(s16[r], _mm256_set1_epi16(sc[r][j])));
       }
-      const __m256i bs = load256(p[b].bsums[j]);
-      for (int r = 0; r < R; ++r)
-        msum[r] = _mm256_add_epi32(msum[r], _mm256_madd_epi16(bs, _mm256_set1_epi16(mn[r][j])));
+      for (int r = 0; r < R; ++r) {
+        const __m256i mnj = _mm256_set1_epi16(mn[r][j]);
+        for (int g = 0; g < G; ++g)
+          msum[r][g] = _mm256_add_epi32(msum[r][g], _mm256_madd_epi16(load256(p[g][b].bsums[j]), mnj));
+      }
     }
-    const __m256 da = _mm256_loadu_ps(p[b].d);
     for (int r = 0; r < R; ++r) {
-      const __m256 dd = _mm256_mul_ps(_mm256_set1_ps(f16(x[r][b].d)), da);
-      const __m256 dm = _mm256_mul_ps(_mm256_set1_ps(f16(x[r][b].dmin)), da);
-      s[r] = _mm256_add_ps(s[r], _mm256_sub_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum[r])),
-                                               _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum[r]))));
+      const __m256 dw = _mm256_set1_ps(f16(x[r][b].d)), dmin = _mm256_set1_ps(f16(x[r][b].dmin));
+      for (int g = 0; g < G; ++g) {
+        const __m256 da = _mm256_loadu_ps(p[g][b].d);
+        const __m256 dd = _mm256_mul_ps(dw, da);
+        const __m256 dm = _mm256_mul_ps(dmin, da);
+        s[r][g] = _mm256_add_ps(s[r][g], _mm256_sub_ps(_mm256_mul_ps(dd, _mm256_cvtepi32_ps(isum[r][g])),
+                                                       _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum[r][g]))));
+      }
     }
   }
-  for (int r = 0; r < R; ++r) store_token_lanes(s[r], y, ldy, r);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) store_token_lanes(s[r][g], y + g * kPanelTokens * ldy, ldy, r);
 }
 
 // q6_K, R rows x G token groups of 8 over PanelQ8_Ks: the same integer total as tile_q6_k (sum_j
@@ -270,8 +280,16 @@ void fill_avx2_ktiles(KernelTable& t) {
   set(GgmlType::kQ4_K, TileKernel{tile_q45_k<false, BlockQ4_K, 1, 8>, 1, 8});
   set(GgmlType::kQ5_K, TileKernel{tile_q45_k<true, BlockQ5_K, 1, 8>, 1, 8});
   set(GgmlType::kQ6_K, TileKernel{tile_q6_k<1, 8>, 1, 8});
-  t.panel[static_cast<size_t>(GgmlType::kQ4_K)] = PanelKernel{panel_q45_k<false, BlockQ4_K, 2>, 2};
-  t.panel[static_cast<size_t>(GgmlType::kQ5_K)] = PanelKernel{panel_q45_k<true, BlockQ5_K, 2>, 2};
+  // q4_K / q5_K: 1 row x 2 token groups (bench_matmul_cputime 3 avx2, q4_K 1024 -> 640, 4-7 interleaved
+  // rounds on a busy 2-vCPU AMD EPYC, AVX2 only, medians in GFLOP per CPU second: 2 rows x 1 group
+  // 71 as before, 89 in this loop order; 1 x 2 100; 1 x 4 92).
+  constexpr int KR = 1, KG = 2;  // rows, token groups
+  t.panel[static_cast<size_t>(GgmlType::kQ4_K)] = PanelKernel{
+      panel_in_groups<panel_q45_k<false, BlockQ4_K, KR, KG>, panel_q45_k<false, BlockQ4_K, KR, 1>, KG>, KR,
+      PanelLayout::kGroups, KG};
+  t.panel[static_cast<size_t>(GgmlType::kQ5_K)] = PanelKernel{
+      panel_in_groups<panel_q45_k<true, BlockQ5_K, KR, KG>, panel_q45_k<true, BlockQ5_K, KR, 1>, KG>, KR,
+      PanelLayout::kGroups, KG};
   t.panel[static_cast<size_t>(GgmlType::kQ6_K)] = PanelKernel{
       panel_in_groups<panel_q6_k_groups<1, 4>, panel_q6_k_groups<1, 1>, 4>, 1, PanelLayout::kGroups, 4};
 }
