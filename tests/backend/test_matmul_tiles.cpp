@@ -80,7 +80,7 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
                   << ggml_type_name(type) << " " << isa_name(isa) << " r=" << r << " t=" << t;
             }
           }
-          for (int64_t n_tokens : {2, 5, 7, 33, 67}) {
+          for (int64_t n_tokens : {2, 5, 7, 33, 43, 67}) {  // 43: 5 panel groups (not a multiple of 2 or 4)
             for (int threads = 1; threads <= 4; ++threads) {
               const auto y = run_matmul(isa, w, x.data(), n_tokens, threads);
               for (size_t i = 0; i < y.size(); ++i) {
@@ -111,31 +111,37 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
       const PanelKernel panel = table.panel[static_cast<size_t>(type)];
       ASSERT_TRUE(regular.fn != nullptr || panel.fn != nullptr)
           << ggml_type_name(type) << " " << isa_name(isa);
-      if (panel.fn != nullptr) {
+      for (int groups = 1; panel.fn != nullptr && groups <= panel.groups; ++groups) {
         const ActFormat f = act_format_for(type);
         ASSERT_TRUE(has_act_panels(f)) << ggml_type_name(type);
         const int64_t k = 5 * ggml_traits(type).block_size;
         const auto w_bytes = test::random_weights(type, panel.rows, k, rng);
         const int64_t row_bytes = static_cast<int64_t>(w_bytes.size()) / panel.rows;
         const auto act_bytes = static_cast<int64_t>(act_row_bytes(f, k));
-        std::vector<uint8_t> act(static_cast<size_t>(act_bytes * kPanelTokens));  // [tokens, act_bytes]
+        const int n_tokens = groups * kPanelTokens;
+        std::vector<uint8_t> act(static_cast<size_t>(act_bytes * n_tokens));  // [n_tokens, act_bytes]
         std::vector<float> x(static_cast<size_t>(k));
-        for (int t = 0; t < kPanelTokens; ++t) {
+        for (int t = 0; t < n_tokens; ++t) {
           for (float& v : x) v = normal(rng);
           quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
         }
-        std::vector<uint8_t> packed(act_panel_bytes(f, k, kPanelTokens));
-        pack_act_panel(f, act.data(), act_bytes, k, packed.data());
+        const size_t group_bytes = act_panel_bytes(f, k, kPanelTokens);
+        std::vector<uint8_t> packed(group_bytes * static_cast<size_t>(groups));  // [groups] panels
+        for (int g = 0; g < groups; ++g)
+          pack_act_panel(f, panel.layout, act.data() + g * kPanelTokens * act_bytes, act_bytes, k,
+                         packed.data() + g * group_bytes);
         const int64_t ldy = panel.rows + 3;
-        std::vector<float> y(static_cast<size_t>(ldy * kPanelTokens), 7.0f);  // [tokens, ldy]
-        panel.fn(w_bytes.data(), row_bytes, packed.data(), k, y.data(), ldy);
-        for (int t = 0; t < kPanelTokens; ++t) {
+        std::vector<float> y(static_cast<size_t>(ldy * n_tokens), 7.0f);  // [n_tokens, ldy]
+        panel.fn(w_bytes.data(), row_bytes, packed.data(), static_cast<int64_t>(group_bytes), groups, k,
+                 y.data(), ldy);
+        for (int t = 0; t < n_tokens; ++t) {
           for (int64_t r = 0; r < ldy; ++r) {
             const float want = r < panel.rows ? vec_dot(isa, type, w_bytes.data() + r * row_bytes,
                                                         act.data() + t * act_bytes, k)
                                               : 7.0f;
             ASSERT_EQ(std::bit_cast<uint32_t>(y[t * ldy + r]), std::bit_cast<uint32_t>(want))
-                << ggml_type_name(type) << " " << isa_name(isa) << " panel t=" << t << " r=" << r;
+                << ggml_type_name(type) << " " << isa_name(isa) << " panel of " << groups << " groups t=" << t
+                << " r=" << r;
           }
         }
       }

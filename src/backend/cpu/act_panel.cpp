@@ -23,11 +23,22 @@ size_t act_panel_bytes(ActFormat format, int64_t k, int64_t n_tokens) {
   return 0;
 }
 
-void pack_act_panel(ActFormat format, const uint8_t* act, int64_t act_bytes, int64_t k, uint8_t* panel) {
+void pack_act_panel(ActFormat format, PanelLayout layout, const uint8_t* act, int64_t act_bytes, int64_t k,
+                    uint8_t* panel) {
   KVTIER_ASSERT(has_act_panels(format), "no panels for f32 activations");
+  KVTIER_ASSERT(layout == PanelLayout::kGroups || format == ActFormat::kQ8_32,
+                "row panels are for q8_32 only");
   for (int t = 0; t < kPanelTokens; ++t) {
     const uint8_t* row = act + t * act_bytes;
-    if (format == ActFormat::kQ8_32) {
+    if (layout == PanelLayout::kRows) {
+      const auto* a = reinterpret_cast<const ActQ8_32*>(row);
+      auto* out = reinterpret_cast<PanelQ8_32Rows*>(panel);
+      for (int64_t b = 0; b < k / kQK; ++b) {
+        std::memcpy(out[b].qs[t], a[b].qs, kQK);
+        out[b].d[t] = a[b].d;
+        out[b].sum[t] = a[b].sum;
+      }
+    } else if (format == ActFormat::kQ8_32) {
       const auto* a = reinterpret_cast<const ActQ8_32*>(row);
       auto* out = reinterpret_cast<PanelQ8_32*>(panel);
       for (int64_t b = 0; b < k / kQK; ++b) {

@@ -3,6 +3,9 @@
 // broadcasts 4 weight bytes against one panel vector and gets 8 tokens' partial dots in 8 lanes;
 // the per-block float work (convert, scale product, FMA) is done once per 8 tokens instead of once
 // per token. A panel is built once per matmul call and shared by every weight row.
+//
+// A second layout keeps each token's block as it lies (PanelLayout::kRows): the tile then works on
+// one token's whole block per vector, as vec_dot does, but finds the 8 tokens' scales side by side.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +26,20 @@ struct PanelQ8_32 {
 };
 static_assert(sizeof(PanelQ8_32) == 320);
 
+// Which arrangement of a panel's quants a panel tile reads (kernels.h PanelKernel::layout).
+enum class PanelLayout {
+  kGroups,  // PanelQ8_32 / PanelQ8_K: 4-element groups of all tokens side by side
+  kRows,    // PanelQ8_32Rows: each token's block as it lies (kQ8_32 only)
+};
+
+// One block of 32 elements of kPanelTokens tokens, each token's quants as they lie.
+struct PanelQ8_32Rows {
+  int8_t qs[kPanelTokens][kQK];  // [token][element]
+  float d[kPanelTokens];         // [token] the block's scale
+  int32_t sum[kPanelTokens];     // [token] the sum of the block's 32 quants
+};
+static_assert(sizeof(PanelQ8_32Rows) == sizeof(PanelQ8_32), "both layouts take the same bytes");
+
 // One super-block of 256 elements (an ActQ8_K block) of kPanelTokens tokens.
 struct PanelQ8_K {
   int8_t qs[kQKK / 4][kPanelTokens][4];       // [group of 4 elements][token][4]
@@ -35,11 +52,12 @@ static_assert(sizeof(PanelQ8_K) == 2048 + 32 + 256);
 bool has_act_panels(ActFormat format);
 
 // Bytes of the panels for n_tokens tokens of k elements (only whole groups of kPanelTokens tokens
-// are panelled; k a multiple of the format's block size).
+// are panelled; k a multiple of the format's block size), the same for either layout.
 size_t act_panel_bytes(ActFormat format, int64_t k, int64_t n_tokens);
 
 // act: [kPanelTokens] activation rows of `format` of k elements, act_bytes apart -> panel: one
-// panel block (PanelQ8_32 / PanelQ8_K) per activation block.
-void pack_act_panel(ActFormat format, const uint8_t* act, int64_t act_bytes, int64_t k, uint8_t* panel);
+// panel block (PanelQ8_32 / PanelQ8_K, or PanelQ8_32Rows for kRows) per activation block.
+void pack_act_panel(ActFormat format, PanelLayout layout, const uint8_t* act, int64_t act_bytes, int64_t k,
+                    uint8_t* panel);
 
 }  // namespace kvtier::cpu

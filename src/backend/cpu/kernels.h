@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 
+#include "backend/cpu/act_panel.h"
 #include "backend/cpu/cpu_features.h"
 #include "core/ggml_type.h"
 
@@ -50,17 +51,34 @@ struct TileKernel {
   int tokens = 0;
 };
 
-// Tile over an activation panel (act_panel.h): `rows` weight rows x kPanelTokens tokens.
+// Tile over activation panels (act_panel.h): `rows` weight rows x `groups` token groups of
+// kPanelTokens tokens (1 <= groups <= PanelKernel::groups).
 //   w: [rows] weight rows, row_bytes apart
-//   panel: one token group's panel blocks (PanelQ8_32 or PanelQ8_K, by the type's ActFormat)
-//   y: y[t * ldy + r] for t < kPanelTokens, r < rows
+//   panel: [groups] token groups' panel blocks, group_bytes apart (PanelQ8_32 or PanelQ8_K by the
+//          type's ActFormat, or PanelQ8_32Rows where the kernel's layout is kRows)
+//   y: y[t * ldy + r] for t < groups * kPanelTokens, r < rows
 // Bit-identical to the same table's vec_dot of each (row, token), like TileFn.
-using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t k, float* y,
-                             int64_t ldy);
+using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes,
+                             int groups, int64_t k, float* y, int64_t ldy);
+
+// A PanelTileFn from a kernel of exactly G groups (kFull) and one of 1 group (kOne, for the last
+// groups of a matmul); both take (w, row_bytes, panel, group_bytes, k, y, ldy).
+template <auto kFull, auto kOne, int G>
+void panel_in_groups(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes,
+                     int groups, int64_t k, float* y, int64_t ldy) {
+  if (groups == G) {
+    kFull(w, row_bytes, panel, group_bytes, k, y, ldy);
+    return;
+  }
+  for (int g = 0; g < groups; ++g)
+    kOne(w, row_bytes, panel + g * group_bytes, group_bytes, k, y + g * kPanelTokens * ldy, ldy);
+}
 
 struct PanelKernel {
   PanelTileFn fn = nullptr;  // null: the type has no panel tile
   int rows = 0;
+  PanelLayout layout = PanelLayout::kGroups;  // how matmul packs the panels it is given
+  int groups = 1;                             // token groups per call at most (weights unpacked once for all)
 };
 
 constexpr size_t kMaxGgmlTypeId = 40;

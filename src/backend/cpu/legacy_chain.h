@@ -131,57 +131,69 @@ void narrow_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64
   _mm_storeu_ps(y, s);
 }
 
-// R rows x 8 tokens over a panel (lane t: token t). Per block and row: the unpacked weights go to a
-// small buffer, and each 4-byte group is broadcast against the panel's vector of that group; the
-// int16 pair sums of 4 groups stay below 2^15 (4 x 2 x 31 x 127), so they are added before widening.
-template <bool kVnni, Chain kType, typename Block, int R>
-void panel_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t k, float* y,
-                 int64_t ldy) {
+// R rows x G token groups of 8 over panels (lane t: token t). Per block and row: the unpacked weights
+// go to a small buffer, and each 4-byte group is broadcast against the panels' vectors of that
+// group; the int16 pair sums of 4 groups stay below 2^15 (4 x 2 x 31 x 127), so they are added
+// before widening. Each block is unpacked, and each weight group broadcast, once for all G groups.
+template <bool kVnni, Chain kType, typename Block, int R, int G>
+void panel_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes, int64_t k,
+                 float* y, int64_t ldy) {
   const Block* x[R];
   for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
-  const auto* p = reinterpret_cast<const PanelQ8_32*>(panel);
+  const PanelQ8_32* p[G];
+  for (int g = 0; g < G; ++g) p[g] = reinterpret_cast<const PanelQ8_32*>(panel + g * group_bytes);
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 s[R], m[R];  // [row] lane t: token t's chains
-  for (int r = 0; r < R; ++r) s[r] = m[r] = _mm256_setzero_ps();
+  __m256 s[R][G], m[R][G];  // [row][group] lane t: token t's chains
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g) s[r][g] = m[r][g] = _mm256_setzero_ps();
   alignas(32) uint8_t u[R][kQK];  // [row] the block's unsigned quants
   for (int64_t b = 0; b < k / kQK; ++b) {
     for (int r = 0; r < R; ++r)
       _mm256_store_si256(reinterpret_cast<__m256i*>(u[r]), unpack_unsigned<kType>(x[r][b]));
-    __m256i lo[R], hi[R];  // [row] AVX2: int16 pair sums of groups 0..3 and 4..7; VNNI: lo the i32 dots
-    for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+    // [row][group] AVX2: int16 pair sums of element groups 0..3 and 4..7; VNNI: lo the i32 dots
+    __m256i lo[R][G], hi[R][G];
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) lo[r][g] = hi[r][g] = _mm256_setzero_si256();
     for (int j = 0; j < kQK / 4; ++j) {
-      const __m256i av = load256(p[b].qs[j]);
       for (int r = 0; r < R; ++r) {
         const __m256i wb = _mm256_set1_epi32(static_cast<int>(load_u32(u[r] + 4 * j)));
-        if constexpr (kVnni) {
-          lo[r] = _mm256_dpbusd_epi32(lo[r], wb, av);
-        } else {
-          const __m256i d = _mm256_maddubs_epi16(wb, av);
-          if (j < 4)
-            lo[r] = _mm256_add_epi16(lo[r], d);
-          else
-            hi[r] = _mm256_add_epi16(hi[r], d);
+        for (int g = 0; g < G; ++g) {
+          const __m256i av = load256(p[g][b].qs[j]);
+          if constexpr (kVnni) {
+            lo[r][g] = _mm256_dpbusd_epi32(lo[r][g], wb, av);
+          } else {
+            const __m256i d = _mm256_maddubs_epi16(wb, av);
+            if (j < 4)
+              lo[r][g] = _mm256_add_epi16(lo[r][g], d);
+            else
+              hi[r][g] = _mm256_add_epi16(hi[r][g], d);
+          }
         }
       }
     }
-    const __m256 da = _mm256_loadu_ps(p[b].d);
-    const __m256i asum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[b].sum));
-    for (int r = 0; r < R; ++r) {
-      __m256i isum = lo[r];
-      if constexpr (!kVnni)
-        isum = _mm256_add_epi32(_mm256_madd_epi16(lo[r], ones), _mm256_madd_epi16(hi[r], ones));
-      if constexpr (kOffsetShift<kType> != 0)
-        isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, kOffsetShift<kType>));
-      const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(scale_of(x[r][b])), da);
-      s[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, s[r]);
-      if constexpr (kHasMin<kType>) {
-        const __m256 mw_da = _mm256_mul_ps(_mm256_set1_ps(min_of(x[r][b])), da);
-        m[r] = _mm256_add_ps(m[r], _mm256_mul_ps(mw_da, _mm256_cvtepi32_ps(asum)));
+    for (int g = 0; g < G; ++g) {
+      const __m256 da = _mm256_loadu_ps(p[g][b].d);
+      const __m256i asum = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p[g][b].sum));
+      for (int r = 0; r < R; ++r) {
+        __m256i isum = lo[r][g];
+        if constexpr (!kVnni)
+          isum = _mm256_add_epi32(_mm256_madd_epi16(lo[r][g], ones), _mm256_madd_epi16(hi[r][g], ones));
+        if constexpr (kOffsetShift<kType> != 0)
+          isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, kOffsetShift<kType>));
+        const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(scale_of(x[r][b])), da);
+        s[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, s[r][g]);
+        if constexpr (kHasMin<kType>) {
+          const __m256 mw_da = _mm256_mul_ps(_mm256_set1_ps(min_of(x[r][b])), da);
+          m[r][g] = _mm256_add_ps(m[r][g], _mm256_mul_ps(mw_da, _mm256_cvtepi32_ps(asum)));
+        }
       }
     }
   }
   static_assert(kPanelTokens == 8, "one lane per token");
-  for (int r = 0; r < R; ++r) store_token_lanes(kHasMin<kType> ? _mm256_add_ps(s[r], m[r]) : s[r], y, ldy, r);
+  for (int r = 0; r < R; ++r)
+    for (int g = 0; g < G; ++g)
+      store_token_lanes(kHasMin<kType> ? _mm256_add_ps(s[r][g], m[r][g]) : s[r][g],
+                        y + g * kPanelTokens * ldy, ldy, r);
 }
 
 template <bool kVnni, Chain kType, typename Block>
@@ -191,7 +203,14 @@ void set_chain(KernelTable& t, GgmlType type) {
   t.tile[i] = TileKernel{};
   t.tile_wide[i] = TileKernel{};
   t.tile_narrow[i] = TileKernel{narrow_chain<kVnni, kType, Block>, 4, 1};
-  t.panel[i] = PanelKernel{panel_chain<kVnni, kType, Block, 2>, 2};
+  // AVX2: 1 row x 2 token groups (bench_matmul_cputime 3 avx2, 3 interleaved rounds on a 2-vCPU AMD
+  // EPYC, AVX2 only, GFLOP per CPU second: q5_0 640 -> 2048 85.5 -> 96, q4_1 576 -> 1536 83 -> 97.5
+  // against 2 rows x 1 group; 1 x 3, 1 x 4 and 2 x 2 were slower than 1 x 2). VNNI (not measured with
+  // several groups here: no AVX-512 machine): 2 rows x 1 group as before.
+  constexpr int R = kVnni ? 2 : 1, G = kVnni ? 1 : 2;
+  t.panel[i] = PanelKernel{
+      panel_in_groups<panel_chain<kVnni, kType, Block, R, G>, panel_chain<kVnni, kType, Block, R, 1>, G>, R,
+      PanelLayout::kGroups, G};
 }
 
 // Sets vec_dot, the one-token tile and the panel tile of q4_0, q4_1, q5_0 and q5_1 (and clears their

@@ -142,6 +142,7 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
       wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows && wide.tokens % tile.tokens == 0),
       "wide tile of {} rows", wide.rows);
   KVTIER_ASSERT(narrow.fn == nullptr || narrow.tokens == 1, "narrow tile of {} tokens", narrow.tokens);
+  KVTIER_ASSERT(panel.fn == nullptr || panel.groups >= 1, "panel tile of {} token groups", panel.groups);
   // Outputs of rows [rb, re) x tokens [tb, te) one token at a time: narrow tiles, then vec_dots.
   auto edge = [&](int64_t rb, int64_t re, int64_t tb, int64_t te) {
     for (int64_t t = tb; t < te; ++t) {
@@ -169,7 +170,8 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
     pool.run(n_pack, [&](int part) {
       const Range g = split_range(n_groups, n_pack, part);
       for (int64_t i = g.begin; i < g.end; ++i)
-        pack_act_panel(fmt, act + i * kPanelTokens * act_bytes, act_bytes, w.k, panels + i * group_bytes);
+        pack_act_panel(fmt, panel.layout, act + i * kPanelTokens * act_bytes, act_bytes, w.k,
+                       panels + i * group_bytes);
     });
     const int64_t t_end = n_groups * kPanelTokens;
     pool.run(n_parts, [&](int part) {
@@ -179,10 +181,12 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
       // while every group passes over them.
       for (int64_t r0 = rows.begin; r0 < r_end; r0 += kRowAlign) {
         const int64_t r1 = std::min(r_end, r0 + kRowAlign);
-        for (int64_t g = 0; g < n_groups; ++g) {
+        for (int64_t g = 0; g < n_groups; g += panel.groups) {
+          const int ng = static_cast<int>(std::min<int64_t>(panel.groups, n_groups - g));
           for (int64_t r = r0; r < r1; r += panel.rows)
-            panel.fn(w.data + r * row_bytes, row_bytes, panels + g * group_bytes, w.k,
-                     y + g * kPanelTokens * w.n_rows + r, w.n_rows);
+            panel.fn(w.data + r * row_bytes, row_bytes, panels + g * group_bytes,
+                     static_cast<int64_t>(group_bytes), ng, w.k, y + g * kPanelTokens * w.n_rows + r,
+                     w.n_rows);
         }
       }
       edge(r_end, rows.end, 0, t_end);
