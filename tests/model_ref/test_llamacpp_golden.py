@@ -194,15 +194,27 @@ def test_checks_can_fail():
 
 @pytest.mark.skipif(not HAVE_LLAMA_CPP, reason="llama-cpp-python not installed (scripts/setup.sh --with-llama-cpp)")
 def test_golden_file_is_current():
+    """The installed llama.cpp still gives the recorded results: to 1e-4 in perplexity and 1e-3 in the
+    greedy steps' top log-probability when it is the recorded build (version and system info, i.e. its
+    kernel path). A build for another CPU (AVX2 only against the recorded AVX-512 build) has other
+    kernels (Gemma-3's perplexity moved by 1.1 % between the two): there it is held to the bounds kvtier
+    is held to against llama.cpp, perplexity within PPL_TOL and a greedy continuation that parts from
+    the recorded one only at a near-tie of the recorded log-probabilities."""
     import llama_cpp
     assert GOLDEN["llama_cpp_python"] == llama_cpp.__version__
+    same_build = llama_cpp.llama_print_system_info().decode().strip() == GOLDEN["system_info"].strip()
     for name in MODELS:
         g = golden(name)
         path = kt.model(name)
         ppl = lg.perplexity(path, (DATA / "declaration.txt").read_text())
         assert ppl["n_scored"] == g["perplexity"]["n_scored"]
-        assert abs(ppl["perplexity"] / g["perplexity"]["perplexity"] - 1) <= 1e-4
+        rel = abs(ppl["perplexity"] / g["perplexity"]["perplexity"] - 1)
+        assert rel <= (1e-4 if same_build else PPL_TOL), (name, same_build, rel)
         now = lg.greedy(path, PROMPTS[0])
+        if not same_build:
+            part = parting(now["tokens"], g["greedy"][0])
+            assert part is None or part[1] < NEAR_TIE, (name, part)
+            continue
         assert now["tokens"] == g["greedy"][0]["tokens"]
         for a, b in zip(now["top"], g["greedy"][0]["top"]):
             assert a["ids"][0] == b["ids"][0] and abs(a["lp"][0] - b["lp"][0]) <= 1e-3
