@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "kv/footprint.h"
 #include "kv/make_kv_cache.h"
+#include "policy/kv_policy.h"
 #include "runtime/profile_cache.h"
 #include "runtime/skew_sample.h"
 
@@ -172,6 +173,16 @@ std::span<const float> Session::evaluate_states(kv::SeqId seq, std::span<const T
   }
   KVTIER_ASSERT(i == n, "the prefill plan covers {} of {} tokens", i, n);
   return {logits_.data(), model_.config.n_vocab};
+}
+
+bool Session::prefill_cuts_matter() const {
+  const kv::KvOptions& k = opt_.kv_placement;
+  policy::KvPolicy p;
+  p.placement = k.placement.placement;
+  p.representation = k.representation;
+  p.selection = k.selection;
+  p.retention = k.retention;
+  return !p.exact();
 }
 
 std::span<const float> Session::decode(kv::SeqId seq, TokenId token) {

@@ -90,13 +90,17 @@ class Session {
   std::span<const float> evaluate_states(kv::SeqId seq, std::span<const TokenId> tokens, const StatesFn& fn,
                                          const ProgressFn& progress = {});
   // The passes (token counts) in which prefill() would append the next n tokens of `seq`, in passes of
-  // at most `chunk` tokens (0: the session's chunk). Batched callers (bench --batch, serve) feed a
-  // prompt in exactly these pieces: a policy with its own schedule (locret evicts after each planned
-  // piece) plans it here, and the policies whose result depends on where passes end (h2o, kivi,
-  // locret) then give what the pieces give alone, whatever else shares the passes.
+  // at most `chunk` tokens (0: the session's chunk). A policy with its own schedule (locret evicts
+  // after each planned piece) plans it here.
   std::vector<int64_t> plan_prefill(kv::SeqId seq, int64_t n, int64_t chunk = 0) {
     return kv_->plan_prefill(seq, n, chunk > 0 ? std::min(chunk, opt_.chunk) : opt_.chunk);
   }
+  // Whether where a prompt's passes end can change the result: not for an exact policy (bit-identical
+  // to resident at any cut); for an approximate one it can (h2o evicts and kivi quantises at the end of
+  // each pass, locret after each pass of its plan). Batched callers (bench --batch, serve) then feed a
+  // prompt in exactly the pieces plan_prefill gives, so it gets what those passes give alone, whatever
+  // else shares them; otherwise they may cut it to fill each pass.
+  bool prefill_cuts_matter() const;
   // Forgets the sequence's positions >= n (n = 0 frees it).
   void truncate(kv::SeqId seq, int64_t n);
   void truncate(int64_t n) { truncate(0, n); }

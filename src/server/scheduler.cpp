@@ -51,6 +51,7 @@ void RequestHandle::push(GenEvent ev) {
 
 Scheduler::Scheduler(runtime::Session& session, SchedulerOptions opt) : session_(session), opt_(opt) {
   slots_.resize(session_.max_sequences());
+  planned_ = session_.prefill_cuts_matter();
   piece_chunk_ = std::max<int64_t>(1, session_.chunk() - (session_.max_batch() - 1));
   stats_.max_seqs = session_.max_sequences();
   snapshot();
@@ -134,7 +135,9 @@ void Scheduler::admit(Pending p) {
   s.req = std::move(p.req);
   s.kv_tokens.resize(keep);
   s.fed = keep;
-  s.pieces = session_.plan_prefill(seq, static_cast<int64_t>(s.req.prompt.size() - keep), piece_chunk_);
+  s.pieces.clear();
+  if (planned_)
+    s.pieces = session_.plan_prefill(seq, static_cast<int64_t>(s.req.prompt.size() - keep), piece_chunk_);
   s.piece = 0;
   s.next = -1;
   s.sampler = std::make_unique<runtime::Sampler>(s.req.sampling, session_.model().config.n_vocab);
@@ -260,9 +263,10 @@ void Scheduler::loop() {
       const size_t i = (rotate_ + j) % n_slots;
       Slot& s = slots_[i];
       if (!s.h || s.fed == s.req.prompt.size()) continue;
-      const auto m = static_cast<size_t>(s.pieces[s.piece]);
+      const size_t m = planned_ ? static_cast<size_t>(s.pieces[s.piece])
+                                : std::min<size_t>(static_cast<size_t>(budget), s.req.prompt.size() - s.fed);
       if (static_cast<int64_t>(m) > budget) continue;  // a later step (one always has room for it)
-      ++s.piece;
+      if (planned_) ++s.piece;
       const bool last = s.fed + m == s.req.prompt.size();
       parts_.push_back({static_cast<kv::SeqId>(i), std::span(s.req.prompt).subspan(s.fed, m),
                         last ? model::LogitRows::kLast : model::LogitRows::kNone});

@@ -147,9 +147,11 @@ class Scheduler {
 
   runtime::Session& session_;
   SchedulerOptions opt_;
-  // Prompt pieces are planned in passes of at most this many tokens: the chunk less room for a decode
-  // token of every other sequence, so a piece always fits beside them and where a prompt's passes end
-  // does not depend on what else runs (h2o, kivi and locret depend on it).
+  // An approximate policy's result can depend on where a prompt's passes end (Session::prefill_cuts_matter):
+  // then prompts are fed in pieces planned at admission, in passes of at most piece_chunk_ tokens (the
+  // chunk less room for a decode token of every other sequence, so a piece always fits beside them),
+  // and a request's result does not depend on what else runs. Otherwise pieces fill each pass.
+  bool planned_ = false;
   int64_t piece_chunk_ = 1;
   std::vector<Slot> slots_;  // [max sequences] slot i runs sequence i
   std::vector<model::SeqTokens> parts_;

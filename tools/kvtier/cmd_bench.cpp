@@ -110,11 +110,13 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
   if (digests != nullptr) digests->assign(B, {});
   std::vector<runtime::TokenId> next(B);
   std::vector<size_t> fed(B, 0);
-  // Each prompt in the pieces the policy plans for it (its prefill alone would run the same passes), so
-  // a policy whose result depends on where passes end gives each sequence what it gives alone.
-  std::vector<std::vector<int64_t>> pieces(B);  // [b] token counts of b's prefill passes
+  // Where the policy's result depends on where passes end, each prompt in the pieces the policy plans
+  // for it (its prefill alone runs the same passes), so each sequence gets what it gets alone; else
+  // each pass filled with the prompts' next tokens.
+  const bool planned = s.prefill_cuts_matter();
+  std::vector<std::vector<int64_t>> pieces(B);  // [b] token counts of b's prefill passes (planned)
   std::vector<size_t> piece(B, 0);              // [b] the next of them
-  for (size_t b = 0; b < B; ++b)
+  for (size_t b = 0; b < B && planned; ++b)
     pieces[b] = s.plan_prefill(static_cast<kv::SeqId>(b), static_cast<int64_t>(prompts[b].size()));
   std::vector<model::SeqTokens> parts;
   std::vector<size_t> who;
@@ -126,9 +128,10 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
     int64_t budget = s.chunk();
     for (size_t b = 0; b < B && budget > 0 && static_cast<int64_t>(parts.size()) < s.max_batch(); ++b) {
       if (fed[b] == prompts[b].size()) continue;
-      const auto m = static_cast<size_t>(pieces[b][piece[b]]);
+      const size_t m = planned ? static_cast<size_t>(pieces[b][piece[b]])
+                               : std::min<size_t>(static_cast<size_t>(budget), prompts[b].size() - fed[b]);
       if (static_cast<int64_t>(m) > budget) continue;  // the next pass (a piece fits an empty pass)
-      ++piece[b];
+      if (planned) ++piece[b];
       const bool last = fed[b] + m == prompts[b].size();
       parts.push_back({static_cast<kv::SeqId>(b), std::span(prompts[b]).subspan(fed[b], m),
                        last ? model::LogitRows::kLast : model::LogitRows::kNone});
