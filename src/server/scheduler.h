@@ -124,10 +124,9 @@ class Scheduler {
     GenRequest req;
     std::vector<TokenId> kv_tokens;  // the tokens whose KV the sequence holds
     size_t fed = 0;                  // prompt tokens in the KV
-    std::vector<int64_t>
-        pieces;         // the rest of the prompt's prefill passes (token counts), planned at admission
-    size_t piece = 0;   // the next of them
-    TokenId next = -1;  // sampled, to be fed by the next step
+    std::vector<int64_t> pieces;     // planned_: the prompt's prefill passes (token counts)
+    size_t piece = 0;                // the next of them
+    TokenId next = -1;               // sampled, to be fed by the next step
     std::unique_ptr<runtime::Sampler> sampler;
     std::vector<TokenId> history;
     std::unique_ptr<runtime::TextStream> text;
