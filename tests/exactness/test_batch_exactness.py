@@ -16,6 +16,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from kvtier_testlib import model, run  # noqa: E402
 from test_exactness import configs, pick, row_kind, with_model_files  # noqa: E402
+from test_locret_offloaded import heads  # noqa: E402,F401  (fixture: untrained SmolLM2 retaining heads)
 import re  # noqa: E402
 
 N_GEN = 6
@@ -138,13 +139,6 @@ APPROX = [
 APPROX_PROMPT = 150
 
 
-@pytest.fixture(scope="module")
-def locret_heads(tmp_path_factory):
-    h = tmp_path_factory.mktemp("locret") / "smollm2.locret.gguf"
-    run("train-locret", "-m", model("smollm2"), "-o", h, "--steps", 0, "--d-m", 16)
-    return h
-
-
 def alone_with(mdl, ids, chunk, cfg):
     p = run("run", "-m", mdl, "--ids", ",".join(map(str, ids)), "-n", N_GEN, "--ignore-eos", "--chunk", chunk,
             "-t", 2, "--json", *cfg)
@@ -152,9 +146,9 @@ def alone_with(mdl, ids, chunk, cfg):
 
 
 @pytest.mark.parametrize("cfg", APPROX, ids=[c[1] for c in APPROX])
-def test_smollm2_approximate_batched_equals_alone(tmp_path, cfg, locret_heads):
+def test_smollm2_approximate_batched_equals_alone(tmp_path, cfg, heads):
     mdl = model("smollm2")
-    cfg = [str(locret_heads) if c == "@HEADS" else c for c in cfg]
+    cfg = [str(heads) if c == "@HEADS" else c for c in cfg]
     extras = [[]]
     if not cfg[1].startswith("resident"):
         disk = tmp_path / "kvdisk"
