@@ -266,15 +266,15 @@ void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int
 
 // InfiniGen's estimated scores for one KV head: SmolLM2's shape (3 query heads per KV head, 19
 // partial columns) over T rows; items = rows scored. units > 1: each call scores the next of `units`
-// separate partial key caches (a decode step's 28 layers x 3 KV heads: 84 x T x 76 B, out of cache).
+// separate partial key caches (a decode step's 28 layers x 3 KV heads: 84 x T x 38 B of f16, out of cache).
 void bm_spec_scores(benchmark::State& state, Isa isa, int64_t T, int64_t units) {
   const int64_t G = 3, K = 19;
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
-  std::vector<float> q(static_cast<size_t>(G * K)), pk(static_cast<size_t>(units * T * K)),
-      out(static_cast<size_t>(T));
+  std::vector<float> q(static_cast<size_t>(G * K)), out(static_cast<size_t>(T));
+  std::vector<uint16_t> pk(static_cast<size_t>(units * T * K));  // [units, T, K] f16
   for (float& x : q) x = nd(rng);
-  for (float& x : pk) x = nd(rng);
+  for (uint16_t& x : pk) x = f32_to_f16(nd(rng));
   const cpu::SpecScoresFn fn = cpu::spec_scores_kernel(isa);
   int64_t u = 0;
   for (auto _ : state) {

@@ -334,11 +334,11 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
                      2 * pool_pages * sizeof(int64_t);
   }
   if (o.selection == policy::Selection::kInfinigen) {
-    // Partial keys: per (sequence, layer, KV head) a row of ig_cols f32 per position (PartialKeys).
+    // Partial keys: per (sequence, layer, KV head) a row of ig_cols f16 per position (PartialKeys).
     t.ig_cols = o.skew ? int64_t{o.skew->partial_columns}
                        : static_cast<int64_t>(std::floor(0.3 * static_cast<double>(geo.head_dim_k)));
     t.ig_pk_bytes = uint64_t{o.max_seqs} * t.n_heads_total * static_cast<uint64_t>(ig_pk_slots(t, capacity)) *
-                    static_cast<uint64_t>(t.ig_cols) * sizeof(float);
+                    static_cast<uint64_t>(t.ig_cols) * sizeof(uint16_t);
     // A decode step attends at most the cap's rows per KV head, plus its own.
     const auto cap =
         static_cast<int64_t>(std::floor(o.knobs.infinigen_budget * static_cast<double>(capacity)));

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/half.h"
 #include "skew/skew_math.h"
 
 namespace kvtier::kv {
@@ -18,7 +19,7 @@ size_t count_units(const skew::SkewSet& s) {
 
 uint64_t PartialKeys::bytes(const skew::SkewSet& skew, const PartialKeysShape& shape) {
   return uint64_t{shape.max_seqs} * count_units(skew) * static_cast<uint64_t>(shape.slots) *
-         skew.partial_columns * sizeof(float);
+         skew.partial_columns * sizeof(uint16_t);
 }
 
 PartialKeys::PartialKeys(const skew::SkewSet& skew, const PartialKeysShape& shape, MemoryLedger& ledger)
@@ -33,12 +34,13 @@ PartialKeys::PartialKeys(const skew::SkewSet& skew, const PartialKeysShape& shap
   }
   reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, bytes(skew, shape));
   const size_t units = units_per_seq_ * shape.max_seqs;
-  pk_.assign(units * static_cast<size_t>(shape.slots * k_), 0.0f);
+  pk_.assign(units * static_cast<size_t>(shape.slots * k_), 0);
   b_.assign(units * static_cast<size_t>(d_ * k_), 0.0f);
   cols_.assign(units * static_cast<size_t>(k_), 0);
   score_.assign(units * static_cast<size_t>(d_), 0.0);
   observed_.assign(shape.max_seqs * skew.layers.size(), 0);
   rot_.resize(static_cast<size_t>(d_));
+  row_.resize(static_cast<size_t>(k_));
 }
 
 size_t PartialKeys::unit(SeqId seq, uint32_t layer, uint32_t g) const {
@@ -96,17 +98,8 @@ void PartialKeys::write(SeqId seq, uint32_t layer, int64_t slot0, const float* k
                 slot0 + n, shape_.slots);
   const int64_t hk = skew_.layers[layer].n_head_kv;
   for (int64_t g = 0; g < hk; ++g) {
-    const size_t u = unit(seq, layer, static_cast<uint32_t>(g));
-    const float* b = &b_[u * static_cast<size_t>(d_ * k_)];
-    float* dst =
-        &pk_[(u * static_cast<size_t>(shape_.slots) + static_cast<size_t>(slot0)) * static_cast<size_t>(k_)];
-    for (int64_t t = 0; t < n; ++t) {
-      const float* row = k + (t * hk + g) * d_;
-      float* o = dst + t * k_;
-      std::fill(o, o + k_, 0.0f);
-      for (int64_t i = 0; i < d_; ++i)
-        for (int64_t c = 0; c < k_; ++c) o[c] += row[i] * b[i * k_ + c];
-    }
+    for (int64_t t = 0; t < n; ++t)
+      write_row(seq, layer, static_cast<uint32_t>(g), slot0 + t, k + (t * hk + g) * d_);
   }
 }
 
@@ -114,14 +107,16 @@ void PartialKeys::write_row(SeqId seq, uint32_t layer, uint32_t g, int64_t slot,
   KVTIER_ASSERT(slot >= 0 && slot < shape_.slots, "partial-key row {} of {} slots", slot, shape_.slots);
   const size_t u = unit(seq, layer, g);
   const float* b = &b_[u * static_cast<size_t>(d_ * k_)];
-  float* o =
-      &pk_[(u * static_cast<size_t>(shape_.slots) + static_cast<size_t>(slot)) * static_cast<size_t>(k_)];
+  float* o = row_.data();
   std::fill(o, o + k_, 0.0f);
   for (int64_t i = 0; i < d_; ++i)
     for (int64_t c = 0; c < k_; ++c) o[c] += k[i] * b[i * k_ + c];
+  uint16_t* dst =
+      &pk_[(u * static_cast<size_t>(shape_.slots) + static_cast<size_t>(slot)) * static_cast<size_t>(k_)];
+  for (int64_t c = 0; c < k_; ++c) dst[c] = f32_to_f16(o[c]);
 }
 
-const float* PartialKeys::rows(SeqId seq, uint32_t layer, uint32_t g) const {
+const uint16_t* PartialKeys::rows(SeqId seq, uint32_t layer, uint32_t g) const {
   return &pk_[unit(seq, layer, g) * static_cast<size_t>(shape_.slots * k_)];
 }
 

@@ -8,7 +8,11 @@
 //                                              file's offline set below min_prompt tokens (§15.2)
 //                   write(seq, l, slot0, k, n) the prompt's rows (from the stored keys)
 //   each decode:    write(seq, l, slot, k, 1)  the new token's row
-//   speculation:    rows(seq, l, g)            [slots, k_cols] f32, for policy::speculate
+//   speculation:    rows(seq, l, g)            [slots, k_cols] f16, for policy::speculate
+//
+// The rows are stored in IEEE half (the spec's layout, §10: PK ≈ r/2 of an f16 KV cache, C5), computed in
+// f32 and rounded to nearest; speculation widens them exactly and accumulates in f32 (§6.2 [D]). A decode
+// step streams every speculating layer's rows once, so half the bytes is most of speculation's cost.
 //
 // Per-sequence column sets cost nothing extra here: a RoPE model's partial query is RoPE(q)·B from
 // the full q (§6.2), so there is no partial weight to share across a batch.
@@ -33,7 +37,7 @@ struct PartialKeysShape {
 
 class PartialKeys {
  public:
-  // Reserves slots x k_cols x 4 bytes per (sequence, layer, KV head) as device KV in the ledger.
+  // Reserves slots x k_cols x 2 bytes per (sequence, layer, KV head) as device KV in the ledger.
   PartialKeys(const skew::SkewSet& skew, const PartialKeysShape& shape, MemoryLedger& ledger);
 
   // Bytes it holds for these sizes (what the constructor reserves; planners predict with it).
@@ -51,8 +55,8 @@ class PartialKeys {
   // The row of one key k: [d] f32 (after RoPE) of KV head g at `slot` (the bounded pool: each head's new
   // token takes its own victim's slot).
   void write_row(SeqId seq, uint32_t layer, uint32_t g, int64_t slot, const float* k);
-  // Partial keys of (seq, layer, KV head g): [slots, k_cols] f32.
-  const float* rows(SeqId seq, uint32_t layer, uint32_t g) const;
+  // Partial keys of (seq, layer, KV head g): [slots, k_cols] f16 bits.
+  const uint16_t* rows(SeqId seq, uint32_t layer, uint32_t g) const;
   // B of (seq, layer, g): [d, k_cols] f32 (partial query: RoPE(q)·B); cols: [k_cols] ascending.
   const float* projection(SeqId seq, uint32_t layer, uint32_t g) const;
   std::span<const int32_t> columns(SeqId seq, uint32_t layer, uint32_t g) const;
@@ -69,12 +73,13 @@ class PartialKeys {
   std::vector<size_t> layer_unit0_;  // [n_layer] first unit of the layer within a sequence
   size_t units_per_seq_ = 0;
   Reservation reservation_;
-  std::vector<float> pk_;          // [max_seqs, units, slots, k_cols] f32
+  std::vector<uint16_t> pk_;       // [max_seqs, units, slots, k_cols] f16
   std::vector<float> b_;           // [max_seqs, units, d, k_cols] f32
   std::vector<int32_t> cols_;      // [max_seqs, units, k_cols]
   std::vector<double> score_;      // [max_seqs, units, d] column scores of the prefill so far
   std::vector<int64_t> observed_;  // [max_seqs] prompt tokens observed (layer 0)
   std::vector<float> rot_;         // scratch: [d] one rotated row
+  std::vector<float> row_;         // scratch: [k_cols] one partial row in f32
 };
 
 }  // namespace kvtier::kv

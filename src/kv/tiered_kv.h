@@ -472,17 +472,17 @@ class TieredKv final : public KvCache {
 
   // infinigen
   std::unique_ptr<PartialKeys> pk_;
-  Reservation ig_reservation_;        // the scratch below (tiered_layout's ig_scratch_bytes)
-  std::vector<uint8_t> cols_chosen_;  // [n_seqs] the prompt's columns are chosen (decoding)
-  std::vector<float> layer_scale_;    // [n_layer] the attention scale a layer was last attended with
-  Speculation spec_[2];               // layers l and l + 1 of the open pass (index layer % 2)
-  const float* new_k_f32_ = nullptr;  // the open layer's new keys: [n, n_head_kv, head_dim_k] f32
-  std::vector<float> la_q_;           // [batch, n_head, head_dim_k] f32 the look-ahead's queries
-  std::vector<float> la_qp_;          // [batch, n_head, ig_cols] f32 their partial queries
-  std::vector<int64_t> la_pos_;       // [batch]
-  std::vector<const float*> la_pk_;   // [batch * n_head_kv]
-  std::vector<int64_t> la_cap_;       // [batch]
-  std::vector<uint8_t> compact_;      // [2 * h_max][ig_rows rows] KV dtype: a unit's chosen rows
+  Reservation ig_reservation_;          // the scratch below (tiered_layout's ig_scratch_bytes)
+  std::vector<uint8_t> cols_chosen_;    // [n_seqs] the prompt's columns are chosen (decoding)
+  std::vector<float> layer_scale_;      // [n_layer] the attention scale a layer was last attended with
+  Speculation spec_[2];                 // layers l and l + 1 of the open pass (index layer % 2)
+  const float* new_k_f32_ = nullptr;    // the open layer's new keys: [n, n_head_kv, head_dim_k] f32
+  std::vector<float> la_q_;             // [batch, n_head, head_dim_k] f32 the look-ahead's queries
+  std::vector<float> la_qp_;            // [batch, n_head, ig_cols] f32 their partial queries
+  std::vector<int64_t> la_pos_;         // [batch]
+  std::vector<const uint16_t*> la_pk_;  // [batch * n_head_kv]
+  std::vector<int64_t> la_cap_;         // [batch]
+  std::vector<uint8_t> compact_;        // [2 * h_max][ig_rows rows] KV dtype: a unit's chosen rows
   uint64_t compact_pitch_ = 0;
   std::unique_ptr<uint8_t, FreeDeleter>
       key_page_;                // [h_max][page] one block of keys per head (4 KiB-aligned)

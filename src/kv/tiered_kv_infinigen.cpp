@@ -345,7 +345,7 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   in.k_cols = kc;
   in.scale = layer_scale_[t];
   in.qp = la_qp_.data();
-  in.pk = std::span<const float* const>(la_pk_.data(), static_cast<size_t>(B * hk));
+  in.pk = std::span<const uint16_t* const>(la_pk_.data(), static_cast<size_t>(B * hk));
   in.n_tokens = s.n_past;
   in.cap = std::span<const int64_t>(la_cap_.data(), static_cast<size_t>(B));
   in.group_scores = cpu::spec_scores_kernel(isa_);

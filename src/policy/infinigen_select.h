@@ -3,7 +3,7 @@
 // keys give estimated attention scores; a threshold, a shared count and a cap turn them into the
 // token rows layer i fetches, per KV head.
 //
-//   S_j[t]  = scale · sum_c qp_j[c] · pk[t][c]      (f32, c ascending: the contract A4 tests)
+//   S_j[t]  = scale · sum_c qp_j[c] · pk[t][c]      (f32, c ascending, pk f16 widened exactly: A4's contract)
 //   S_g[t]  = max over the query heads j of KV head g (GQA, §15.11; one head per group for MHA)
 //   m[s,g]  = max_t S_g[t];  c[s,g] = #{t : S_g[t] > m[s,g] - alpha}      (strict ">", §15.6)
 //   n_sel   = floor(mean over (s, g) of c[s,g])                          (heads x batch, §15.5)
@@ -36,21 +36,22 @@ void validate(const InfinigenParams& p);
 // (> 0), else floor(budget · T); at least 1.
 int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens = 0);
 
-// The scores S_g[t] of one (s, g) for rows t < T: q: [G, K] the group's partial queries, pk: [T, K],
-// out: [T], the formula above bit for bit. The kernels live in the CPU backend: cpu::spec_scores_ref (the
-// scalar loop) and cpu::spec_scores_kernel(isa), which give the same bits on every path.
-using GroupScoresFn = void (*)(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
-                               float* out);
+// The scores S_g[t] of one (s, g) for rows t < T: q: [G, K] f32 the group's partial queries, pk: [T, K]
+// f16 bits (the spec's partial key cache is FP16, §10), out: [T], the formula above bit for bit. The kernels
+// live in the CPU backend: cpu::spec_scores_ref (the scalar loop) and cpu::spec_scores_kernel(isa), which
+// give the same bits on every path.
+using GroupScoresFn = void (*)(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T,
+                               float scale, float* out);
 
 // One layer's speculation over a batch of n_seq sequences.
 struct SpecInput {
   int64_t n_seq = 0;
   int64_t n_head = 0;  // query heads H; query head h belongs to KV head h / (H / n_head_kv)
   int64_t n_head_kv = 0;
-  int64_t k_cols = 0;                // partial columns
-  float scale = 1.0f;                // multiplies the dot products (1/sqrt(d) unless folded into the weights)
-  const float* qp = nullptr;         // [n_seq, n_head, k_cols] f32 partial queries
-  std::span<const float* const> pk;  // [n_seq * n_head_kv] each [n_tokens[s], k_cols] f32 partial keys
+  int64_t k_cols = 0;         // partial columns
+  float scale = 1.0f;         // multiplies the dot products (1/sqrt(d) unless folded into the weights)
+  const float* qp = nullptr;  // [n_seq, n_head, k_cols] f32 partial queries
+  std::span<const uint16_t* const> pk;   // [n_seq * n_head_kv] each [n_tokens[s], k_cols] f16 partial keys
   std::span<const int64_t> n_tokens;     // [n_seq] T_s >= 1 (the current token not included)
   std::span<const int64_t> cap;          // [n_seq] cap_s >= 1
   GroupScoresFn group_scores = nullptr;  // required: cpu::spec_scores_kernel(isa) or cpu::spec_scores_ref

@@ -55,7 +55,7 @@ std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, c
     int64_t steps = 0, heads_seen = 0;
     const int64_t k_cols = pk.k_cols();
     qp.resize(static_cast<size_t>(H * k_cols));
-    std::vector<const float*> pk_rows(static_cast<size_t>(hk));
+    std::vector<const uint16_t*> pk_rows(static_cast<size_t>(hk));
     for (int64_t g = 0; g < hk; ++g)
       pk_rows[static_cast<size_t>(g)] = pk.rows(0, l, static_cast<uint32_t>(g));
     for (int64_t t = prompt; t < n; ++t) {

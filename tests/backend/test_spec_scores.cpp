@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "core/half.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,8 +17,9 @@
 namespace kvtier::cpu {
 namespace {
 
-// The loop written out independently of spec_scores_ref (the contract: f32, columns ascending).
-std::vector<float> direct(const std::vector<float>& q, int64_t G, int64_t K, const std::vector<float>& pk,
+// The loop written out independently of spec_scores_ref (the contract: the f16 keys widened, f32 products
+// and sums, columns ascending).
+std::vector<float> direct(const std::vector<float>& q, int64_t G, int64_t K, const std::vector<uint16_t>& pk,
                           int64_t T, float scale) {
   std::vector<float> out(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) {
@@ -24,7 +27,7 @@ std::vector<float> direct(const std::vector<float>& q, int64_t G, int64_t K, con
     for (int64_t j = 0; j < G; ++j) {
       float dot = 0.0f;
       for (int64_t c = 0; c < K; ++c) {
-        const float p = q[static_cast<size_t>(j * K + c)] * pk[static_cast<size_t>(t * K + c)];
+        const float p = q[static_cast<size_t>(j * K + c)] * f16_to_f32(pk[static_cast<size_t>(t * K + c)]);
         dot = dot + p;
       }
       const float v = scale * dot;
@@ -47,9 +50,11 @@ TEST(SpecScores, EveryIsaGivesTheScalarBits) {
     for (int64_t K : {1, 7, 8, 9, 16, 19, 38, 76}) {  // 19, 76: SmolLM2, Gemma-3 (r = 0.3)
       for (int64_t T : {1, 15, 16, 17, 100, 257}) {
         for (bool ties : {false, true}) {
-          std::vector<float> q(static_cast<size_t>(G * K)), pk(static_cast<size_t>(T * K));
+          // pk exactly T x K halves (under ASan a read past the last row is caught).
+          std::vector<float> q(static_cast<size_t>(G * K));
+          std::vector<uint16_t> pk(static_cast<size_t>(T * K));
           for (float& x : q) x = ties ? static_cast<float>(small(rng)) : nd(rng);
-          for (float& x : pk) x = ties ? static_cast<float>(small(rng)) : nd(rng);
+          for (uint16_t& x : pk) x = f32_to_f16(ties ? static_cast<float>(small(rng)) : nd(rng));
           const float scale = ties ? 1.0f : 0.125f;
           const std::vector<float> want = direct(q, G, K, pk, T, scale);
           for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
@@ -71,8 +76,8 @@ TEST(SpecScores, SignedZerosInfinitiesAndNanAsTheScalarMax) {
   // infinities and plain values, so rows see -0 vs +0 maxima, inf - inf = NaN dots and NaN products.
   const std::vector<float> q = {0.0f, -0.0f, inf, 1.0f, -1.0f, 2.0f};
   const float vals[] = {0.0f, -0.0f, nan, inf, -inf, 1.5f, -2.0f};
-  std::vector<float> pk(static_cast<size_t>(T * K));
-  for (size_t i = 0; i < pk.size(); ++i) pk[i] = vals[(i * 3 + i / 7) % 7];
+  std::vector<uint16_t> pk(static_cast<size_t>(T * K));
+  for (size_t i = 0; i < pk.size(); ++i) pk[i] = f32_to_f16(vals[(i * 3 + i / 7) % 7]);
   const std::vector<float> want = direct(q, G, K, pk, T, 1.0f);
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_supported(isa)) continue;

@@ -61,7 +61,7 @@ TEST(PartialKeys, ColumnsAreTheTopScoresOfTheRotatedPromptAndRowsAreRotatedKeysA
   const PartialKeysShape shape{kHeads, 128, 2, 64};
   PartialKeys pk(set, shape, ledger);
   EXPECT_EQ(ledger.current(Tier::kDevice, Category::kKv), PartialKeys::bytes(set, shape));
-  EXPECT_EQ(PartialKeys::bytes(set, shape), 2u * kLayers * kHk * 128 * 4 * 4);
+  EXPECT_EQ(PartialKeys::bytes(set, shape), 2u * kLayers * kHk * 128 * 4 * 2);  // f16 rows
   const int64_t n = 80;
   std::vector<std::vector<float>> qs, ks;
   for (int64_t l = 0; l < kLayers; ++l) {
@@ -96,9 +96,10 @@ TEST(PartialKeys, ColumnsAreTheTopScoresOfTheRotatedPromptAndRowsAreRotatedKeysA
       for (int64_t t = 0; t < n; ++t) {
         skew::rotate_rows(&ks[l][static_cast<size_t>((t * kHk + g) * kD)], 1, kD, set.layers[l].head_a(g, kD),
                           rot.data());
-        for (int64_t c = 0; c < 4; ++c)
-          EXPECT_NEAR(pk.rows(1, l, g)[(10 + t) * 4 + c],
-                      rot[static_cast<size_t>(cols[static_cast<size_t>(c)])], 1e-4);
+        for (int64_t c = 0; c < 4; ++c) {  // stored as f16: within half a unit of the last place
+          const float want = rot[static_cast<size_t>(cols[static_cast<size_t>(c)])];
+          EXPECT_NEAR(f16_to_f32(pk.rows(1, l, g)[(10 + t) * 4 + c]), want, 1e-4 + std::abs(want) * 0x1p-11f);
+        }
       }
     }
   }
@@ -128,9 +129,10 @@ TEST(RowGather, A7GatheredRowsAreThePoolRowsBitForBitAndTheCurrentTokenIsAttende
   const int64_t T = 300, k = 4;
   std::vector<uint16_t> plane(static_cast<size_t>(T * kD));  // [T, d] f16 bits of one KV head
   for (uint16_t& x : plane) x = static_cast<uint16_t>(rng());
-  const auto pk_rows = random_rows(rng, T * k);
+  std::vector<uint16_t> pk_rows;  // [T, k] f16
+  for (const float x : random_rows(rng, T * k)) pk_rows.push_back(f32_to_f16(x));
   const auto qp = random_rows(rng, 3 * k);  // one KV head with 3 query heads
-  const float* pk_ptr = pk_rows.data();
+  const uint16_t* pk_ptr = pk_rows.data();
   const int64_t n_tokens = T, cap = 60;
   policy::SpecInput in;
   in.n_seq = 1;
@@ -315,7 +317,7 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
     for (int64_t h = 0; h < kHeads; ++h)
       policy::partial_rows(hook.q[l].data() + h * kD, 1, kD,
                            pk.projection(0, l, static_cast<uint32_t>(h / 3)), 4, qp.data() + h * 4);
-    const float* pks[kHk] = {pk.rows(0, l, 0), pk.rows(0, l, 1)};
+    const uint16_t* pks[kHk] = {pk.rows(0, l, 0), pk.rows(0, l, 1)};
     const int64_t T[1] = {kPrompt};
     const int64_t cap[1] = {policy::speculation_cap(0.25, kPrompt)};
     ASSERT_LT(cap[0], kCap);

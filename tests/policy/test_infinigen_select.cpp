@@ -11,6 +11,7 @@
 
 #include "backend/cpu/spec_scores.h"
 #include "core/error.h"
+#include "core/half.h"
 #include "policy/infinigen_select.h"
 
 namespace kvtier::policy {
@@ -24,10 +25,26 @@ struct Case {
 };
 
 struct Data {
-  std::vector<float> qp;               // [S, H, K]
-  std::vector<std::vector<float>> pk;  // [S * Hk][T_s, K]
-  std::vector<const float*> pk_ptr;
+  std::vector<float> qp;                    // [S, H, K]
+  std::vector<std::vector<float>> pk;       // [S * Hk][T_s, K] f32 values a half holds exactly (after seal)
+  std::vector<std::vector<uint16_t>> pk16;  // the same as f16 bits, what speculate reads
+  std::vector<const uint16_t*> pk_ptr;
 };
+
+// Rounds the keys to f16 (the partial key cache's precision) and points the input at the f16 copies.
+void seal(Data& d) {
+  d.pk16.clear();
+  d.pk_ptr.clear();
+  for (auto& p : d.pk) {
+    std::vector<uint16_t> h(p.size());
+    for (size_t i = 0; i < p.size(); ++i) {
+      h[i] = f32_to_f16(p[i]);
+      p[i] = f16_to_f32(h[i]);
+    }
+    d.pk16.push_back(std::move(h));
+  }
+  for (const auto& h : d.pk16) d.pk_ptr.push_back(h.data());
+}
 
 Data make_data(const Case& c) {
   std::mt19937 rng(c.seed);
@@ -43,7 +60,7 @@ Data make_data(const Case& c) {
       for (float& x : p) x = value();
       d.pk.push_back(std::move(p));
     }
-  for (const auto& p : d.pk) d.pk_ptr.push_back(p.data());
+  seal(d);
   return d;
 }
 
@@ -193,13 +210,14 @@ TEST(InfinigenSelect, TopRowsBelowTheThresholdMatchTheReference) {
     d.pk[0][static_cast<size_t>(t)] = 1.0f;                                       // c = T
     d.pk[1][static_cast<size_t>(t)] = t % 7 == 3 ? -inf : static_cast<float>(t);  // c small
   }
-  for (const auto& p : d.pk) d.pk_ptr.push_back(p.data());
+  seal(d);
   for (float alpha : {5.0f, 0.5f, 1e-3f}) {  // the bound found at m - 80; none found (every row)
     SCOPED_TRACE(alpha);
     check_data(c, d, alpha, 1.0f, cpu::spec_scores_ref);
   }
   // Ties at the n-th score across the bound's candidates: the lower rows.
   for (int64_t t = 0; t < T; ++t) d.pk[1][static_cast<size_t>(t)] = static_cast<float>(t / 10);
+  seal(d);
   for (float alpha : {5.0f, 0.5f, 1e-3f}) check_data(c, d, alpha, 1.0f, cpu::spec_scores_ref);
 }
 

@@ -3,17 +3,19 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/half.h"
+
 namespace kvtier::cpu {
 
-void spec_scores_ref(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+void spec_scores_ref(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
                      float* out) {
   for (int64_t t = 0; t < T; ++t) {
-    const float* k = pk + t * K;
+    const uint16_t* k = pk + t * K;
     float best = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < G; ++j) {
       const float* qj = q + j * K;
       float dot = 0.0f;
-      for (int64_t c = 0; c < K; ++c) dot += qj[c] * k[c];
+      for (int64_t c = 0; c < K; ++c) dot += qj[c] * f16_to_f32(k[c]);
       best = std::max(best, scale * dot);
     }
     out[t] = best;
@@ -25,9 +27,8 @@ SpecScoresFn spec_scores_kernel(Isa isa) {
     case Isa::kScalar:
       return spec_scores_ref;
     case Isa::kAvx2:
-      return spec_scores_avx2;
     case Isa::kAvx512:
-      return spec_scores_avx512;
+      return spec_scores_avx2;
   }
   return spec_scores_ref;
 }

@@ -1,8 +1,10 @@
-// spec_scores on AVX2: 8 rows per vector. The 8 rows' keys are loaded as they lie (contiguous, K floats
-// apart) 8 columns at a time and transposed in registers, so lane i holds row i's column c; each lane
-// then runs the scalar order (mul, then add, columns ascending; max as std::max(best, v)).
+// spec_scores on AVX2 (+F16C): 8 rows per vector. The 8 rows' f16 keys are loaded as they lie (contiguous,
+// K halves apart) 8 columns at a time, widened to f32 (exact) and transposed in registers, so lane i holds
+// row i's column c; each lane then runs the scalar order (mul, then add, columns ascending; max as
+// std::max(best, v)).
 #include <immintrin.h>
 
+#include <cstring>
 #include <limits>
 
 #include "backend/cpu/spec_scores.h"
@@ -30,20 +32,26 @@ inline void transpose8(__m256 r[8]) {
   r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
 }
 
-// acc[j] (+)= q[j][c] · column c of 8 rows at `base` (rows K floats apart), c ascending, for NJ query
+// 8 halves of a row from `p` as f32. `over` (the block is not at the end of the keys): the 16-byte load
+// may run past the row's last column into the rows after it, whose values land in lanes no sum uses;
+// otherwise only the w halves that exist are read.
+inline __m256 load_row(const uint16_t* p, int64_t w, bool over) {
+  if (w == 8 || over) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  alignas(16) uint16_t tmp[8] = {};
+  std::memcpy(tmp, p, static_cast<size_t>(w) * sizeof(uint16_t));
+  return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(tmp)));
+}
+
+// acc[j] (+)= q[j][c] · column c of 8 rows at `base` (rows K halves apart), c ascending, for NJ query
 // heads (a compile-time count, so the accumulators stay in registers).
 template <int NJ>
-inline void sweep(const float* qj, int64_t K, const float* base, __m256i tail_mask, __m256 acc[NJ]) {
+inline void sweep(const float* qj, int64_t K, const uint16_t* base, bool over, __m256 acc[NJ]) {
   constexpr int64_t kLanes = 8;
   for (int j = 0; j < NJ; ++j) acc[j] = _mm256_setzero_ps();
   for (int64_t c0 = 0; c0 < K; c0 += kLanes) {
     const int64_t w = K - c0 < kLanes ? K - c0 : kLanes;
     __m256 col[kLanes];  // [8 rows][8 columns] -> [8 columns][8 rows]
-    if (w == kLanes) {
-      for (int64_t i = 0; i < kLanes; ++i) col[i] = _mm256_loadu_ps(base + i * K + c0);
-    } else {
-      for (int64_t i = 0; i < kLanes; ++i) col[i] = _mm256_maskload_ps(base + i * K + c0, tail_mask);
-    }
+    for (int64_t i = 0; i < kLanes; ++i) col[i] = load_row(base + i * K + c0, w, over);
     transpose8(col);
     for (int64_t c = 0; c < w; ++c)
       for (int j = 0; j < NJ; ++j)
@@ -53,24 +61,23 @@ inline void sweep(const float* qj, int64_t K, const float* base, __m256i tail_ma
 
 }  // namespace
 
-void spec_scores_avx2(const float* q, int64_t G, int64_t K, const float* pk, int64_t T, float scale,
+void spec_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
                       float* out) {
   constexpr int64_t kLanes = 8;
   constexpr int64_t kHeads = 4;     // query heads per sweep over the columns (accumulators in registers)
   constexpr int64_t kPrefetch = 8;  // blocks of 8 rows
   const __m256 vscale = _mm256_set1_ps(scale);
-  // The last w < 8 columns of a row: a masked load reads only them (nothing past the row is touched).
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const auto tail = static_cast<int32_t>(K % kLanes);
-  const __m256i tail_mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(tail), lane);
   int64_t t = 0;
   for (; t + kLanes <= T; t += kLanes) {
-    const float* base = pk + t * K;
+    const uint16_t* base = pk + t * K;
     // The rows kPrefetch blocks ahead (the partial keys stream from memory once per decode step).
     if (t + (kPrefetch + 1) * kLanes <= T) {
       const auto* ahead = reinterpret_cast<const char*>(base + kPrefetch * kLanes * K);
-      for (int64_t b = 0; b < kLanes * K * 4; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+      for (int64_t b = 0; b < kLanes * K * 2; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
     }
+    // A last partial 8-column group reads at most 7 halves past its row: in bounds when the rows after this
+    // block hold that many.
+    const bool over = (T - t - kLanes) * K >= kLanes;
     __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
     for (int64_t j0 = 0; j0 < G; j0 += kHeads) {
       const int64_t nj = G - j0 < kHeads ? G - j0 : kHeads;
@@ -78,16 +85,16 @@ void spec_scores_avx2(const float* q, int64_t G, int64_t K, const float* pk, int
       __m256 acc[kHeads];
       switch (nj) {
         case 1:
-          sweep<1>(qj, K, base, tail_mask, acc);
+          sweep<1>(qj, K, base, over, acc);
           break;
         case 2:
-          sweep<2>(qj, K, base, tail_mask, acc);
+          sweep<2>(qj, K, base, over, acc);
           break;
         case 3:
-          sweep<3>(qj, K, base, tail_mask, acc);
+          sweep<3>(qj, K, base, over, acc);
           break;
         default:
-          sweep<4>(qj, K, base, tail_mask, acc);
+          sweep<4>(qj, K, base, over, acc);
           break;
       }
       for (int64_t j = 0; j < nj; ++j) best = _mm256_max_ps(_mm256_mul_ps(vscale, acc[j]), best);
