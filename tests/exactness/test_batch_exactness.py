@@ -3,8 +3,8 @@ mixed in passes of at most --chunk tokens, then one pass per decode step carryin
 sequence's greedy tokens must equal `kvtier run --ids <its prompt> --kv-policy resident` run alone
 with the same chunk. Rows: every exact KV policy of the exactness matrix (test_exactness.configs, built
 from `kvtier policies --json`), unlimited budget, plus the smallest budget with a disk home for the
-offloaded ones (the exact rows both; the degenerate rows, and Gemma-3's kvpr/hybridserve rows, one of
-the two each: SWEEP). On Gemma-3 the prompts are longer than the 512-token sliding window, so +sliding frees
+offloaded ones (SmolLM2's exact and kvpr rows both; the degenerate rows, and Gemma-3's exact and
+kvpr/hybridserve rows, one of the two each, shared out so that each kind runs both: SWEEP). On Gemma-3 the prompts are longer than the 512-token sliding window, so +sliding frees
 blocks during the batch."""
 import json
 import pathlib
@@ -26,10 +26,11 @@ BUDGETS = ["unlimited", "smallest+disk"]  # of an offloaded row; resident rows: 
 # with n budgets runs budgets k*n .. k*n+n-1 (wrapping), so the rows of a kind share them out and
 # together run both (test_batch_sweeps_cover_both_budgets). CI time: a degenerate row proves one hook
 # of an approximate value batched on one placement, and Gemma-3's batch (3 x 560 tokens) costs ~4x
-# SmolLM2's; the exact rows keep both budgets on both models.
+# SmolLM2's (its batch test was the longest CTest, 350 s on a loaded 2-vCPU machine); the exact rows
+# keep both budgets on SmolLM2, and on Gemma-3 share them out like the others.
 SWEEP = {
     "smollm2": {"exact": None, "kvpr": None, "degenerate": 1},
-    "gemma3": {"exact": None, "kvpr": 1, "degenerate": 1},
+    "gemma3": {"exact": 1, "kvpr": 1, "degenerate": 1},
 }
 
 
@@ -108,8 +109,8 @@ def test_batch_sweeps_cover_both_budgets():
         for kind in ("exact", "kvpr", "degenerate"):
             rows = [(f, b) for f, o, b in plan[1:] if o and row_kind(f, n_kv_heads) == kind]
             assert {x for _, b in rows for x in b} == set(BUDGETS), (name, kind)
-            if kind == "exact":
-                assert all(b == BUDGETS for _, b in rows), name
+            if SWEEP[name][kind] is None:
+                assert all(b == BUDGETS for _, b in rows), (name, kind)
         assert all(b for _, _, b in plan), name
 
 
