@@ -11,8 +11,8 @@
 //   speculation:    rows(seq, l, g)            [slots, k_cols] f16, for policy::speculate
 //
 // The rows are stored in IEEE half (the spec's layout, §10: PK ≈ r/2 of an f16 KV cache, C5), computed in
-// f32 and rounded to nearest; speculation widens them exactly and accumulates in f32 (§6.2 [D]). A decode
-// step streams every speculating layer's rows once, so half the bytes is most of speculation's cost.
+// f32 and rounded to nearest; speculation widens them exactly and accumulates in f32 (§6.2 [D]). Half the
+// memory of f32 rows; the time of the speculation did not change with it (docs/benchmarks.md).
 //
 // Per-sequence column sets cost nothing extra here: a RoPE model's partial query is RoPE(q)·B from
 // the full q (§6.2), so there is no partial weight to share across a batch.
