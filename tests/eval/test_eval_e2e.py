@@ -99,6 +99,22 @@ def test_exact_policies_equal_resident(tmp_path):
         "--group", "1", "--kv-disk", tmp_path, "--expect-equal")
 
 
+def test_selection_policies_select(tmp_path):
+    # Each policy runs every axis it names: with --chunk 1 every position is a decode step, so quest's
+    # page selection at a 32-token budget changes the NLL of a 256-token window, and eval must say so
+    # (it once dropped the selection axis and ran layer+quest as plain layer). The recorded command
+    # names the knobs that differ from their defaults.
+    out = tmp_path / "q.json"
+    p = run("eval", "ppl", "-m", model("smollm2"), "--kv-policy", "resident,layer+quest", "--kv-budget", "32",
+            "--chunk", "1", "--lengths", "256", "--samples", "1", "-t", "2", "--json", out, "--expect-equal",
+            check=False)
+    assert p.returncode == 1 and "layer+quest vs resident: 1 of the samples differ" in p.stdout, p.stdout + p.stderr
+    j = json.loads(out.read_text())
+    nll = {s["policy"]: s["nll_sum"] for s in j["samples"]}
+    assert nll["layer+quest"] > nll["resident"], nll
+    assert "--kv-budget 32" in j["meta"]["command"] and "--chunk 1" in j["meta"]["command"]
+
+
 def test_unknown_policy_names_the_known_ones():
     assert "resident" in known_policies()
 

@@ -132,6 +132,7 @@ std::string command_line(const CompareArgs& a) {
   if (e.group > 0) c += fmt::format(" --group {}", e.group);
   if (!e.skew.empty()) c += " --skew " + e.skew;
   if (!e.locret_heads.empty()) c += " --locret-heads " + e.locret_heads;
+  c += knob_flags_text(e.knobs);  // --kv-budget is not among them: each cell's comes from --budgets
   if (!a.text.empty()) c += " --text " + a.text;
   if (!a.chat_template.empty()) c += " --chat-template " + a.chat_template;
   if (a.no_chat) c += " --no-chat";

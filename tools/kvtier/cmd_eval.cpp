@@ -63,22 +63,20 @@ class ModelEngine final : public eval::Engine {
   std::vector<int32_t> tokenize(std::string_view text) override {
     return model_.tokenizer->encode(text, {.add_special = false, .parse_special = false});
   }
+  // Every axis of the policy (placement, representation, selection, retention, knobs) comes from the
+  // same session_options as `run`'s, so that an eval of a policy runs what `run --kv-policy` runs.
   void use_policy(const std::string& name) override {
-    runtime::SessionOptions o = opts_;
-    const policy::KvPolicy kp = kv_policy_of(engine_, name);
-    o.kv_placement.placement.placement = kp.placement;
-    o.kv_placement.retention = kp.retention;
-    o.kv_placement.representation = kp.representation;
-    if (kp.retention == policy::Retention::kLocret) {  // the heads, loaded once for every locret cell
+    EngineArgs e = engine_;
+    e.kv_policy = name;
+    const policy::KvPolicy kp = kv_policy_of(e, name);
+    e = engine_for(e, kp);
+    e.locret_heads.clear();  // loaded once below, for every locret policy of the run
+    runtime::SessionOptions o = session_options(e, model_.config, opts_.n_ctx, LocretHeads::kIfGiven);
+    o.n_ctx = opts_.n_ctx;
+    if (kp.retention == policy::Retention::kLocret) {
       if (!locret_scorer_)
         locret_scorer_ = locret::load_head_scorer(engine_.locret_heads, engine_.model, model_.config);
       o.kv_placement.scorer = locret_scorer_;
-    }
-    o.kv_dtype = kp.representation == policy::Representation::kF32 ? cpu::KvDtype::kF32 : cpu::KvDtype::kF16;
-    if (kp.placement == policy::Placement::kResident) {
-      o.kv_placement.disk_dir.clear();  // placement options of the offloaded policies do not apply
-      o.kv_placement.placement.group = 0;
-      o.kv_placement.placement.static_heads = 0;
     }
     session_.reset();
     session_ = std::make_unique<runtime::Session>(model_, o);
@@ -121,6 +119,11 @@ std::string command_line(const EvalArgs& a) {
   if (a.engine.chunk > 0) c += fmt::format(" --chunk {}", a.engine.chunk);
   if (!a.engine.kv_type.empty()) c += " --kv-type " + a.engine.kv_type;
   if (!a.engine.isa.empty()) c += " --isa " + a.engine.isa;
+  if (a.engine.group > 0) c += fmt::format(" --group {}", a.engine.group);
+  if (a.engine.static_heads > 0) c += fmt::format(" --static-heads {}", a.engine.static_heads);
+  if (!a.engine.skew.empty()) c += " --skew " + a.engine.skew;
+  if (!a.engine.locret_heads.empty()) c += " --locret-heads " + a.engine.locret_heads;
+  c += knob_flags_text(a.engine.knobs);
   if (!a.text.empty()) c += " --text " + a.text;
   if (!a.chat_template.empty()) c += " --chat-template " + a.chat_template;
   if (a.no_chat) c += " --no-chat";

@@ -17,6 +17,7 @@
 #include "cli_util.h"
 #include "core/error.h"
 #include "locret/head_scorer.h"
+#include "policy/kv_pool.h"
 #include "policy/placement.h"
 
 namespace kvtier::cli {
@@ -85,6 +86,32 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "pool: the victim among the older half of the slots: counter (fewest fetches, counters halved at "
          "255; the paper's), fifo (oldest position) or lru (least recently fetched)")
       ->default_str("counter");
+}
+
+std::string knob_flags_text(const policy::PolicyKnobs& k) {
+  const policy::PolicyKnobs d;
+  std::string c;
+  const auto add = [&c](bool differs, std::string_view flag, const auto& v) {
+    if (differs) c += fmt::format(" {} {}", flag, v);
+  };
+  add(k.budget != d.budget, "--kv-budget", k.budget);
+  add(k.sinks != d.sinks, "--sinks", k.sinks);
+  add(k.window != d.window, "--window", k.window);
+  add(k.h2o_recent != d.h2o_recent, "--h2o-recent", k.h2o_recent);
+  add(k.quest_page != d.quest_page, "--quest-page", k.quest_page);
+  add(k.kivi_group != d.kivi_group, "--kivi-group", k.kivi_group);
+  add(k.kivi_residual != d.kivi_residual, "--kivi-residual", k.kivi_residual);
+  if (k.recompute != d.recompute)
+    c += k.recompute == policy::PolicyKnobs::kRecomputeRandom ? std::string(" --recompute random")
+                                                              : fmt::format(" --recompute {}", k.recompute);
+  add(k.act_ratio != d.act_ratio, "--act-ratio", k.act_ratio);
+  add(k.infinigen_alpha != d.infinigen_alpha, "--infinigen-alpha", k.infinigen_alpha);
+  add(k.infinigen_budget != d.infinigen_budget, "--infinigen-budget", k.infinigen_budget);
+  add(k.stabilizers != d.stabilizers, "--stabilizers", k.stabilizers);
+  add(k.local_tail != d.local_tail, "--local-tail", k.local_tail);
+  add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
+  add(k.pool_eviction != d.pool_eviction, "--kv-pool-eviction", policy::pool_eviction_name(k.pool_eviction));
+  return c;
 }
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {

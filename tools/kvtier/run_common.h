@@ -56,6 +56,9 @@ struct SampleArgs {
 
 // The approximate policies' knobs (--kv-budget, --sinks, --window, --h2o-recent, --quest-page, ...).
 void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs);
+// The knob flags whose values differ from the defaults, as they would be typed (" --kv-budget 32
+// --infinigen-alpha 8"); "" when every knob is at its default. For the commands a results file records.
+std::string knob_flags_text(const policy::PolicyKnobs& knobs);
 // with_policy = false leaves out --kv-policy (for commands that take a list of policies).
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy = true);
 void add_sample_flags(CLI::App* cmd, SampleArgs& a, const runtime::SamplerParams& defaults);
