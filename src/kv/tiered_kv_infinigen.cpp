@@ -349,6 +349,8 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   in.n_tokens = s.n_past;
   in.cap = std::span<const int64_t>(la_cap_.data(), static_cast<size_t>(B));
   in.group_scores = cpu::spec_scores_kernel(isa_);
+  in.group = opt_.knobs.infinigen_group;
+  in.head_scores = cpu::spec_head_scores_kernel(isa_);
   in.pool = &threads_;
   policy::speculate(in, static_cast<float>(opt_.knobs.infinigen_alpha), s.r);
   s.pass = passes_;

@@ -139,14 +139,54 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
   }
 
   // Pass 1a: the scores of every (s,g), packed in (s,g) order (computed once, read by both passes), and
-  // each thread's slice maxima.
+  // each thread's slice maxima. The relative rule first keeps each query head's scores and maxima apart
+  // and combines them once every head's maximum is known.
+  const bool relative = in.group == InfinigenGroup::kRelative && G > 1;
+  if (relative) {
+    KVTIER_ASSERT(in.head_scores != nullptr, "the relative group rule needs the per-head score kernel");
+    out.heads.resize(static_cast<size_t>(n_scores * G));
+    out.head_max.resize(static_cast<size_t>(SG * G));
+    out.part_head_max.resize(static_cast<size_t>(W * SG * G));
+    run([&](int w) {
+      for (int64_t s = 0; s < S; ++s) {
+        const int64_t T = in.n_tokens[s];
+        const auto [lo, hi] = row_slice(T, w, W);
+        for (int64_t g = 0; g < Hk; ++g) {
+          const auto i = static_cast<size_t>(s * Hk + g);
+          float* h = out.heads.data() + first[i] * G;  // [G, T]
+          if (hi > lo)
+            in.head_scores(in.qp + (s * H + g * G) * K, G, K, in.pk[i] + lo * K, hi - lo, in.scale, h + lo,
+                           T);
+          for (int64_t j = 0; j < G; ++j) {
+            float m = -std::numeric_limits<float>::infinity();
+            for (int64_t t = lo; t < hi; ++t) m = std::max(m, h[j * T + t]);
+            out.part_head_max[(static_cast<size_t>(w) * SG + i) * G + j] = m;
+          }
+        }
+      }
+    });
+    for (int64_t i = 0; i < SG * G; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int w = 0; w < W; ++w) m = std::max(m, out.part_head_max[static_cast<size_t>(w * SG * G + i)]);
+      out.head_max[static_cast<size_t>(i)] = m;
+    }
+  }
   run([&](int w) {
     for (int64_t s = 0; s < S; ++s) {
-      const auto [lo, hi] = row_slice(in.n_tokens[s], w, W);
+      const int64_t T = in.n_tokens[s];
+      const auto [lo, hi] = row_slice(T, w, W);
       for (int64_t g = 0; g < Hk; ++g) {
         const auto i = static_cast<size_t>(s * Hk + g);
         float* sc = out.scores.data() + first[i];
-        if (hi > lo) {
+        if (relative) {
+          const float* h = out.heads.data() + first[i] * G;
+          const float* hm = out.head_max.data() + i * G;
+          for (int64_t t = lo; t < hi; ++t) {
+            float best = -std::numeric_limits<float>::infinity();
+            for (int64_t j = 0; j < G; ++j) best = std::max(best, h[j * T + t] - hm[j]);
+            sc[t] = best;
+          }
+        } else if (hi > lo) {
           const float* q = in.qp + (s * H + g * G) * K;
           in.group_scores(q, G, K, in.pk[i] + lo * K, hi - lo, in.scale, sc + lo);
         }

@@ -4,7 +4,8 @@
 // token rows layer i fetches, per KV head.
 //
 //   S_j[t]  = scale · sum_c qp_j[c] · pk[t][c]      (f32, c ascending, pk f16 widened exactly: A4's contract)
-//   S_g[t]  = max over the query heads j of KV head g (GQA, §15.11; one head per group for MHA)
+//   S_g[t]  = max over the query heads j of KV head g (GQA, §15.11; one head per group for MHA) of S_j[t]
+//             (InfinigenGroup::kMax) or of S_j[t] - max_t' S_j[t'] (kRelative, when G > 1)
 //   m[s,g]  = max_t S_g[t];  c[s,g] = #{t : S_g[t] > m[s,g] - alpha}      (strict ">", §15.6)
 //   n_sel   = floor(mean over (s, g) of c[s,g])                          (heads x batch, §15.5)
 //   per sequence s with cap_s (speculation_cap): every row when T_s <= cap_s, else min(n_sel, cap_s)
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "policy/kv_policy.h"
 
 namespace kvtier::policy {
 
@@ -26,6 +28,7 @@ struct InfinigenParams {
   float alpha = 5.0f;          // threshold margin in scaled-logit units (the paper: 4 for OPT, 5 for Llama-2)
   double budget = 0.2;         // the cap as a fraction of the tokens (the paper's 20 %); 1 = no cap
   double partial_ratio = 0.3;  // r: partial columns per head = floor(r · head_dim)
+  InfinigenGroup group = InfinigenGroup::kRelative;  // how a KV head's query heads combine (GQA)
 };
 
 // Throws Error(kInvalidArgument) naming the value unless alpha > 0 (+inf allowed), 0 < budget <= 1
@@ -43,6 +46,11 @@ int64_t speculation_cap(double budget, int64_t n_tokens, int64_t final_tokens = 
 using GroupScoresFn = void (*)(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T,
                                float scale, float* out);
 
+// Each query head's scores apart: out[j * ld + t], the same bits as GroupScoresFn's terms
+// (cpu::spec_head_scores_kernel(isa) or cpu::spec_head_scores_ref).
+using HeadScoresFn = void (*)(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T,
+                              float scale, float* out, int64_t ld);
+
 // One layer's speculation over a batch of n_seq sequences.
 struct SpecInput {
   int64_t n_seq = 0;
@@ -55,6 +63,8 @@ struct SpecInput {
   std::span<const int64_t> n_tokens;     // [n_seq] T_s >= 1 (the current token not included)
   std::span<const int64_t> cap;          // [n_seq] cap_s >= 1
   GroupScoresFn group_scores = nullptr;  // required: cpu::spec_scores_kernel(isa) or cpu::spec_scores_ref
+  InfinigenGroup group = InfinigenGroup::kMax;
+  HeadScoresFn head_scores = nullptr;  // required for kRelative with G > 1
   // Splits the scores (rows in slices of whole 8-row blocks) and the selection ((s, g) pairs) across the
   // pool's threads when it polls or the work is large (ThreadPool::threads_for); null: the caller's thread.
   // The result is the same bits either way.
@@ -62,18 +72,22 @@ struct SpecInput {
 };
 
 struct SpecResult {
-  int64_t n_sel = 0;                // the shared count before the per-sequence caps
-  std::vector<float> max;           // [n_seq, n_head_kv] m[s,g]
-  std::vector<int64_t> count;       // [n_seq, n_head_kv] c[s,g]
-  std::vector<int64_t> chosen;      // [n_seq] rows fetched per KV head of sequence s
-  std::vector<int64_t> offset;      // [n_seq * n_head_kv + 1] where (s,g)'s rows start in idx
-  std::vector<int32_t> idx;         // rows, ascending within each (s,g)
-  std::vector<float> scores;        // scratch: S_g of every (s,g), [n_seq, n_head_kv, T_s] packed
-  std::vector<int32_t> order;       // scratch: [threads, max T_s + 1] candidate rows of one (s,g) per thread
-  std::vector<float> values;        // scratch: [threads, max T_s] their scores, partly ordered
-  std::vector<float> part_max;      // scratch: [threads, n_seq * n_head_kv] each thread's slice maxima
-  std::vector<int64_t> part_count;  // scratch: [threads, n_seq * n_head_kv] each slice's count
-  std::vector<int64_t> first;       // scratch: [n_seq * n_head_kv] where (s,g)'s scores start
+  int64_t n_sel = 0;                 // the shared count before the per-sequence caps
+  std::vector<float> max;            // [n_seq, n_head_kv] m[s,g]
+  std::vector<int64_t> count;        // [n_seq, n_head_kv] c[s,g]
+  std::vector<int64_t> chosen;       // [n_seq] rows fetched per KV head of sequence s
+  std::vector<int64_t> offset;       // [n_seq * n_head_kv + 1] where (s,g)'s rows start in idx
+  std::vector<int32_t> idx;          // rows, ascending within each (s,g)
+  std::vector<float> scores;         // scratch: S_g of every (s,g), [n_seq, n_head_kv, T_s] packed
+  std::vector<int32_t> order;        // scratch: [threads, max T_s + 1] candidate rows of one (s,g) per thread
+  std::vector<float> values;         // scratch: [threads, max T_s] their scores, partly ordered
+  std::vector<float> part_max;       // scratch: [threads, n_seq * n_head_kv] each thread's slice maxima
+  std::vector<int64_t> part_count;   // scratch: [threads, n_seq * n_head_kv] each slice's count
+  std::vector<int64_t> first;        // scratch: [n_seq * n_head_kv] where (s,g)'s scores start
+  std::vector<float> heads;          // scratch (kRelative): [G] x the scores' layout, head j of (s,g) at
+                                     // first[s,g] * G + j * T_s
+  std::vector<float> head_max;       // scratch (kRelative): [n_seq * n_head_kv, G] each head's maximum
+  std::vector<float> part_head_max;  // scratch (kRelative): [threads, n_seq * n_head_kv * G]
 
   std::span<const int32_t> rows(int64_t s, int64_t g, int64_t n_head_kv) const {
     const auto i = static_cast<size_t>(s * n_head_kv + g);

@@ -5,6 +5,17 @@
 #include "core/error.h"
 
 namespace kvtier::policy {
+
+std::string_view infinigen_group_name(InfinigenGroup g) {
+  return g == InfinigenGroup::kMax ? "max" : "relative";
+}
+
+InfinigenGroup parse_infinigen_group(std::string_view name) {
+  for (const InfinigenGroup g : {InfinigenGroup::kMax, InfinigenGroup::kRelative})
+    if (infinigen_group_name(g) == name) return g;
+  fail(ErrorKind::kInvalidArgument, "--infinigen-group {}: expected max or relative", name);
+}
+
 namespace {
 
 constexpr AxisValue kValues[] = {

@@ -79,6 +79,15 @@ enum class Retention {
 
 // Tuning of the approximate values (each field names the flag that sets it). Exact values ignore
 // them; check_knobs() says which a policy needs and rejects values that cannot work.
+// InfiniGen with grouped-query attention (spec infinigen.md §15.11): how the G query heads of a KV head
+// turn into one score per row. kMax: S_g[t] = max_j S_j[t], the spec's rule; kRelative: S_g[t] =
+// max_j (S_j[t] - max_t' S_j[t']), each head measured from its own maximum, so the threshold keeps a row
+// when some head would give it more than e^-alpha of that head's top weight (the paper's per-head rule,
+// applied per query head; one head per group gives the same rows as kMax).
+enum class InfinigenGroup { kMax, kRelative };
+std::string_view infinigen_group_name(InfinigenGroup g);
+InfinigenGroup parse_infinigen_group(std::string_view name);  // Error(kInvalidArgument) naming the choices
+
 struct PolicyKnobs {
   int64_t budget = 0;           // --kv-budget: tokens per (sequence, layer) kept (h2o) or attended
                                 // (quest); 0 = not given
@@ -100,10 +109,11 @@ struct PolicyKnobs {
   double infinigen_alpha =
       5.0;  // --infinigen-alpha: threshold margin (scaled logits; the paper's Llama value)
   double infinigen_budget = 0.2;  // --infinigen-budget: cap on the rows fetched per KV head, share of T
-  int64_t stabilizers = -1;       // --stabilizers: locret's n_s, the last units protected after a non-final
-                                  // prefill chunk (-1: --kv-budget / 4)
-  int64_t local_tail = 100;       // --local-tail: locret's n_loc, the prompt's last tokens never evicted
-  uint64_t pool_limit = 0;  // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
+  InfinigenGroup infinigen_group = InfinigenGroup::kRelative;  // --infinigen-group
+  int64_t stabilizers = -1;  // --stabilizers: locret's n_s, the last units protected after a non-final
+                             // prefill chunk (-1: --kv-budget / 4)
+  int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
+  uint64_t pool_limit = 0;   // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   bool operator==(const PolicyKnobs&) const = default;
 };

@@ -25,6 +25,7 @@ std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, c
   std::vector<float> q_all, qa_all, k_all, qp, probs;
   policy::SpecResult spec;
   for (uint32_t l = 2; l < cfg.n_layer; ++l) {
+    if (cfg.layers[l].window > 0) continue;  // a sliding-window layer attends densely at run time
     const LayerSamples& s = held_out[l];
     const int64_t hk = s.n_head_kv, G = s.group;
     // Back to the forward pass's layouts: q [n, H, d], k [n, hk, d].
@@ -75,7 +76,9 @@ std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, c
       in.pk = pk_rows;
       in.n_tokens = {&T, 1};
       in.cap = {&cap, 1};
-      in.group_scores = cpu::spec_scores_ref;
+      in.group_scores = cpu::spec_scores_kernel(cpu::best_isa());  // the scalar loop's bits on every ISA
+      in.group = params.group;
+      in.head_scores = cpu::spec_head_scores_kernel(cpu::best_isa());
       policy::speculate(in, params.alpha, spec);
       r.fetched += static_cast<double>(spec.chosen[0]) / static_cast<double>(T);
       r.n_sel += static_cast<double>(spec.chosen[0]);

@@ -27,7 +27,8 @@ struct LayerSpeculation {
   double min_recall = 1.0;
 };
 
-// Layers 2 .. L-1. Needs at least 8 held-out tokens.
+// Layers 2 .. L-1 that speculate at run time (sliding-window layers stay dense). Needs at least 8
+// held-out tokens.
 std::vector<LayerSpeculation> check_speculation(const model::ModelConfig& cfg, const skew::SkewSet& set,
                                                 const std::vector<LayerSamples>& held_out,
                                                 const policy::InfinigenParams& params, bool lookahead);

@@ -87,5 +87,37 @@ TEST(SpecScores, SignedZerosInfinitiesAndNanAsTheScalarMax) {
   }
 }
 
+// The per-head kernel: each head's scaled dot in the same rounding, written with a row stride past T
+// (the gap left as it was).
+TEST(SpecHeadScores, EveryIsaGivesTheScalarBits) {
+  std::mt19937 rng(12);
+  std::normal_distribution<float> nd;
+  for (int64_t G : {1, 3, 4, 5, 9}) {
+    for (int64_t K : {1, 7, 8, 19, 76}) {
+      for (int64_t T : {1, 15, 16, 17, 257}) {
+        std::vector<float> q(static_cast<size_t>(G * K));
+        std::vector<uint16_t> pk(static_cast<size_t>(T * K));
+        for (float& x : q) x = nd(rng);
+        for (uint16_t& x : pk) x = f32_to_f16(nd(rng));
+        const int64_t ld = T + 3;
+        std::vector<float> want(static_cast<size_t>(G * ld), 42.0f);
+        for (int64_t j = 0; j < G; ++j)
+          for (int64_t t = 0; t < T; ++t) {
+            float dot = 0.0f;
+            for (int64_t c = 0; c < K; ++c)
+              dot = dot + q[static_cast<size_t>(j * K + c)] * f16_to_f32(pk[static_cast<size_t>(t * K + c)]);
+            want[static_cast<size_t>(j * ld + t)] = 0.125f * dot;
+          }
+        for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+          if (!isa_supported(isa)) continue;
+          std::vector<float> got(static_cast<size_t>(G * ld), 42.0f);
+          spec_head_scores_kernel(isa)(q.data(), G, K, pk.data(), T, 0.125f, got.data(), ld);
+          EXPECT_TRUE(same_bits(got, want)) << isa_name(isa) << " G " << G << " K " << K << " T " << T;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvtier::cpu

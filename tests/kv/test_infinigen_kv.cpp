@@ -283,12 +283,14 @@ struct InfinigenDriver {
   }
 };
 
-TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
+void decode_steps_attend_the_speculated_rows(policy::InfinigenGroup rule) {
+  SCOPED_TRACE(std::string(policy::infinigen_group_name(rule)));
   constexpr uint32_t L = 4;
   constexpr int64_t kPrompt = 200, kCap = 128;
   constexpr float kScale = InfinigenDriver::kScale;
   std::mt19937 rng(3);
   KvOptions o;
+  o.knobs.infinigen_group = rule;
   o.knobs.infinigen_alpha = 1.0;
   o.knobs.infinigen_budget = 0.25;
   InfinigenDriver run(rng, L, o);
@@ -322,6 +324,8 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
     const int64_t cap[1] = {policy::speculation_cap(0.25, kPrompt)};
     ASSERT_LT(cap[0], kCap);
     policy::SpecInput in{1, kHeads, kHk, 4, kScale, qp.data(), pks, T, cap, cpu::spec_scores_ref};
+    in.group = o.knobs.infinigen_group;  // the executor's rule (GQA: 3 query heads per KV head)
+    in.head_scores = cpu::spec_head_scores_ref;
     policy::SpecResult r;
     policy::speculate(in, 1.0f, r);
     if (l >= 2) {
@@ -350,6 +354,11 @@ TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
   EXPECT_EQ(st.rows_fetched, fetched);
   EXPECT_EQ(st.rows_total, 2u * kPrompt * kHk);
   EXPECT_EQ(st.selective_loads, 2u);
+}
+
+TEST(InfinigenExecutor, DecodeStepsAttendTheSpeculatedRowsPlusTheCurrentToken) {
+  decode_steps_attend_the_speculated_rows(policy::InfinigenGroup::kRelative);
+  decode_steps_attend_the_speculated_rows(policy::InfinigenGroup::kMax);
 }
 
 std::string disk_dir() {

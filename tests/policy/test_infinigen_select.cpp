@@ -64,7 +64,8 @@ Data make_data(const Case& c) {
   return d;
 }
 
-SpecInput input(const Case& c, const Data& d, float scale, GroupScoresFn fn = cpu::spec_scores_ref) {
+SpecInput input(const Case& c, const Data& d, float scale, GroupScoresFn fn = cpu::spec_scores_ref,
+                InfinigenGroup rule = InfinigenGroup::kMax, HeadScoresFn heads = cpu::spec_head_scores_ref) {
   SpecInput in;
   in.n_seq = c.S;
   in.n_head = c.H;
@@ -76,30 +77,33 @@ SpecInput input(const Case& c, const Data& d, float scale, GroupScoresFn fn = cp
   in.n_tokens = c.T;
   in.cap = c.cap;
   in.group_scores = fn;
+  in.group = rule;
+  in.head_scores = heads;
   return in;
 }
 
 // The reference: every step written out directly, a full stable sort for the top rows.
 // Run with each CPU kernel this machine has (cpu::spec_scores; kScalar: spec_scores_ref, the scalar loop).
-void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn);
-void check_against_reference(const Case& c, float alpha, float scale) {
+void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn,
+                InfinigenGroup rule = InfinigenGroup::kMax, HeadScoresFn heads = cpu::spec_head_scores_ref);
+void check_against_reference(const Case& c, float alpha, float scale,
+                             InfinigenGroup rule = InfinigenGroup::kMax) {
   for (cpu::Isa isa : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
     if (!cpu::isa_supported(isa)) continue;
-    SCOPED_TRACE(std::string(cpu::isa_name(isa)));
-    check_one(c, alpha, scale, cpu::spec_scores_kernel(isa));
+    SCOPED_TRACE(std::string(cpu::isa_name(isa)) + " " + std::string(infinigen_group_name(rule)));
+    check_data(c, make_data(c), alpha, scale, cpu::spec_scores_kernel(isa), rule,
+               cpu::spec_head_scores_kernel(isa));
   }
 }
-
-void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn);
 
 // The same result with the scores and the selection split across a pool's threads (2 and 3; the 3-thread
 // pool on a 2-CPU machine sleeps, so only large inputs are split there: LargeInputsSplitAcrossThreads).
 void expect_same_with_threads(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn,
-                              const SpecResult& want) {
+                              InfinigenGroup rule, HeadScoresFn heads, const SpecResult& want) {
   for (int threads : {2, 3}) {
     SCOPED_TRACE("threads " + std::to_string(threads));
     ThreadPool pool(threads);
-    SpecInput in = input(c, d, scale, fn);
+    SpecInput in = input(c, d, scale, fn, rule, heads);
     in.pool = &pool;
     SpecResult got;
     speculate(in, alpha, got);
@@ -113,14 +117,13 @@ void expect_same_with_threads(const Case& c, const Data& d, float alpha, float s
   }
 }
 
-void check_one(const Case& c, float alpha, float scale, GroupScoresFn fn) {
-  check_data(c, make_data(c), alpha, scale, fn);
-}
-
-void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn) {
+// The reference's group score of each row: the max over the query heads of their scores (kMax), or of
+// each head's score less that head's maximum over the rows (kRelative, G > 1).
+void check_data(const Case& c, const Data& d, float alpha, float scale, GroupScoresFn fn, InfinigenGroup rule,
+                HeadScoresFn heads) {
   SpecResult got;
-  speculate(input(c, d, scale, fn), alpha, got);
-  expect_same_with_threads(c, d, alpha, scale, fn, got);
+  speculate(input(c, d, scale, fn, rule, heads), alpha, got);
+  expect_same_with_threads(c, d, alpha, scale, fn, rule, heads, got);
   const int64_t G = c.H / c.Hk;
   std::vector<std::vector<float>> score(static_cast<size_t>(c.S * c.Hk));
   int64_t total = 0;
@@ -129,14 +132,21 @@ void check_data(const Case& c, const Data& d, float alpha, float scale, GroupSco
       const int64_t T = c.T[static_cast<size_t>(s)];
       auto& sc = score[static_cast<size_t>(s * c.Hk + g)];
       sc.assign(static_cast<size_t>(T), -std::numeric_limits<float>::infinity());
-      for (int64_t j = 0; j < G; ++j)
+      for (int64_t j = 0; j < G; ++j) {
+        std::vector<float> head(static_cast<size_t>(T));
         for (int64_t t = 0; t < T; ++t) {
           float dot = 0.0f;  // the contract: f32, columns ascending, then scaled
           for (int64_t k = 0; k < c.K; ++k)
             dot += d.qp[static_cast<size_t>((s * c.H + g * G + j) * c.K + k)] *
                    d.pk[static_cast<size_t>(s * c.Hk + g)][static_cast<size_t>(t * c.K + k)];
-          sc[static_cast<size_t>(t)] = std::max(sc[static_cast<size_t>(t)], scale * dot);
+          head[static_cast<size_t>(t)] = scale * dot;
         }
+        const float shift =
+            rule == InfinigenGroup::kRelative && G > 1 ? *std::max_element(head.begin(), head.end()) : 0.0f;
+        for (int64_t t = 0; t < T; ++t)
+          sc[static_cast<size_t>(t)] =
+              std::max(sc[static_cast<size_t>(t)], head[static_cast<size_t>(t)] - shift);
+      }
       const float m = *std::max_element(sc.begin(), sc.end());
       const auto cnt = std::count_if(sc.begin(), sc.end(), [&](float x) { return x > m - alpha; });
       EXPECT_EQ(got.max[static_cast<size_t>(s * c.Hk + g)], m) << s << "," << g;
@@ -179,6 +189,47 @@ TEST(InfinigenSelect, A4WithExactTiesAndRaggedSequences) {
 TEST(InfinigenSelect, A4GroupedQueryHeadsTakeTheMaxOverTheGroup) {
   check_against_reference({2, 6, 2, 19, {500, 300}, {100, 60}, false, 5}, 3.0f, 0.125f);
   check_against_reference({2, 9, 3, 19, {256, 256}, {51, 51}, true, 6}, 2.0f, 1.0f);
+}
+
+// The relative rule: each query head measured from its own maximum (GQA groups of 2, 3 and 4; ties;
+// threads), and for one head per group the same rows as the max rule.
+TEST(InfinigenSelect, RelativeGroupRuleMatchesTheReference) {
+  check_against_reference({2, 6, 2, 19, {500, 300}, {100, 60}, false, 5}, 3.0f, 0.125f,
+                          InfinigenGroup::kRelative);
+  check_against_reference({2, 9, 3, 19, {256, 256}, {51, 51}, true, 6}, 2.0f, 1.0f,
+                          InfinigenGroup::kRelative);
+  check_against_reference({1, 4, 1, 76, {777}, {155}, false, 13}, 5.0f, 0.0625f, InfinigenGroup::kRelative);
+  check_against_reference({2, 9, 3, 38, {3001, 2999}, {600, 3000}, false, 14}, 5.0f, 0.125f,
+                          InfinigenGroup::kRelative);  // split across threads
+  const Case mha{2, 5, 5, 38, {1000, 640}, {200, 128}, false, 15};
+  const Data d = make_data(mha);
+  SpecResult a, b;
+  speculate(input(mha, d, 0.125f), 5.0f, a);
+  speculate(input(mha, d, 0.125f, cpu::spec_scores_ref, InfinigenGroup::kRelative), 5.0f, b);
+  EXPECT_EQ(a.idx, b.idx);
+  EXPECT_EQ(a.count, b.count);
+}
+
+// Why the relative rule: one query head with a large score everywhere (a sink-like head) sets the group's
+// maximum under the max rule, so another head's peak 4 below it but 10 above that head's other rows is
+// dropped at alpha 3; the relative rule keeps both heads' peaks.
+TEST(InfinigenSelect, RelativeRuleKeepsAQuieterHeadsPeak) {
+  const int64_t T = 64;
+  const Case c{1, 2, 1, 2, {T}, {T - 1}, false, 0};
+  Data d;
+  d.qp = {1.0f, 0.0f, 0.0f, 1.0f};  // head 0 reads column 0, head 1 column 1
+  d.pk.assign(1, std::vector<float>(static_cast<size_t>(T * 2)));
+  for (int64_t t = 0; t < T; ++t) {
+    d.pk[0][static_cast<size_t>(t * 2)] = t == 0 ? 20.0f : 14.0f;      // head 0: its sink at row 0
+    d.pk[0][static_cast<size_t>(t * 2 + 1)] = t == 40 ? 16.0f : 6.0f;  // head 1: its peak at row 40
+  }
+  seal(d);
+  SpecResult mx, rel;
+  speculate(input(c, d, 1.0f), 3.0f, mx);
+  speculate(input(c, d, 1.0f, cpu::spec_scores_ref, InfinigenGroup::kRelative), 3.0f, rel);
+  EXPECT_EQ(std::vector<int32_t>(mx.idx.begin(), mx.idx.end()), std::vector<int32_t>{0});
+  EXPECT_EQ(std::vector<int32_t>(rel.idx.begin(), rel.idx.end()), (std::vector<int32_t>{0, 40}));
+  check_data(c, d, 3.0f, 1.0f, cpu::spec_scores_ref, InfinigenGroup::kRelative);
 }
 
 // alpha = +inf and a cap of every row: every row of every head, in order (the degenerate case, A5).

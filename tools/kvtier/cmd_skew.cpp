@@ -96,7 +96,8 @@ int run_skew(const SkewArgs& a) {
     const auto held = collect(*m, tokens, ol);
     say("measuring A1 and A3 per layer");
     const auto checks = runtime::check_skew(set, held);
-    say(fmt::format("speculation on the second half (alpha {}, budget {})", a.spec.alpha, a.spec.budget));
+    say(fmt::format("speculation on the second half (alpha {}, budget {}, group rule {})", a.spec.alpha,
+                    a.spec.budget, policy::infinigen_group_name(a.spec.group)));
     // The look-ahead (what the runtime does) and layer l's own query (its upper bound).
     nlohmann::json spec_json;
     std::string spec_text;
@@ -119,13 +120,15 @@ int run_skew(const SkewArgs& a) {
                                                       {"min_recall", min_recall},
                                                       {"layers", spec_layers}};
       spec_text += fmt::format(
-          "speculation ({}; layers >= 2, alpha {}, budget {}): {:.1f} % of the rows fetched, {:.4f} of the "
+          "speculation ({}; layers >= 2 without a window, alpha {}, budget {}): {:.1f} % of the rows "
+          "fetched, {:.4f} of the "
           "attention mass kept (worst step and head {:.4f})\n",
           ahead ? "look-ahead from layer l-1" : "layer l's own query", a.spec.alpha, a.spec.budget,
           100.0 * fetched, recall, min_recall);
     }
     spec_json["alpha"] = a.spec.alpha;
     spec_json["budget"] = a.spec.budget;
+    spec_json["group"] = policy::infinigen_group_name(a.spec.group);
     double worst = 0.0, plain = 0.0, skewed = 0.0;
     nlohmann::json layers = nlohmann::json::array();
     for (size_t l = 0; l < checks.size(); ++l) {
@@ -227,6 +230,11 @@ void add_skew(CLI::App& app, Runner& run) {
   cmd->add_option("--budget", a->spec.budget, "--check: speculation cap as a share of the tokens")
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
+  cmd->add_option_function<std::string>(
+         "--group", [a](const std::string& v) { a->spec.group = policy::parse_infinigen_group(v); },
+         "--check: how a KV head's query heads combine their scores (relative or max; see run "
+         "--infinigen-group)")
+      ->default_str(std::string(policy::infinigen_group_name(a->spec.group)));
   cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([&run, a] { run = [a] { return run_skew(*a); }; });

@@ -73,6 +73,14 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "infinigen: at most this share of a sequence's rows loaded per KV head and step (1: no cap)")
       ->default_val(k.infinigen_budget);
   cmd->add_option_function<std::string>(
+         "--infinigen-group",
+         [&knobs](const std::string& v) { knobs.infinigen_group = policy::parse_infinigen_group(v); },
+         "infinigen with grouped-query attention: how the query heads of a KV head combine their scores: "
+         "relative (each head from its own maximum: a row is kept when some head gives it more than "
+         "e^-alpha of its top weight) or max (the largest raw score of the group, the spec's rule); one "
+         "query head per KV head: the same rows either way")
+      ->default_str(std::string(policy::infinigen_group_name(k.infinigen_group)));
+  cmd->add_option_function<std::string>(
          "--kv-pool-limit",
          [&knobs](const std::string& v) { knobs.pool_limit = parse_bytes(v, "--kv-pool-limit"); },
          "pool (layer+infinigen+pool): bytes of K/V rows the layers that speculate keep, e.g. 64MiB; "
@@ -107,6 +115,8 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
   add(k.act_ratio != d.act_ratio, "--act-ratio", k.act_ratio);
   add(k.infinigen_alpha != d.infinigen_alpha, "--infinigen-alpha", k.infinigen_alpha);
   add(k.infinigen_budget != d.infinigen_budget, "--infinigen-budget", k.infinigen_budget);
+  add(k.infinigen_group != d.infinigen_group, "--infinigen-group",
+      policy::infinigen_group_name(k.infinigen_group));
   add(k.stabilizers != d.stabilizers, "--stabilizers", k.stabilizers);
   add(k.local_tail != d.local_tail, "--local-tail", k.local_tail);
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);

@@ -26,6 +26,17 @@ SpecScoresFn spec_scores_kernel(Isa isa);
 
 void spec_scores_ref(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
                      float* out);
+
+// Each query head's scores kept apart (the relative group rule of policy::speculate needs every head's
+// own maximum): out[j * ld + t] = scale · (sum over c ascending of q[j][c] · f32(pk[t][c])), the same
+// rounding as above, for j < G and t < T; ld >= T.
+using SpecHeadScoresFn = void (*)(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T,
+                                  float scale, float* out, int64_t ld);
+SpecHeadScoresFn spec_head_scores_kernel(Isa isa);
+void spec_head_scores_ref(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                          float* out, int64_t ld);
+void spec_head_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                           float* out, int64_t ld);
 void spec_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
                       float* out);
 

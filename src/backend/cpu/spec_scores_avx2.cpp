@@ -104,4 +104,43 @@ void spec_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, 
   spec_scores_ref(q, G, K, pk + t * K, T - t, scale, out + t);
 }
 
+void spec_head_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                           float* out, int64_t ld) {
+  constexpr int64_t kLanes = 8;
+  constexpr int64_t kHeads = 4;
+  constexpr int64_t kPrefetch = 8;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + kLanes <= T; t += kLanes) {
+    const uint16_t* base = pk + t * K;
+    if (t + (kPrefetch + 1) * kLanes <= T) {
+      const auto* ahead = reinterpret_cast<const char*>(base + kPrefetch * kLanes * K);
+      for (int64_t b = 0; b < kLanes * K * 2; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
+    const bool over = (T - t - kLanes) * K >= kLanes;
+    for (int64_t j0 = 0; j0 < G; j0 += kHeads) {
+      const int64_t nj = G - j0 < kHeads ? G - j0 : kHeads;
+      const float* qj = q + j0 * K;
+      __m256 acc[kHeads];
+      switch (nj) {
+        case 1:
+          sweep<1>(qj, K, base, over, acc);
+          break;
+        case 2:
+          sweep<2>(qj, K, base, over, acc);
+          break;
+        case 3:
+          sweep<3>(qj, K, base, over, acc);
+          break;
+        default:
+          sweep<4>(qj, K, base, over, acc);
+          break;
+      }
+      for (int64_t j = 0; j < nj; ++j)
+        _mm256_storeu_ps(out + (j0 + j) * ld + t, _mm256_mul_ps(vscale, acc[j]));
+    }
+  }
+  spec_head_scores_ref(q, G, K, pk + t * K, T - t, scale, out + t, ld);
+}
+
 }  // namespace kvtier::cpu
