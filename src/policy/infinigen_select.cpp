@@ -12,6 +12,21 @@ namespace kvtier::policy {
 
 namespace {
 
+// max of v[0..n) (-inf when n = 0), in 8 independent lanes so that the compiler vectorises it (the max of
+// floats is exact: only which of +0 and -0 comes back may depend on the order, and they compare equal).
+float max_of(const float* v, int64_t n) {
+  constexpr int64_t kLanes = 8;
+  float m[kLanes];
+  std::fill(m, m + kLanes, -std::numeric_limits<float>::infinity());
+  int64_t t = 0;
+  for (; t + kLanes <= n; t += kLanes)
+    for (int64_t k = 0; k < kLanes; ++k) m[k] = std::max(m[k], v[t + k]);
+  for (int64_t k = 0; t < n; ++t, ++k) m[k] = std::max(m[k], v[t]);
+  float r = m[0];
+  for (int64_t k = 1; k < kLanes; ++k) r = std::max(r, m[k]);
+  return r;
+}
+
 // #{t : v[t] > bound}.
 int64_t count_above(const float* v, int64_t T, float bound) {
   int64_t c = 0;
@@ -157,11 +172,8 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
           if (hi > lo)
             in.head_scores(in.qp + (s * H + g * G) * K, G, K, in.pk[i] + lo * K, hi - lo, in.scale, h + lo,
                            T);
-          for (int64_t j = 0; j < G; ++j) {
-            float m = -std::numeric_limits<float>::infinity();
-            for (int64_t t = lo; t < hi; ++t) m = std::max(m, h[j * T + t]);
-            out.part_head_max[(static_cast<size_t>(w) * SG + i) * G + j] = m;
-          }
+          for (int64_t j = 0; j < G; ++j)
+            out.part_head_max[(static_cast<size_t>(w) * SG + i) * G + j] = max_of(h + j * T + lo, hi - lo);
         }
       }
     });
@@ -178,21 +190,20 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
       for (int64_t g = 0; g < Hk; ++g) {
         const auto i = static_cast<size_t>(s * Hk + g);
         float* sc = out.scores.data() + first[i];
-        if (relative) {
+        if (relative) {  // heads ascending, each a contiguous pass over the slice (vectorised)
           const float* h = out.heads.data() + first[i] * G;
           const float* hm = out.head_max.data() + i * G;
-          for (int64_t t = lo; t < hi; ++t) {
-            float best = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < G; ++j) best = std::max(best, h[j * T + t] - hm[j]);
-            sc[t] = best;
+          std::fill(sc + lo, sc + hi, -std::numeric_limits<float>::infinity());
+          for (int64_t j = 0; j < G; ++j) {
+            const float* hj = h + j * T;
+            const float shift = hm[j];
+            for (int64_t t = lo; t < hi; ++t) sc[t] = std::max(sc[t], hj[t] - shift);
           }
         } else if (hi > lo) {
           const float* q = in.qp + (s * H + g * G) * K;
           in.group_scores(q, G, K, in.pk[i] + lo * K, hi - lo, in.scale, sc + lo);
         }
-        float m = -std::numeric_limits<float>::infinity();
-        for (int64_t t = lo; t < hi; ++t) m = std::max(m, sc[t]);
-        out.part_max[static_cast<size_t>(w) * SG + i] = m;
+        out.part_max[static_cast<size_t>(w) * SG + i] = max_of(sc + lo, hi - lo);
       }
     }
   });

@@ -59,6 +59,24 @@ def test_gemma3_speculates_on_its_global_layers_only(skews):
     assert 0 < g["fetched_fraction"] <= 0.2
 
 
+def test_relative_group_rule_keeps_every_row_the_max_rule_keeps(skews):
+    # A row above the max rule's threshold (the group's largest score - alpha) is above its own head's
+    # maximum - alpha, so the relative rule's count is never smaller; on Gemma-3 (4 query heads per KV
+    # head, one of them sink-like in layer 5) it is much larger.
+    rel = run_json("gemma3", "--kv-policy", "infinigen", "--skew", skews["gemma3"])["kv"]["infinigen"]
+    mx = run_json("gemma3", "--kv-policy", "infinigen", "--skew", skews["gemma3"], "--infinigen-group", "max")
+    mx = mx["kv"]["infinigen"]
+    assert rel["rows_total"] == mx["rows_total"]
+    assert rel["rows_fetched"] > mx["rows_fetched"], (rel["rows_fetched"], mx["rows_fetched"])
+    assert rel["fetched_fraction"] <= 0.2
+    # a value the flag's parser refuses is a usage error (exit 2) with the choices, not an abort
+    for flag, value, choices in (("--infinigen-group", "mean", "max or relative"),
+                                 ("--kv-pool-eviction", "bogus", "counter, fifo, lru")):
+        p = run("run", "-m", model("gemma3"), "-p", "hi", "-n", 1, "--kv-policy", "infinigen", "--skew",
+                skews["gemma3"], flag, value, check=False)
+        assert p.returncode == 2 and choices in p.stderr and "terminate" not in p.stderr, (p.returncode, p.stderr)
+
+
 def test_alpha_inf_and_budget_1_fetch_every_row(skews):
     g = run_json("smollm2", "--kv-policy", "infinigen", "--skew", skews["smollm2"], "--infinigen-alpha", "inf",
                  "--infinigen-budget", "1")["kv"]["infinigen"]

@@ -44,6 +44,10 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     return 2;
+  } catch (
+      const Error& e) {  // a flag's value refused by its parser (--kv-pool-eviction bogus): a usage error
+    std::fprintf(stderr, "kvtier: error: %s\n", e.what());
+    return 2;
   }
   cli::install_interrupt_handlers();
   try {
