@@ -135,6 +135,22 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
       in.pool->run(W, fn);
     }
   };
+  // Thread w's slice of each (s,g): fn(s, T_s, lo, hi, g, i = s * Hk + g), rows [lo, hi) of T_s.
+  const auto each_slice = [&](int w, const auto& fn) {
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t T = in.n_tokens[s];
+      const auto [lo, hi] = row_slice(T, w, W);
+      for (int64_t g = 0; g < Hk; ++g) fn(s, T, lo, hi, g, static_cast<size_t>(s * Hk + g));
+    }
+  };
+  // dst[i] = the max over the threads' parts[w * n + i], for i < n.
+  const auto reduce_max = [W](const std::vector<float>& parts, int64_t n, std::vector<float>& dst) {
+    for (int64_t i = 0; i < n; ++i) {
+      float m = -std::numeric_limits<float>::infinity();
+      for (int w = 0; w < W; ++w) m = std::max(m, parts[static_cast<size_t>(w * n + i)]);
+      dst[static_cast<size_t>(i)] = m;
+    }
+  };
   out.max.resize(static_cast<size_t>(SG));
   out.count.resize(static_cast<size_t>(SG));
   out.chosen.resize(static_cast<size_t>(S));
@@ -163,66 +179,42 @@ void speculate(const SpecInput& in, float alpha, SpecResult& out) {
     out.head_max.resize(static_cast<size_t>(SG * G));
     out.part_head_max.resize(static_cast<size_t>(W * SG * G));
     run([&](int w) {
-      for (int64_t s = 0; s < S; ++s) {
-        const int64_t T = in.n_tokens[s];
-        const auto [lo, hi] = row_slice(T, w, W);
-        for (int64_t g = 0; g < Hk; ++g) {
-          const auto i = static_cast<size_t>(s * Hk + g);
-          float* h = out.heads.data() + first[i] * G;  // [G, T]
-          if (hi > lo)
-            in.head_scores(in.qp + (s * H + g * G) * K, G, K, in.pk[i] + lo * K, hi - lo, in.scale, h + lo,
-                           T);
-          for (int64_t j = 0; j < G; ++j)
-            out.part_head_max[(static_cast<size_t>(w) * SG + i) * G + j] = max_of(h + j * T + lo, hi - lo);
-        }
-      }
+      each_slice(w, [&](int64_t s, int64_t T, int64_t lo, int64_t hi, int64_t g, size_t i) {
+        float* h = out.heads.data() + first[i] * G;  // [G, T]
+        if (hi > lo)
+          in.head_scores(in.qp + (s * H + g * G) * K, G, K, in.pk[i] + lo * K, hi - lo, in.scale, h + lo, T);
+        for (int64_t j = 0; j < G; ++j)
+          out.part_head_max[(static_cast<size_t>(w) * SG + i) * G + j] = max_of(h + j * T + lo, hi - lo);
+      });
     });
-    for (int64_t i = 0; i < SG * G; ++i) {
-      float m = -std::numeric_limits<float>::infinity();
-      for (int w = 0; w < W; ++w) m = std::max(m, out.part_head_max[static_cast<size_t>(w * SG * G + i)]);
-      out.head_max[static_cast<size_t>(i)] = m;
-    }
+    reduce_max(out.part_head_max, SG * G, out.head_max);
   }
   run([&](int w) {
-    for (int64_t s = 0; s < S; ++s) {
-      const int64_t T = in.n_tokens[s];
-      const auto [lo, hi] = row_slice(T, w, W);
-      for (int64_t g = 0; g < Hk; ++g) {
-        const auto i = static_cast<size_t>(s * Hk + g);
-        float* sc = out.scores.data() + first[i];
-        if (relative) {  // heads ascending, each a contiguous pass over the slice (vectorised)
-          const float* h = out.heads.data() + first[i] * G;
-          const float* hm = out.head_max.data() + i * G;
-          std::fill(sc + lo, sc + hi, -std::numeric_limits<float>::infinity());
-          for (int64_t j = 0; j < G; ++j) {
-            const float* hj = h + j * T;
-            const float shift = hm[j];
-            for (int64_t t = lo; t < hi; ++t) sc[t] = std::max(sc[t], hj[t] - shift);
-          }
-        } else if (hi > lo) {
-          const float* q = in.qp + (s * H + g * G) * K;
-          in.group_scores(q, G, K, in.pk[i] + lo * K, hi - lo, in.scale, sc + lo);
+    each_slice(w, [&](int64_t s, int64_t T, int64_t lo, int64_t hi, int64_t g, size_t i) {
+      float* sc = out.scores.data() + first[i];
+      if (relative) {  // heads ascending, each a contiguous pass over the slice (vectorised)
+        const float* h = out.heads.data() + first[i] * G;
+        const float* hm = out.head_max.data() + i * G;
+        std::fill(sc + lo, sc + hi, -std::numeric_limits<float>::infinity());
+        for (int64_t j = 0; j < G; ++j) {
+          const float* hj = h + j * T;
+          const float shift = hm[j];
+          for (int64_t t = lo; t < hi; ++t) sc[t] = std::max(sc[t], hj[t] - shift);
         }
-        out.part_max[static_cast<size_t>(w) * SG + i] = max_of(sc + lo, hi - lo);
+      } else if (hi > lo) {
+        const float* q = in.qp + (s * H + g * G) * K;
+        in.group_scores(q, G, K, in.pk[i] + lo * K, hi - lo, in.scale, sc + lo);
       }
-    }
+      out.part_max[static_cast<size_t>(w) * SG + i] = max_of(sc + lo, hi - lo);
+    });
   });
-  for (int64_t i = 0; i < SG; ++i) {
-    float m = -std::numeric_limits<float>::infinity();
-    for (int w = 0; w < W; ++w) m = std::max(m, out.part_max[static_cast<size_t>(w * SG + i)]);
-    out.max[static_cast<size_t>(i)] = m;
-  }
+  reduce_max(out.part_max, SG, out.max);
   // Pass 1b: the per-(s,g) count above m - alpha (-inf for alpha = +inf: every row passes).
   run([&](int w) {
-    for (int64_t s = 0; s < S; ++s) {
-      const auto [lo, hi] = row_slice(in.n_tokens[s], w, W);
-      for (int64_t g = 0; g < Hk; ++g) {
-        const auto i = static_cast<size_t>(s * Hk + g);
-        const float threshold = out.max[i] - alpha;
-        out.part_count[static_cast<size_t>(w) * SG + i] =
-            count_above(out.scores.data() + first[i] + lo, hi - lo, threshold);
-      }
-    }
+    each_slice(w, [&](int64_t, int64_t, int64_t lo, int64_t hi, int64_t, size_t i) {
+      out.part_count[static_cast<size_t>(w) * SG + i] =
+          count_above(out.scores.data() + first[i] + lo, hi - lo, out.max[i] - alpha);
+    });
   });
   int64_t total = 0;
   for (int64_t i = 0; i < SG; ++i) {
