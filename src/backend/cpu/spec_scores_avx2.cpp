@@ -59,11 +59,10 @@ inline void sweep(const float* qj, int64_t K, const uint16_t* base, bool over, _
   }
 }
 
-// Every full block of 8 rows at t: per_head(t, j, v) for the query heads j ascending, v = scale · their
-// dots with the block's 8 rows (lane i = row t + i). Returns the first row past the full blocks.
-template <class PerHead>
-inline int64_t for_each_block(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T,
-                              float scale, PerHead&& per_head) {
+}  // namespace
+
+void spec_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                      float* out) {
   constexpr int64_t kLanes = 8;
   constexpr int64_t kHeads = 4;     // query heads per sweep over the columns (accumulators in registers)
   constexpr int64_t kPrefetch = 8;  // blocks of 8 rows
@@ -78,6 +77,46 @@ inline int64_t for_each_block(const float* q, int64_t G, int64_t K, const uint16
     }
     // A last partial 8-column group reads at most 7 halves past its row: in bounds when the rows after this
     // block hold that many.
+    const bool over = (T - t - kLanes) * K >= kLanes;
+    __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int64_t j0 = 0; j0 < G; j0 += kHeads) {
+      const int64_t nj = G - j0 < kHeads ? G - j0 : kHeads;
+      const float* qj = q + j0 * K;
+      __m256 acc[kHeads];
+      switch (nj) {
+        case 1:
+          sweep<1>(qj, K, base, over, acc);
+          break;
+        case 2:
+          sweep<2>(qj, K, base, over, acc);
+          break;
+        case 3:
+          sweep<3>(qj, K, base, over, acc);
+          break;
+        default:
+          sweep<4>(qj, K, base, over, acc);
+          break;
+      }
+      for (int64_t j = 0; j < nj; ++j) best = _mm256_max_ps(_mm256_mul_ps(vscale, acc[j]), best);
+    }
+    _mm256_storeu_ps(out + t, best);
+  }
+  spec_scores_ref(q, G, K, pk + t * K, T - t, scale, out + t);
+}
+
+void spec_head_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                           float* out, int64_t ld) {
+  constexpr int64_t kLanes = 8;
+  constexpr int64_t kHeads = 4;
+  constexpr int64_t kPrefetch = 8;
+  const __m256 vscale = _mm256_set1_ps(scale);
+  int64_t t = 0;
+  for (; t + kLanes <= T; t += kLanes) {
+    const uint16_t* base = pk + t * K;
+    if (t + (kPrefetch + 1) * kLanes <= T) {
+      const auto* ahead = reinterpret_cast<const char*>(base + kPrefetch * kLanes * K);
+      for (int64_t b = 0; b < kLanes * K * 2; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+    }
     const bool over = (T - t - kLanes) * K >= kLanes;
     for (int64_t j0 = 0; j0 < G; j0 += kHeads) {
       const int64_t nj = G - j0 < kHeads ? G - j0 : kHeads;
@@ -97,30 +136,10 @@ inline int64_t for_each_block(const float* q, int64_t G, int64_t K, const uint16
           sweep<4>(qj, K, base, over, acc);
           break;
       }
-      for (int64_t j = 0; j < nj; ++j) per_head(t, j0 + j, _mm256_mul_ps(vscale, acc[j]));
+      for (int64_t j = 0; j < nj; ++j)
+        _mm256_storeu_ps(out + (j0 + j) * ld + t, _mm256_mul_ps(vscale, acc[j]));
     }
   }
-  return t;
-}
-
-}  // namespace
-
-void spec_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
-                      float* out) {
-  __m256 best = _mm256_setzero_ps();
-  const int64_t t = for_each_block(q, G, K, pk, T, scale, [&](int64_t row, int64_t j, __m256 v) {
-    if (j == 0) best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-    best = _mm256_max_ps(v, best);
-    if (j == G - 1) _mm256_storeu_ps(out + row, best);
-  });
-  spec_scores_ref(q, G, K, pk + t * K, T - t, scale, out + t);
-}
-
-void spec_head_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
-                           float* out, int64_t ld) {
-  const int64_t t = for_each_block(q, G, K, pk, T, scale, [&](int64_t row, int64_t j, __m256 v) {
-    _mm256_storeu_ps(out + j * ld + row, v);
-  });
   spec_head_scores_ref(q, G, K, pk + t * K, T - t, scale, out + t, ld);
 }
 
