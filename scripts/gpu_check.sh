@@ -6,12 +6,17 @@
 #   bash scripts/gpu_check.sh --run           run the checks (the default without --receive)
 #   bash scripts/gpu_check.sh --build --run   build the cuda preset here first instead of using carried
 #                                             binaries (needs fmt, CLI11, nlohmann_json, GTest there)
+#   ... --budget S                            finish within S seconds: each check's timeout is cut to
+#                                             what is left, and checks with no time left are listed as
+#                                             NOT RUN (the device call's timeout_s must exceed S)
+# Order: the gpu-labelled tests, the CLI on SmolLM2, the sanitizers, then the synthetic 8B bench.
 # Checks, logs under $OUT (at most 8 files come back):
 #   env.txt            nvidia-smi, tool versions, where libcublas was found
 #   test_cuda.log      backend tests: ops, GEMM, attention, memory, synth (label gpu)
 #   test_cuda_model.log forward pass vs CPU (SmolLM2, Gemma-3, synthetic), layer/headinfer exactness
 #   sanitizer.log      compute-sanitizer racecheck + memcheck on a small headinfer run
 #   cli.log            kvtier run --backend cuda vs --backend cpu (greedy) on SmolLM2 if present
+#   bench.log          the synthetic Llama-3-8B bench (24 GiB arena): prefill, decode vs the H2D bound
 #   summary.txt        one line per check; the script exits non-zero if any failed
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +27,10 @@ mkdir -p "$state/bin" "$state/parts" "$state/models" "$OUT"
 
 receive() {
   local dir=$1
-  if [[ -d $dir/bin ]]; then
+  if [[ -f $dir/bin.tar.xz ]]; then
+    tar -C "$state" -xJf "$dir/bin.tar.xz"
+    echo "received binaries: $(ls "$state/bin" | tr '\n' ' ')"
+  elif [[ -d $dir/bin ]]; then
     cp -a "$dir/bin/." "$state/bin/"
     echo "received binaries: $(ls "$state/bin" | tr '\n' ' ')"
   fi
@@ -53,12 +61,14 @@ receive() {
 
 do_build=0
 do_run=0
+budget=0
 received=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --receive) receive "$2"; received=1; shift 2 ;;
     --run) do_run=1; shift ;;
     --build) do_build=1; shift ;;
+    --budget) budget=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -68,11 +78,25 @@ summary=$OUT/summary.txt
 : >"$summary"
 status=0
 note() { echo "$*" | tee -a "$summary"; }
-check() {  # check NAME LOG COMMAND...: runs the command, logs its output, records PASS/FAIL
-  local name=$1 log=$2
-  shift 2
-  echo "=== $name: $*" >>"$log"
-  if "$@" >>"$log" 2>&1; then note "PASS $name"; else note "FAIL $name (exit $?; see $(basename "$log"))"; status=1; fi
+deadline=$((SECONDS + budget))
+left() {  # seconds a check may take: LIMIT, cut to the budget left (0: none left)
+  local limit=$1
+  if [[ $budget -le 0 ]]; then echo "$limit"; return; fi
+  local rest=$((deadline - SECONDS - 5))
+  if [[ $rest -lt 10 ]]; then echo 0; elif [[ $rest -lt $limit ]]; then echo "$rest"; else echo "$limit"; fi
+}
+check() {  # check NAME LOG LIMIT COMMAND...: runs the command under timeout, logs it, records PASS/FAIL
+  local name=$1 log=$2 t
+  t=$(left "$3")
+  shift 3
+  if [[ $t -eq 0 ]]; then note "NOT RUN $name (budget of ${budget} s spent)"; status=1; return; fi
+  echo "=== $name (timeout ${t} s): $*" >>"$log"
+  local t0=$SECONDS
+  if timeout "$t" "$@" >>"$log" 2>&1; then note "PASS $name ($((SECONDS - t0)) s)"; else
+    local rc=$?
+    note "FAIL $name (exit $rc$([[ $rc -eq 124 ]] && echo ": timed out after ${t} s"); see $(basename "$log"))"
+    status=1
+  fi
 }
 
 # --- environment
@@ -94,7 +118,7 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/env.txt"
 # --- binaries: carried, or built here
 bin=$state/bin
 if [[ $do_build -eq 1 ]]; then
-  check build "$OUT/build.log" bash -c "cmake --preset cuda -DKVTIER_MODEL_DIR=$state/models && cmake --build --preset cuda -j16 --target kvtier test_cuda test_cuda_model"
+  check build "$OUT/build.log" 600 bash -c "cmake --preset cuda -DKVTIER_MODEL_DIR=$state/models && cmake --build --preset cuda -j16 --target kvtier test_cuda test_cuda_model"
   mkdir -p "$state/built"
   cp build/cuda/bin/kvtier build/cuda/tests/cuda/test_cuda build/cuda/tests/cuda/test_cuda_model "$state/built/" 2>/dev/null
   echo "$state/models" >"$state/built/model_dir.txt"
@@ -117,8 +141,8 @@ done
 note "models in $model_dir: $(ls "$model_dir" 2>/dev/null | tr '\n' ' ')"
 
 # --- the tests labelled gpu (what `ctest --preset cuda -L gpu` runs: these two binaries)
-check test_cuda "$OUT/test_cuda.log" timeout 300 "$bin/test_cuda"
-check test_cuda_model "$OUT/test_cuda_model.log" timeout 400 "$bin/test_cuda_model"
+check test_cuda "$OUT/test_cuda.log" 200 "$bin/test_cuda"
+check test_cuda_model "$OUT/test_cuda_model.log" 300 "$bin/test_cuda_model"
 skips=$(cat "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | grep -c '\*\*\* SKIPPED')
 note "skipped tests: $skips (on a GPU only tests whose model file is missing may skip)"
 grep -h '\*\*\* SKIPPED' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | sort -u | tee -a "$summary"
@@ -128,38 +152,36 @@ if nvidia-smi -L >/dev/null 2>&1 && grep -q 'no CUDA device' "$OUT/test_cuda.log
   status=1
 fi
 
+# --- the CLI end to end: CUDA vs CPU greedy text on SmolLM2 (informational; the tests above decide)
+smol=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+if [[ -e $smol ]]; then
+  for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200" "--backend cuda --kv-policy headinfer --group 1 --static-heads 40"; do
+    # shellcheck disable=SC2086
+    check "cli run $args" "$OUT/cli.log" 60 "$bin/kvtier" run -m "$smol" $args --temp 0 -n 48 --json -p "Write a short poem about the sea."
+  done
+  n_distinct=$(grep -o '"tokens":\[[0-9,]*\]' "$OUT/cli.log" | sort -u | wc -l)
+  note "cli: $n_distinct distinct greedy token sequences over cpu/cuda runs (1: all agree; cuda placements must agree among themselves)"
+  check "cli bench smollm2" "$OUT/cli.log" 90 "$bin/kvtier" bench -m "$smol" --backend cuda --kv-policy resident,layer,headinfer --prompt-tokens 1024 --gen 32 --repeat 3
+fi
+# --- 8B scale, no file: a synthetic Llama-3-8B made on the device in a 24 GiB arena (smoke + first
+# figures: prefill of each placement, decode against the pinned H2D bound the bench probes)
+check "synthetic llama3-8b bench" "$OUT/bench.log" 150 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda \
+  --device-mem 24GiB --ctx 8192 --kv-policy resident,layer,headinfer --prompt-tokens 1024,4096 --gen 16 --repeat 1
+
 # --- compute-sanitizer on a small offloaded run (kernels' shared memory races, out-of-bounds accesses)
 tiny=$state/tiny-llama.gguf
 "$bin/kvtier" synth --preset tiny-llama --type f16 --ctx 4096 -o "$tiny" >/dev/null 2>&1
 prompt="The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. The five boxing wizards jump quickly."
 run_small=("$bin/kvtier" run -m "$tiny" --backend cuda --device-mem 1GiB --ctx 512 --chunk 64 -n 24 --temp 0 -p "$prompt")
 if command -v compute-sanitizer >/dev/null; then
-  check racecheck_headinfer "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
-  check racecheck_resident "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
-  check memcheck_headinfer "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
-  check synccheck_layer "$OUT/sanitizer.log" timeout 300 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
+  check racecheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
+  check racecheck_resident "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
+  check memcheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
+  check synccheck_layer "$OUT/sanitizer.log" 90 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
 else
   note "FAIL compute-sanitizer not found"
   status=1
 fi
 
-# --- the CLI end to end: CUDA vs CPU greedy text on SmolLM2 (informational; the tests above decide)
-smol=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
-if [[ -e $smol ]]; then
-  for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200" "--backend cuda --kv-policy headinfer --group 1 --static-heads 40"; do
-    echo "=== $args" >>"$OUT/cli.log"
-    # shellcheck disable=SC2086
-    timeout 120 "$bin/kvtier" run -m "$smol" $args --temp 0 -n 48 --json -p "Write a short poem about the sea." >>"$OUT/cli.log" 2>&1 ||
-      { note "FAIL cli ($args)"; status=1; }
-  done
-  n_distinct=$(grep -o '"tokens":\[[0-9,]*\]' "$OUT/cli.log" | sort -u | wc -l)
-  note "cli: $n_distinct distinct greedy token sequences over cpu/cuda runs (1: all agree; cuda placements must agree among themselves)"
-  timeout 200 "$bin/kvtier" bench -m "$smol" --backend cuda --kv-policy resident,layer,headinfer --prompt-tokens 1024 --gen 32 --repeat 3 >>"$OUT/cli.log" 2>&1 ||
-    { note "FAIL cli bench"; status=1; }
-fi
-# --- 8B scale, no file: a synthetic Llama-3-8B made on the device in a 24 GiB arena (smoke + first figures)
-timeout 300 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda --device-mem 24GiB --ctx 8192 \
-  --kv-policy resident,layer,headinfer --prompt-tokens 4096 --gen 16 --repeat 1 >>"$OUT/cli.log" 2>&1 ||
-  { note "FAIL synthetic llama3-8b bench"; status=1; }
 note "overall: $([[ $status -eq 0 ]] && echo PASS || echo FAIL)"
 exit $status

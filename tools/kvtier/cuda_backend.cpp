@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/probe.h"
 #include "cli_util.h"
 #include "core/error.h"
 #include "model/cuda/synth_weights.h"
@@ -182,6 +183,15 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
                    : std::make_unique<runtime_cuda::CudaSession>(synth_cfg, *preset, so, opts);
     runtime_cuda::CudaSession& s = *sp;
     const std::string name(policy::placement_name(p));
+    // The pinned host-to-device bandwidth of this session's streams, for the decode bound of offloaded
+    // placements (KV bytes copied per decode step / this bandwidth). Needs 64 MiB free in the arena
+    // and the pinned pool; reported as 0 when it does not fit.
+    double h2d_gib_s = 0.0;
+    try {
+      h2d_gib_s = cuda::measure_copy_bandwidth(s.context(), size_t{64} << 20, 7).h2d_gib_s;
+    } catch (const std::exception& ex) {
+      std::cerr << "kvtier: bench: bandwidth probe skipped: " << ex.what() << "\n";
+    }
     for (int64_t n : a.prompt_tokens) {
       if (n < 1 || n + a.gen > s.n_ctx()) {
         fail(ErrorKind::kInvalidArgument, "prompt of {} tokens + {} generated does not fit the context of {}",
@@ -191,11 +201,13 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
       for (int64_t i = 0; i < n; ++i)
         prompt.push_back(static_cast<runtime::TokenId>((i * 7919 + 13) % cfg.n_vocab));
       std::vector<double> pre, dec;
+      double h2d_per_token = 0.0;  // KV bytes copied host-to-device per decode step (last round)
       for (int r = -1; r < a.repeat; ++r) {  // round -1 warms up (cuBLAS heuristics, page tables)
         s.truncate(0);
         const auto t0 = Clock::now();
         auto logits = s.prefill(prompt);
         const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
+        const uint64_t h2d_before = s.kv_stats().bytes_h2d;
         const auto t1 = Clock::now();
         for (int64_t g = 0; g < a.gen; ++g) {
           const auto id =
@@ -203,11 +215,16 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
           logits = s.decode(id);
         }
         const double td = std::chrono::duration<double>(Clock::now() - t1).count();
+        if (a.gen > 0)
+          h2d_per_token = static_cast<double>(s.kv_stats().bytes_h2d - h2d_before) / static_cast<double>(a.gen);
         throw_if_interrupted();
         if (r < 0) continue;
         pre.push_back(static_cast<double>(n) / tp);
         dec.push_back(static_cast<double>(a.gen) / td);
       }
+      // Decode speed if every step only waited for its KV copies at the probed bandwidth.
+      const double bound_tps =
+          h2d_per_token > 0 && h2d_gib_s > 0 ? h2d_gib_s * 1073741824.0 / h2d_per_token : 0.0;
       const nlohmann::json row = {{"backend", "cuda"},
                                   {"policy", name},
                                   {"prompt_tokens", n},
@@ -216,14 +233,22 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
                                   {"decode_tokens_per_s", median(dec)},
                                   {"prefill_runs", pre},
                                   {"decode_runs", dec},
+                                  {"h2d_gib_s", h2d_gib_s},
+                                  {"kv_h2d_bytes_per_decode_token", h2d_per_token},
+                                  {"decode_h2d_bound_tokens_per_s", bound_tps},
                                   {"peak_memory_bytes", memory_json(s.ledger())},
                                   {"cuda", device_json(s)}};
       rows.push_back(row);
       if (!a.json) {
         std::cout << fmt::format(
             "cuda {:<9} prompt {:>7} -> prefill {:9.1f} tok/s | decode {:>4} -> {:8.2f} tok/s "
-            "(median of {}) | arena peak {}\n",
-            name, n, median(pre), a.gen, median(dec), a.repeat, human_bytes(s.memory_report().arena_peak));
+            "(median of {}) | arena peak {}{}\n",
+            name, n, median(pre), a.gen, median(dec), a.repeat, human_bytes(s.memory_report().arena_peak),
+            bound_tps > 0 ? fmt::format(" | KV H2D {}/token at {:.1f} GiB/s: bound {:.2f} tok/s, decode = {:.2f}x "
+                                        "the bound's time",
+                                        human_bytes(static_cast<uint64_t>(h2d_per_token)), h2d_gib_s, bound_tps,
+                                        bound_tps / std::max(median(dec), 1e-9))
+                          : std::string());
       }
     }
   }

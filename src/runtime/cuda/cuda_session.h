@@ -54,6 +54,8 @@ class CudaSession {
   const kv::MemoryLedger& ledger() const { return ledger_; }
   cuda::MemoryReport memory_report() const { return ctx_->memory_report(); }
   kv_cuda::DeviceKvStats kv_stats() const { return kv_->stats(); }
+  // The device context (streams, arena, pinned pool): for probes between passes, not during one.
+  cuda::Context& context() { return *ctx_; }
 
  private:
   using MakeWeights = std::function<model_cuda::DeviceWeights(cuda::Context&, kv::MemoryLedger&)>;
