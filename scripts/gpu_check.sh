@@ -9,7 +9,12 @@
 #   ... --budget S                            finish within S seconds: each check's timeout is cut to
 #                                             what is left, and checks with no time left are listed as
 #                                             NOT RUN (the device call's timeout_s must exceed S)
-# Order: the gpu-labelled tests, the CLI on SmolLM2, the sanitizers, then the synthetic 8B bench.
+#   ... --steps LIST                          which steps to run, in this order (default
+#                                             tests,cli,bench,sanitizers; also: measure)
+# Steps: tests (the gpu-labelled tests), cli (run and bench on the real models present), bench (the
+# synthetic 8B, 24 GiB arena, prompts 1K and 4K), sanitizers (compute-sanitizer on a tiny model),
+# measure (the 8B at a 16K prompt, where offloaded decode is copy-bound, and the largest context
+# each placement can be built with in a 24 GiB arena).
 # Checks, logs under $OUT (at most 8 files come back):
 #   env.txt            nvidia-smi, tool versions, where libcublas was found
 #   test_cuda.log      backend tests: ops, GEMM, attention, memory, synth (label gpu)
@@ -62,6 +67,7 @@ receive() {
 do_build=0
 do_run=0
 budget=0
+steps=tests,cli,bench,sanitizers
 received=0
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -69,6 +75,7 @@ while [[ $# -gt 0 ]]; do
     --run) do_run=1; shift ;;
     --build) do_build=1; shift ;;
     --budget) budget=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -140,48 +147,77 @@ for m in "$state/models"/*.gguf; do
 done
 note "models in $model_dir: $(ls "$model_dir" 2>/dev/null | tr '\n' ' ')"
 
+want() { [[ ,$steps, == *,$1,* ]]; }
+
 # --- the tests labelled gpu (what `ctest --preset cuda -L gpu` runs: these two binaries)
-check test_cuda "$OUT/test_cuda.log" 200 "$bin/test_cuda"
-check test_cuda_model "$OUT/test_cuda_model.log" 300 "$bin/test_cuda_model"
-skips=$(cat "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | grep -c '\*\*\* SKIPPED')
-note "skipped tests: $skips (on a GPU only tests whose model file is missing may skip)"
-grep -h '\*\*\* SKIPPED' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | sort -u | tee -a "$summary"
-grep -h 'greedy tokens\|bit-identical\|NMSE' "$OUT/test_cuda_model.log" >>"$summary"
-if nvidia-smi -L >/dev/null 2>&1 && grep -q 'no CUDA device' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log"; then
-  note "FAIL the tests found no CUDA device although nvidia-smi sees one (libraries? see env.txt)"
-  status=1
+if want tests; then
+  check test_cuda "$OUT/test_cuda.log" 200 "$bin/test_cuda"
+  check test_cuda_model "$OUT/test_cuda_model.log" 300 "$bin/test_cuda_model"
+  skips=$(cat "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | grep -c '\*\*\* SKIPPED')
+  note "skipped tests: $skips (on a GPU only tests whose model file is missing may skip)"
+  grep -h '\*\*\* SKIPPED' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" | sort -u | tee -a "$summary"
+  grep -h 'greedy tokens\|bit-identical\|NMSE\|GiB/s' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log" >>"$summary"
+  if nvidia-smi -L >/dev/null 2>&1 && grep -q 'no CUDA device' "$OUT/test_cuda.log" "$OUT/test_cuda_model.log"; then
+    note "FAIL the tests found no CUDA device although nvidia-smi sees one (libraries? see env.txt)"
+    status=1
+  fi
 fi
 
-# --- the CLI end to end: CUDA vs CPU greedy text on SmolLM2 (informational; the tests above decide)
-smol=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
-if [[ -e $smol ]]; then
-  for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200" "--backend cuda --kv-policy headinfer --group 1 --static-heads 40"; do
-    # shellcheck disable=SC2086
-    check "cli run $args" "$OUT/cli.log" 60 "$bin/kvtier" run -m "$smol" $args --temp 0 -n 48 --json -p "Write a short poem about the sea."
+# --- the CLI end to end on each real model present: CUDA placements vs the CPU backend, greedy with
+# --ignore-eos so that every run makes 48 tokens. The CUDA placements must agree among themselves
+# (they are bit-identical); CPU vs CUDA may part at a near-tie (bf16 weights vs quantised).
+if want cli; then
+  for m in SmolLM2-135M-Instruct.Q4_1.gguf gemma-3-270m-q4_k_m.gguf; do
+    f=$model_dir/$m
+    [[ -e $f ]] || continue
+    : >"$state/cli_tokens.txt"
+    for args in "--backend cpu" "--backend cuda --kv-policy resident" "--backend cuda --kv-policy headinfer --group 1" "--backend cuda --kv-policy layer --debug-copy-delay-us 200" "--backend cuda --kv-policy headinfer --group 1 --static-heads 40"; do
+      # shellcheck disable=SC2086
+      check "cli run $m $args" "$OUT/cli.log" 60 "$bin/kvtier" run -m "$f" $args --temp 0 -n 48 --ignore-eos --json -p "Once upon a time, in a small village by the sea,"
+      tail -1 "$OUT/cli.log" | grep -o '"tokens":\[[0-9,]*\]' | sed "s/^/$args /" >>"$state/cli_tokens.txt"
+    done
+    n_cuda=$(grep -- '--backend cuda' "$state/cli_tokens.txt" | awk '{print $NF}' | sort -u | wc -l)
+    cpu=$(grep -- '--backend cpu' "$state/cli_tokens.txt" | awk '{print $NF}')
+    cuda=$(grep -- '--backend cuda' "$state/cli_tokens.txt" | head -1 | awk '{print $NF}')
+    same=$(python3 -c "import sys,json; a=json.loads(sys.argv[1].split(':',1)[1]); b=json.loads(sys.argv[2].split(':',1)[1]); n=next((i for i,(x,y) in enumerate(zip(a,b)) if x!=y), min(len(a),len(b))); print(f'{n} of {len(a)}')" "$cpu" "$cuda" 2>/dev/null || echo "?")
+    if [[ $n_cuda -eq 1 ]]; then note "PASS cli $m: the 4 CUDA placements give one token sequence; CPU and CUDA agree on the first $same tokens"; else
+      note "FAIL cli $m: the CUDA placements give $n_cuda different token sequences"; status=1; fi
+    check "cli bench $m" "$OUT/cli.log" 90 "$bin/kvtier" bench -m "$f" --backend cuda --kv-policy resident,layer,headinfer --prompt-tokens 1024 --gen 32 --repeat 3
   done
-  n_distinct=$(grep -o '"tokens":\[[0-9,]*\]' "$OUT/cli.log" | sort -u | wc -l)
-  note "cli: $n_distinct distinct greedy token sequences over cpu/cuda runs (1: all agree; cuda placements must agree among themselves)"
-  check "cli bench smollm2" "$OUT/cli.log" 90 "$bin/kvtier" bench -m "$smol" --backend cuda --kv-policy resident,layer,headinfer --prompt-tokens 1024 --gen 32 --repeat 3
 fi
+
 # --- 8B scale, no file: a synthetic Llama-3-8B made on the device in a 24 GiB arena (smoke + first
 # figures: prefill of each placement, decode against the pinned H2D bound the bench probes)
-check "synthetic llama3-8b bench" "$OUT/bench.log" 150 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda \
-  --device-mem 24GiB --ctx 8192 --kv-policy resident,layer,headinfer --prompt-tokens 1024,4096 --gen 16 --repeat 1
-
-# --- compute-sanitizer on a small offloaded run (kernels' shared memory races, out-of-bounds accesses)
-tiny=$state/tiny-llama.gguf
-"$bin/kvtier" synth --preset tiny-llama --type f16 --ctx 4096 -o "$tiny" >/dev/null 2>&1
-prompt="The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. The five boxing wizards jump quickly."
-run_small=("$bin/kvtier" run -m "$tiny" --backend cuda --device-mem 1GiB --ctx 512 --chunk 64 -n 24 --temp 0 -p "$prompt")
-if command -v compute-sanitizer >/dev/null; then
-  check racecheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
-  check racecheck_resident "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
-  check memcheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
-  check synccheck_layer "$OUT/sanitizer.log" 90 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
-else
-  note "FAIL compute-sanitizer not found"
-  status=1
+if want bench; then
+  check "synthetic llama3-8b bench" "$OUT/bench.log" 150 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda \
+    --device-mem 24GiB --ctx 8192 --kv-policy resident,layer,headinfer --prompt-tokens 1024,4096 --gen 16 --repeat 1
+fi
+if want measure; then
+  check "synthetic llama3-8b bench 16K" "$OUT/bench.log" 200 "$bin/kvtier" bench -m synthetic:llama3-8b --backend cuda \
+    --device-mem 24GiB --ctx 16640 --kv-policy resident,layer,headinfer --prompt-tokens 16384 --gen 16 --repeat 1
+  # The largest context each placement is built with in 24 GiB (KV in the arena for resident, in
+  # pinned host memory for layer/headinfer): construct a session and run one token.
+  for pc in resident:49152 resident:57344 resident:65536 layer:262144 layer:524288 headinfer:524288; do
+    check "context ${pc#*:} with ${pc%%:*} in 24 GiB" "$OUT/bench.log" 60 "$bin/kvtier" bench -m synthetic:llama3-8b \
+      --backend cuda --device-mem 24GiB --ctx "${pc#*:}" --kv-policy "${pc%%:*}" --prompt-tokens 1 --gen 1 --repeat 1
+  done
 fi
 
+# --- compute-sanitizer on a small offloaded run (kernels' shared memory races, out-of-bounds accesses)
+if want sanitizers; then
+  tiny=$state/tiny-llama.gguf
+  "$bin/kvtier" synth --preset tiny-llama --type f16 --ctx 4096 -o "$tiny" >/dev/null 2>&1
+  prompt="The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs. How vexingly quick daft zebras jump! Sphinx of black quartz, judge my vow. The five boxing wizards jump quickly."
+  run_small=("$bin/kvtier" run -m "$tiny" --backend cuda --device-mem 1GiB --ctx 512 --chunk 64 -n 24 --temp 0 -p "$prompt")
+  if command -v compute-sanitizer >/dev/null; then
+    check racecheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
+    check racecheck_resident "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
+    check memcheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
+    check synccheck_layer "$OUT/sanitizer.log" 90 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
+  else
+    note "FAIL compute-sanitizer not found"
+    status=1
+  fi
+fi
 note "overall: $([[ $status -eq 0 ]] && echo PASS || echo FAIL)"
 exit $status

@@ -174,6 +174,17 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
     file_model = runtime::load_model(e.model);
   }
   const model::ModelConfig& cfg = file_model ? file_model->config : synth_cfg;
+  // The pinned host-to-device bandwidth, for the decode bound of offloaded placements (KV bytes copied
+  // per decode step / this bandwidth); probed before any session takes the device's memory.
+  if (!runtime_cuda::cuda_device_available())
+    fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
+  const cuda::CopyBandwidth bw = cuda::measure_copy_bandwidth(0, size_t{256} << 20, 9);
+  const double h2d_gib_s = bw.h2d_gib_s;
+  if (!a.json) {
+    std::cout << fmt::format("pinned copy bandwidth ({} x {}, median): host-to-device {:.2f} GiB/s, "
+                             "device-to-host {:.2f} GiB/s\n",
+                             bw.reps, human_bytes(bw.bytes), bw.h2d_gib_s, bw.d2h_gib_s);
+  }
   nlohmann::json rows = nlohmann::json::array();
   for (policy::Placement p : placements) {
     // One session at a time: each takes the whole --device-mem arena.
@@ -183,15 +194,6 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
                    : std::make_unique<runtime_cuda::CudaSession>(synth_cfg, *preset, so, opts);
     runtime_cuda::CudaSession& s = *sp;
     const std::string name(policy::placement_name(p));
-    // The pinned host-to-device bandwidth of this session's streams, for the decode bound of offloaded
-    // placements (KV bytes copied per decode step / this bandwidth). Needs 64 MiB free in the arena
-    // and the pinned pool; reported as 0 when it does not fit.
-    double h2d_gib_s = 0.0;
-    try {
-      h2d_gib_s = cuda::measure_copy_bandwidth(s.context(), size_t{64} << 20, 7).h2d_gib_s;
-    } catch (const std::exception& ex) {
-      std::cerr << "kvtier: bench: bandwidth probe skipped: " << ex.what() << "\n";
-    }
     for (int64_t n : a.prompt_tokens) {
       if (n < 1 || n + a.gen > s.n_ctx()) {
         fail(ErrorKind::kInvalidArgument, "prompt of {} tokens + {} generated does not fit the context of {}",
@@ -254,7 +256,12 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
   }
   if (a.json) {
     std::cout << nlohmann::json(
-                     {{"model", e.model}, {"backend", "cuda"}, {"repeat", a.repeat}, {"results", rows}})
+                     {{"model", e.model},
+                      {"backend", "cuda"},
+                      {"repeat", a.repeat},
+                      {"h2d_gib_s", bw.h2d_gib_s},
+                      {"d2h_gib_s", bw.d2h_gib_s},
+                      {"results", rows}})
                      .dump()
               << "\n";
   }

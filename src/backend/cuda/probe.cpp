@@ -7,6 +7,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/stream.h"
 
 namespace kvtier::cuda {
 namespace {
@@ -54,6 +55,29 @@ CopyBandwidth measure_copy_bandwidth(Context& ctx, size_t bytes, int reps) {
   }
   ctx.arena().rewind(dmark);
   ctx.pinned().rewind(hmark);
+  return r;
+}
+
+CopyBandwidth measure_copy_bandwidth(int device, size_t bytes, int reps) {
+  KVTIER_ASSERT(bytes > 0 && reps > 0, "{} bytes x {}", bytes, reps);
+  KVTIER_CUDA_CHECK(cudaSetDevice(device));
+  // Owned buffers: freed on every path out.
+  struct Buffers {
+    void* d = nullptr;
+    void* h = nullptr;
+    ~Buffers() {
+      if (d) cudaFree(d);
+      if (h) cudaFreeHost(h);
+    }
+  } buf;
+  KVTIER_CUDA_CHECK(cudaMalloc(&buf.d, bytes));
+  KVTIER_CUDA_CHECK(cudaHostAlloc(&buf.h, bytes, cudaHostAllocDefault));
+  const Stream stream;
+  CopyBandwidth r;
+  r.bytes = bytes;
+  r.reps = reps;
+  r.h2d_gib_s = median_gib_s(time_copies(buf.d, buf.h, bytes, cudaMemcpyHostToDevice, stream.get(), reps), bytes);
+  r.d2h_gib_s = median_gib_s(time_copies(buf.h, buf.d, bytes, cudaMemcpyDeviceToHost, stream.get(), reps), bytes);
   return r;
 }
 

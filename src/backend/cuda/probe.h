@@ -19,4 +19,8 @@ struct CopyBandwidth {
 // carved temporarily and released). Synchronises its own streams: not for the layer loop.
 CopyBandwidth measure_copy_bandwidth(Context& ctx, size_t bytes, int reps);
 
+// The same measure with buffers of its own (cudaMalloc, cudaHostAlloc) and a stream of its own on
+// `device`, all freed before it returns: for a probe before a session takes the device's memory.
+CopyBandwidth measure_copy_bandwidth(int device, size_t bytes, int reps);
+
 }  // namespace kvtier::cuda
