@@ -22,6 +22,13 @@ namespace kvtier::cuda::KVTIER_ATTN_NS {
 constexpr int kRowsPerWarp = 2;
 constexpr int kMaxRowsPerBlock = 32;
 constexpr int kMaxThreads = kMaxRowsPerBlock / kRowsPerWarp * kWarp;
+// At least this many threads per block, whatever the rows: a decode block has only q_per_kv rows
+// (one or two warps), and with so few threads the K/V tile loads were a chain of dependent global
+// reads (Nsight Compute on an H200, SmolLM2 shape, 1K context: 345 us per decode attention call, 30x
+// the rest of a layer). Warps past the block's rows only help load tiles; they see no key.
+constexpr int kMinThreads = 256;
+// Global reads each thread has in flight while loading a tile (all issued, then all stored).
+constexpr int kLoadBatch = 4;
 
 struct Launch {
   int tokens_per_block = 1;
@@ -36,12 +43,37 @@ inline Launch plan(const AttnParams& p, const AttnQueries& q) {
   const int g = static_cast<int>(p.q_per_kv);
   l.tokens_per_block = static_cast<int>(std::min<int64_t>(std::max(1, kMaxRowsPerBlock / g), q.n_tokens));
   l.rows_per_block = l.tokens_per_block * g;
-  l.threads = (l.rows_per_block + kRowsPerWarp - 1) / kRowsPerWarp * kWarp;
+  l.threads = std::max(kMinThreads, (l.rows_per_block + kRowsPerWarp - 1) / kRowsPerWarp * kWarp);
   l.n_qtiles = (q.n_tokens + l.tokens_per_block - 1) / l.tokens_per_block;
   const size_t dk = static_cast<size_t>(p.head_dim_k), dv = static_cast<size_t>(p.head_dim_v);
   l.smem_bytes =
       (static_cast<size_t>(l.rows_per_block) * dk + kAttnTile * (dk + 1) + kAttnTile * dv) * sizeof(float);
   return l;
+}
+
+// Converts the keys [a, b) of the tile starting at key `base` (rows of d elements of `src`, key kp at
+// src + (kp - pos0) * d) to f32 rows of `dst` (row stride `stride`); other rows are left as they are.
+// Each thread issues kLoadBatch reads before it stores any, so the reads overlap.
+template <typename T>
+__device__ __forceinline__ void load_tile(const T* src, int d, float* dst, int stride, int64_t base, int64_t a,
+                                          int64_t b, int64_t pos0) {
+  const int n = static_cast<int>(kAttnTile) * d;
+  const int step = static_cast<int>(blockDim.x);
+  for (int i0 = static_cast<int>(threadIdx.x); i0 < n; i0 += step * kLoadBatch) {
+    float v[kLoadBatch];
+#pragma unroll
+    for (int u = 0; u < kLoadBatch; ++u) {
+      const int idx = i0 + u * step;
+      const int64_t kp = base + idx / d;
+      v[u] = idx < n && kp >= a && kp < b ? to_f32(src[(kp - pos0) * d + idx % d]) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLoadBatch; ++u) {
+      const int idx = i0 + u * step;
+      const int64_t kp = base + idx / d;
+      if (idx < n && kp >= a && kp < b) dst[(idx / d) * stride + idx % d] = v[u];
+    }
+  }
 }
 
 // Grid: (query tiles, KV heads, kSplit ? chunks : 1). Shared memory:
@@ -102,16 +134,8 @@ __global__ void __launch_bounds__(kMaxThreads)
       const int64_t base = a / kAttnTile * kAttnTile;
       const int64_t b = min(a1, base + kAttnTile);  // tile keys [a, b) at slots [a - base, b - base)
       __syncthreads();                              // previous tile consumed (and qs written)
-      for (int idx = threadIdx.x; idx < kAttnTile * dk; idx += blockDim.x) {
-        const int j = idx / dk, i = idx % dk;
-        const int64_t kp = base + j;
-        if (kp >= a && kp < b) ks[j * k_stride + i] = to_f32(kbase[(kp - span.pos0) * dk + i]);
-      }
-      for (int idx = threadIdx.x; idx < kAttnTile * dv; idx += blockDim.x) {
-        const int j = idx / dv, i = idx % dv;
-        const int64_t kp = base + j;
-        if (kp >= a && kp < b) vs[j * dv + i] = to_f32(vbase[(kp - span.pos0) * dv + i]);
-      }
+      load_tile(kbase, dk, ks, k_stride, base, a, b, span.pos0);
+      load_tile(vbase, dv, vs, dv, base, a, b, span.pos0);
       __syncthreads();
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) {
