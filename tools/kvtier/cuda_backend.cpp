@@ -181,9 +181,10 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
   const cuda::CopyBandwidth bw = cuda::measure_copy_bandwidth(0, size_t{256} << 20, 9);
   const double h2d_gib_s = bw.h2d_gib_s;
   if (!a.json) {
-    std::cout << fmt::format("pinned copy bandwidth ({} x {}, median): host-to-device {:.2f} GiB/s, "
-                             "device-to-host {:.2f} GiB/s\n",
-                             bw.reps, human_bytes(bw.bytes), bw.h2d_gib_s, bw.d2h_gib_s);
+    std::cout << fmt::format(
+        "pinned copy bandwidth ({} x {}, median): host-to-device {:.2f} GiB/s, "
+        "device-to-host {:.2f} GiB/s\n",
+        bw.reps, human_bytes(bw.bytes), bw.h2d_gib_s, bw.d2h_gib_s);
   }
   nlohmann::json rows = nlohmann::json::array();
   for (policy::Placement p : placements) {
@@ -203,7 +204,7 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
       for (int64_t i = 0; i < n; ++i)
         prompt.push_back(static_cast<runtime::TokenId>((i * 7919 + 13) % cfg.n_vocab));
       std::vector<double> pre, dec;
-      double h2d_per_token = 0.0;  // KV bytes copied host-to-device per decode step (last round)
+      double h2d_per_token = 0.0;            // KV bytes copied host-to-device per decode step (last round)
       for (int r = -1; r < a.repeat; ++r) {  // round -1 warms up (cuBLAS heuristics, page tables)
         s.truncate(0);
         const auto t0 = Clock::now();
@@ -218,7 +219,8 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
         }
         const double td = std::chrono::duration<double>(Clock::now() - t1).count();
         if (a.gen > 0)
-          h2d_per_token = static_cast<double>(s.kv_stats().bytes_h2d - h2d_before) / static_cast<double>(a.gen);
+          h2d_per_token =
+              static_cast<double>(s.kv_stats().bytes_h2d - h2d_before) / static_cast<double>(a.gen);
         throw_if_interrupted();
         if (r < 0) continue;
         pre.push_back(static_cast<double>(n) / tp);
@@ -246,22 +248,22 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
             "cuda {:<9} prompt {:>7} -> prefill {:9.1f} tok/s | decode {:>4} -> {:8.2f} tok/s "
             "(median of {}) | arena peak {}{}\n",
             name, n, median(pre), a.gen, median(dec), a.repeat, human_bytes(s.memory_report().arena_peak),
-            bound_tps > 0 ? fmt::format(" | KV H2D {}/token at {:.1f} GiB/s: bound {:.2f} tok/s, decode = {:.2f}x "
-                                        "the bound's time",
-                                        human_bytes(static_cast<uint64_t>(h2d_per_token)), h2d_gib_s, bound_tps,
-                                        bound_tps / std::max(median(dec), 1e-9))
-                          : std::string());
+            bound_tps > 0
+                ? fmt::format(" | KV H2D {}/token at {:.1f} GiB/s: bound {:.2f} tok/s, decode = {:.2f}x "
+                              "the bound's time",
+                              human_bytes(static_cast<uint64_t>(h2d_per_token)), h2d_gib_s, bound_tps,
+                              bound_tps / std::max(median(dec), 1e-9))
+                : std::string());
       }
     }
   }
   if (a.json) {
-    std::cout << nlohmann::json(
-                     {{"model", e.model},
-                      {"backend", "cuda"},
-                      {"repeat", a.repeat},
-                      {"h2d_gib_s", bw.h2d_gib_s},
-                      {"d2h_gib_s", bw.d2h_gib_s},
-                      {"results", rows}})
+    std::cout << nlohmann::json({{"model", e.model},
+                                 {"backend", "cuda"},
+                                 {"repeat", a.repeat},
+                                 {"h2d_gib_s", bw.h2d_gib_s},
+                                 {"d2h_gib_s", bw.d2h_gib_s},
+                                 {"results", rows}})
                      .dump()
               << "\n";
   }

@@ -55,8 +55,8 @@ inline Launch plan(const AttnParams& p, const AttnQueries& q) {
 // src + (kp - pos0) * d) to f32 rows of `dst` (row stride `stride`); other rows are left as they are.
 // Each thread issues kLoadBatch reads before it stores any, so the reads overlap.
 template <typename T>
-__device__ __forceinline__ void load_tile(const T* src, int d, float* dst, int stride, int64_t base, int64_t a,
-                                          int64_t b, int64_t pos0) {
+__device__ __forceinline__ void load_tile(const T* src, int d, float* dst, int stride, int64_t base,
+                                          int64_t a, int64_t b, int64_t pos0) {
   const int n = static_cast<int>(kAttnTile) * d;
   const int step = static_cast<int>(blockDim.x);
   for (int i0 = static_cast<int>(threadIdx.x); i0 < n; i0 += step * kLoadBatch) {

@@ -76,8 +76,10 @@ CopyBandwidth measure_copy_bandwidth(int device, size_t bytes, int reps) {
   CopyBandwidth r;
   r.bytes = bytes;
   r.reps = reps;
-  r.h2d_gib_s = median_gib_s(time_copies(buf.d, buf.h, bytes, cudaMemcpyHostToDevice, stream.get(), reps), bytes);
-  r.d2h_gib_s = median_gib_s(time_copies(buf.h, buf.d, bytes, cudaMemcpyDeviceToHost, stream.get(), reps), bytes);
+  r.h2d_gib_s =
+      median_gib_s(time_copies(buf.d, buf.h, bytes, cudaMemcpyHostToDevice, stream.get(), reps), bytes);
+  r.d2h_gib_s =
+      median_gib_s(time_copies(buf.h, buf.d, bytes, cudaMemcpyDeviceToHost, stream.get(), reps), bytes);
   return r;
 }
 
