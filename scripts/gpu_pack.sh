@@ -5,7 +5,7 @@
 #   bin/     (packed as bin.tar.xz) the CUDA build's kvtier, test_cuda and test_cuda_model, the shared libraries they need
 #            that a CUDA image may lack (libfmt, pcre2, the CUDA runtime; not cuBLAS, which is too big),
 #            and the model directory the tests were compiled to read (model_dir.txt)
-#   parts    the GGUF test models cut into parts of at most 60 MiB, with their sha256
+#   parts    the GGUF test models cut into parts of at most 56 MiB, with their sha256
 # packed into sets .gpu_carry/m1, m2, ... of at most 58 MiB each (one device call each).
 # Usage: scripts/gpu_pack.sh [MODEL.gguf ...]   (default: the two test models in models/)
 # It prints the device calls to make, in order.
@@ -56,13 +56,12 @@ for m in "${models[@]}"; do
   for p in "$parts/$name".part*; do mv "$p" "${p}of$n"; done
   sha256sum "$m" | cut -d' ' -f1 >"$parts/$name.sha256"
 done
-python3 - "$carry" "$part_bytes" <<'PY'
+python3 - "$carry" $((58 * 1024 * 1024)) <<'PY'
 import os, shutil, sys
 carry, cap = sys.argv[1], int(sys.argv[2])
 parts = os.path.join(carry, "parts")
 items = [(os.path.getsize(os.path.join(parts, f)), os.path.join(parts, f)) for f in os.listdir(parts) if ".part" in f]
 items.append((os.path.getsize(os.path.join(carry, "bin.tar.xz")), os.path.join(carry, "bin.tar.xz")))
-cap = 58 * 1024 * 1024
 sets = []  # [used bytes, [paths]]
 for size, path in sorted(items, reverse=True):
     for s in sets:
