@@ -26,14 +26,17 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+void require_device() {
+  if (!runtime_cuda::cuda_device_available())
+    fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
+}
+
 runtime_cuda::CudaSessionOptions cuda_options(const EngineArgs& e, policy::Placement placement,
                                               int64_t ctx_needed) {
   if (!e.kv_type.empty() && e.kv_type != "f16")
     fail(ErrorKind::kUnsupported, "--backend cuda: --kv-type {} (f16 only)", e.kv_type);
   if (!e.kv_disk.empty()) fail(ErrorKind::kUnsupported, "--backend cuda: --kv-disk is not implemented yet");
-  if (!runtime_cuda::cuda_device_available()) {
-    fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
-  }
+  require_device();
   runtime_cuda::CudaSessionOptions o;
   o.n_ctx = e.ctx > 0 ? e.ctx : std::max<int64_t>(256, (ctx_needed + 255) / 256 * 256);
   o.chunk = e.chunk > 0 ? e.chunk : std::min<int64_t>(512, o.n_ctx);
@@ -176,8 +179,7 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
   const model::ModelConfig& cfg = file_model ? file_model->config : synth_cfg;
   // The pinned host-to-device bandwidth, for the decode bound of offloaded placements (KV bytes copied
   // per decode step / this bandwidth); probed before any session takes the device's memory.
-  if (!runtime_cuda::cuda_device_available())
-    fail(ErrorKind::kUnsupported, "--backend cuda: no CUDA device on this machine (or no driver)");
+  require_device();
   cuda::CopyBandwidth bw;
   try {
     bw = cuda::measure_copy_bandwidth(0, size_t{256} << 20, 9);
