@@ -18,6 +18,8 @@
 
 namespace kvtier::kv {
 
+class SpeculationObserver;  // kv/speculation_observer.h
+
 // How a KV cache is built: the placement and its settings, the retention, sequences and budgets.
 struct KvOptions {
   policy::PlacementConfig placement;
@@ -48,6 +50,8 @@ struct KvOptions {
   std::shared_ptr<const skew::SkewSet> skew;
   // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
   std::shared_ptr<UnitScorer> scorer;
+  // selection infinigen: sees every speculation's rows (tests, diagnostics); not owned, may be null.
+  SpeculationObserver* speculation_observer = nullptr;
 };
 using TieredOptions = KvOptions;
 

@@ -68,28 +68,29 @@ void PartialKeys::observe(SeqId seq, uint32_t layer, const float* q, const float
 }
 
 void PartialKeys::choose_columns(SeqId seq) {
-  for (uint32_t l = 0; l < skew_.layers.size(); ++l) {
-    const skew::LayerSkew& L = skew_.layers[l];
-    int64_t& observed = observed_[seq * skew_.layers.size() + l];
-    const bool offline = observed < shape_.min_prompt;
-    observed = 0;
-    for (uint32_t g = 0; g < L.n_head_kv; ++g) {
-      const size_t u = unit(seq, l, g);
-      double* score = &score_[u * static_cast<size_t>(d_)];
-      std::vector<int32_t> cols;
-      if (offline) {
-        cols.assign(L.head_cols(g, k_), L.head_cols(g, k_) + k_);
-      } else {
-        cols = skew::top_columns({score, static_cast<size_t>(d_)}, k_);
-      }
-      std::fill(score, score + d_, 0.0);
-      std::copy(cols.begin(), cols.end(),
-                cols_.begin() + static_cast<ptrdiff_t>(u * static_cast<size_t>(k_)));
-      const float* a = L.head_a(g, d_);
-      float* b = &b_[u * static_cast<size_t>(d_ * k_)];
-      for (int64_t i = 0; i < d_; ++i)
-        for (int64_t c = 0; c < k_; ++c) b[i * k_ + c] = a[i * d_ + cols[static_cast<size_t>(c)]];
+  for (uint32_t l = 0; l < skew_.layers.size(); ++l) choose_layer_columns(seq, l);
+}
+
+void PartialKeys::choose_layer_columns(SeqId seq, uint32_t l) {
+  const skew::LayerSkew& L = skew_.layers[l];
+  int64_t& observed = observed_[seq * skew_.layers.size() + l];
+  const bool offline = observed < shape_.min_prompt;
+  observed = 0;
+  for (uint32_t g = 0; g < L.n_head_kv; ++g) {
+    const size_t u = unit(seq, l, g);
+    double* score = &score_[u * static_cast<size_t>(d_)];
+    std::vector<int32_t> cols;
+    if (offline) {
+      cols.assign(L.head_cols(g, k_), L.head_cols(g, k_) + k_);
+    } else {
+      cols = skew::top_columns({score, static_cast<size_t>(d_)}, k_);
     }
+    std::fill(score, score + d_, 0.0);
+    std::copy(cols.begin(), cols.end(), cols_.begin() + static_cast<ptrdiff_t>(u * static_cast<size_t>(k_)));
+    const float* a = L.head_a(g, d_);
+    float* b = &b_[u * static_cast<size_t>(d_ * k_)];
+    for (int64_t i = 0; i < d_; ++i)
+      for (int64_t c = 0; c < k_; ++c) b[i * k_ + c] = a[i * d_ + cols[static_cast<size_t>(c)]];
   }
 }
 

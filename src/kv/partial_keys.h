@@ -50,6 +50,9 @@ class PartialKeys {
   void observe(SeqId seq, uint32_t layer, const float* q, const float* k, int64_t n);
   // Picks the sequence's columns per (layer, KV head) and resets its scores.
   void choose_columns(SeqId seq);
+  // The same for one layer (the teacher-forced emulation chooses each layer's columns as its pass
+  // reaches it).
+  void choose_layer_columns(SeqId seq, uint32_t layer);
   // Rows of the keys k: [n, n_head_kv, d] f32 (after RoPE) at slots slot0 .. slot0 + n - 1.
   void write(SeqId seq, uint32_t layer, int64_t slot0, const float* k, int64_t n);
   // The row of one key k: [d] f32 (after RoPE) of KV head g at `slot` (the bounded pool: each head's new

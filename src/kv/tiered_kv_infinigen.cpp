@@ -21,6 +21,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kv/page_extents.h"
+#include "kv/speculation_observer.h"
 #include "kv/tiered_kv.h"
 
 namespace kvtier::kv {
@@ -355,6 +356,11 @@ void TieredKv::infinigen_write(uint32_t layer, const LayerRows& rows) {
   policy::speculate(in, static_cast<float>(opt_.knobs.infinigen_alpha), s.r);
   s.pass = passes_;
   s.layer = t;
+  if (SpeculationObserver* obs = opt_.speculation_observer) {
+    for (int64_t b = 0; b < B; ++b)
+      obs->on_speculation(seqs[static_cast<size_t>(b)].seq, t, la_pos_[static_cast<size_t>(b)],
+                          s.n_past[static_cast<size_t>(b)], s.r, b, hk);
+  }
   for (int64_t b = 0; pooled(t) && b < B; ++b) {  // the pools count this step's fetches (§8)
     for (int64_t g = 0; g < hk; ++g)
       pool(seqs[static_cast<size_t>(b)].seq, t, static_cast<uint32_t>(g)).touch(s.r.rows(b, g, hk), passes_);

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kv/footprint.h"
+#include "kv/infinigen_emulation.h"
 #include "kv/make_kv_cache.h"
 #include "policy/kv_policy.h"
 #include "runtime/profile_cache.h"
@@ -30,7 +31,35 @@ SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOpt
   opt.chunk = std::min(opt.chunk, opt.n_ctx);
   opt.kv_placement.max_new_rows = opt.chunk;
   if (opt.kv_placement.max_seqs < 1) fail(ErrorKind::kInvalidArgument, "a session of 0 sequences");
+  if (opt.infinigen_emulation) {
+    const kv::KvOptions& k = opt.kv_placement;
+    if (k.selection != policy::Selection::kInfinigen) {
+      fail(ErrorKind::kInvalidArgument,
+           "--infinigen-emulate emulates the selection infinigen: use it with --kv-policy infinigen (or "
+           "another "
+           "policy with +infinigen)");
+    }
+    if (k.retention == policy::Retention::kPool)
+      fail(ErrorKind::kInvalidArgument, "--infinigen-emulate does not model the bounded pool (drop +pool)");
+    if (k.max_seqs != 1)
+      fail(ErrorKind::kInvalidArgument, "--infinigen-emulate runs one sequence (not --max-seqs {})",
+           k.max_seqs);
+  }
   return opt;
+}
+
+kv::KvOptions cache_options(const SessionOptions& o) {
+  if (!o.infinigen_emulation) return o.kv_placement;
+  // The emulation's rows live in a resident cache that attends densely (kv/infinigen_emulation.h).
+  kv::KvOptions k = o.kv_placement;
+  k.placement = policy::PlacementConfig{};
+  k.selection = policy::Selection::kAll;
+  k.disk_dir.clear();
+  return k;
+}
+
+uint32_t session_kv_needs(const SessionOptions& o) {
+  return kv::kv_needs(cache_options(o)) | (o.infinigen_emulation ? kv::kNeedLayerInput : kv::kNeedNone);
 }
 
 namespace {
@@ -60,9 +89,9 @@ kv::MemoryLedger predict_memory(const LoadedModel& model, const SessionOptions& 
   p.reserve(kv::Tier::kHost, kv::Category::kWeights, wf.host_bytes);
   p.reserve(kv::Tier::kDisk, kv::Category::kWeights, wf.disk_bytes);
   p.reserve(kv::Tier::kDevice, kv::Category::kActivations,
-            model::forward_buffers(cfg, model.weights, o.chunk, kv::kv_needs(o.kv_placement)).bytes());
+            model::forward_buffers(cfg, model.weights, o.chunk, session_kv_needs(o)).bytes());
   const kv::KvFootprint f =
-      kv::kv_footprint(o.kv_placement, kv_geometry(model, o), o.n_ctx, cfg.n_head, o.threads);
+      kv::kv_footprint(cache_options(o), kv_geometry(model, o), o.n_ctx, cfg.n_head, o.threads);
   p.reserve(kv::Tier::kDevice, kv::Category::kKv, f.device_kv);
   p.reserve(kv::Tier::kDevice, kv::Category::kStaging, f.device_staging);
   p.reserve(kv::Tier::kDevice, kv::Category::kScratch, f.device_scratch);
@@ -110,13 +139,24 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   }
   if (ko.selection == policy::Selection::kInfinigen && !ko.skew)
     ko.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, opt_.skew_path));
-  kv_ = kv::make_kv_cache(opt_.kv_placement, kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_, pool_,
-                          isa_);
-  KVTIER_ASSERT(kv_->needs() == kv::kv_needs(opt_.kv_placement));
+  kv_ = kv::make_kv_cache(cache_options(opt_), kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_,
+                          pool_, isa_);
+  if (opt_.infinigen_emulation) {
+    kv::InfinigenEmulationOptions eo;
+    eo.params.alpha = static_cast<float>(ko.knobs.infinigen_alpha);
+    eo.params.budget = ko.knobs.infinigen_budget;
+    eo.params.group = ko.knobs.infinigen_group;
+    eo.emulate_from = 0;  // every query a decode step; the skew file's offline columns
+    eo.n_head = cfg.n_head;
+    eo.n_embd = cfg.n_embd;
+    eo.isa = isa_;
+    emulation_ = std::make_unique<kv::InfinigenEmulationKv>(*kv_, *ko.skew, eo, pool_);
+  }
+  KVTIER_ASSERT(kv().needs() == session_kv_needs(opt_));
   forward_ =
-      std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv_->needs());
+      std::make_unique<model::Forward>(cfg, model.weights, opt_.chunk, pool_, isa_, ledger_, kv().needs());
   forward_->set_weight_stream(weights_.get());
-  kv_->set_compute(forward_.get());
+  kv().set_compute(forward_.get());
   // evaluate() needs every position's logits: it runs passes of at most logit_rows_ tokens.
   logit_rows_ = logit_rows(cfg, opt_.chunk);
   const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;
@@ -140,12 +180,12 @@ std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> 
   KVTIER_ASSERT(!tokens.empty(), "prefill of no tokens");
   const auto n = static_cast<int64_t>(tokens.size());
   // The policy's chunk schedule (chunks of --chunk unless it has its own, as locret does).
-  const std::vector<int64_t> passes = kv_->plan_prefill(seq, n, opt_.chunk);
+  const std::vector<int64_t> passes = kv().plan_prefill(seq, n, opt_.chunk);
   int64_t i = 0;
   for (const int64_t m : passes) {
     KVTIER_ASSERT(m > 0 && m <= opt_.chunk && i + m <= n, "prefill pass of {} tokens at {} of {}", m, i, n);
     const bool last = i + m == n;
-    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, kv(),
                   last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.data());
     if (progress) progress(i + m, n);
     i += m;
@@ -160,10 +200,10 @@ std::span<const float> Session::evaluate_states(kv::SeqId seq, std::span<const T
   const auto n = static_cast<int64_t>(tokens.size());
   const size_t E = model_.config.n_embd;
   int64_t i = 0;
-  for (const int64_t m : kv_->plan_prefill(seq, n, opt_.chunk)) {  // prefill's own passes
+  for (const int64_t m : kv().plan_prefill(seq, n, opt_.chunk)) {  // prefill's own passes
     KVTIER_ASSERT(m > 0 && m <= opt_.chunk && i + m <= n, "prefill pass of {} tokens at {} of {}", m, i, n);
-    const int64_t pos0 = kv_->positions(seq);
-    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
+    const int64_t pos0 = kv().positions(seq);
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, kv(),
                   model::LogitRows::kStates, nullptr);
     const std::span<const float> states = forward_->states();  // [m, n_embd]
     for (int64_t t = 0; t < m; ++t) fn(pos0 + t, states.subspan(static_cast<size_t>(t) * E, E));
@@ -186,7 +226,7 @@ bool Session::prefill_cuts_matter() const {
 }
 
 std::span<const float> Session::decode(kv::SeqId seq, TokenId token) {
-  forward_->run({&token, 1}, seq, *kv_, model::LogitRows::kLast, logits_.data());
+  forward_->run({&token, 1}, seq, kv(), model::LogitRows::kLast, logits_.data());
   return {logits_.data(), model_.config.n_vocab};
 }
 
@@ -201,7 +241,7 @@ std::span<const float> Session::step(std::span<const model::SeqTokens> parts) {
     rows += model::logit_rows(p);
   }
   KVTIER_ASSERT(n <= opt_.chunk, "a step of {} tokens (the chunk is {})", n, opt_.chunk);
-  forward_->run_batch(parts, *kv_, logits_.data());
+  forward_->run_batch(parts, kv(), logits_.data());
   return {logits_.data(), static_cast<size_t>(rows) * model_.config.n_vocab};
 }
 
@@ -212,11 +252,11 @@ std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId>
   int64_t last_row = 0;
   const size_t V = model_.config.n_vocab;
   int64_t i = 0;
-  for (const int64_t m : kv_->plan_prefill(seq, n, logit_rows_)) {  // the policy's chunk schedule
+  for (const int64_t m : kv().plan_prefill(seq, n, logit_rows_)) {  // the policy's chunk schedule
     KVTIER_ASSERT(m > 0 && m <= logit_rows_ && i + m <= n, "evaluation pass of {} tokens at {} of {}", m, i,
                   n);
-    const int64_t pos0 = kv_->positions(seq);
-    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, *kv_,
+    const int64_t pos0 = kv().positions(seq);
+    forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, kv(),
                   model::LogitRows::kAll, logits_.data());
     for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.data() + static_cast<size_t>(t) * V, V});
     last_row = m - 1;
@@ -228,7 +268,7 @@ std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId>
 }
 
 void Session::truncate(kv::SeqId seq, int64_t n) {
-  kv_->truncate(seq, n);
+  kv().truncate(seq, n);
 }
 
 std::optional<kv::TieredStats> Session::kv_stats() const {

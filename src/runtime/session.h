@@ -16,6 +16,7 @@
 
 #include "backend/cpu/cpu_features.h"
 #include "core/thread_pool.h"
+#include "kv/infinigen_emulation.h"
 #include "kv/kv_cache.h"
 #include "kv/ledger.h"
 #include "kv/tiered_kv.h"
@@ -45,6 +46,10 @@ struct SessionOptions {
   // selection infinigen: the skew file (empty: the model's path with .skew.gguf), read unless
   // kv_placement.skew holds it already (runtime/skew_sample.h, load_infinigen_skew).
   std::string skew_path;
+  // InfiniGen's teacher-forced emulation (--infinigen-emulate; kv/infinigen_emulation.h): the selection
+  // infinigen of kv_placement applied to every query of every pass over a resident cache, with the skew
+  // file's offline columns, instead of an offloaded placement's decode steps. One sequence, no pool.
+  bool infinigen_emulation = false;
 };
 
 // Called after each prefill chunk: (tokens done, tokens total).
@@ -73,7 +78,7 @@ class Session {
   // for them, in order ([parts with kLast, n_vocab] f32; valid until the next call).
   std::span<const float> step(std::span<const model::SeqTokens> parts);
   // Parts one step() may carry.
-  int64_t max_batch() const { return std::min<int64_t>(logit_rows_, kv_->max_sequences()); }
+  int64_t max_batch() const { return std::min<int64_t>(logit_rows_, kv().max_sequences()); }
   // Appends tokens, calling `fn` with every position's logits (for perplexity / dumps), in passes of
   // at most min(chunk, 64 MiB of logits) tokens (results do not depend on the pass size).
   // Returns the logits of the last position.
@@ -93,7 +98,7 @@ class Session {
   // at most `chunk` tokens (0: the session's chunk). A policy with its own schedule (locret evicts
   // after each planned piece) plans it here.
   std::vector<int64_t> plan_prefill(kv::SeqId seq, int64_t n, int64_t chunk = 0) {
-    return kv_->plan_prefill(seq, n, chunk > 0 ? std::min(chunk, opt_.chunk) : opt_.chunk);
+    return kv().plan_prefill(seq, n, chunk > 0 ? std::min(chunk, opt_.chunk) : opt_.chunk);
   }
   // Whether where a prompt's passes end can change the result: not for an exact policy (bit-identical
   // to resident at any cut); for an approximate one it can (h2o evicts and kivi quantises at the end of
@@ -105,14 +110,20 @@ class Session {
   void truncate(kv::SeqId seq, int64_t n);
   void truncate(int64_t n) { truncate(0, n); }
 
-  int64_t n_past(kv::SeqId seq = 0) const { return kv_->positions(seq); }
-  uint32_t max_sequences() const { return kv_->max_sequences(); }
-  int64_t n_ctx() const { return kv_->capacity(); }
+  int64_t n_past(kv::SeqId seq = 0) const { return kv().positions(seq); }
+  uint32_t max_sequences() const { return kv().max_sequences(); }
+  int64_t n_ctx() const { return kv().capacity(); }
   int64_t chunk() const { return opt_.chunk; }
   const kv::MemoryLedger& ledger() const { return ledger_; }
   const LoadedModel& model() const { return model_; }
   cpu::Isa isa() const { return isa_; }
-  kv::KvCache& kv() { return *kv_; }
+  // The cache the passes run through (the emulation's, under --infinigen-emulate).
+  kv::KvCache& kv() { return emulation_ ? static_cast<kv::KvCache&>(*emulation_) : *kv_; }
+  const kv::KvCache& kv() const { return emulation_ ? static_cast<const kv::KvCache&>(*emulation_) : *kv_; }
+  // The teacher-forced emulation's figures (SessionOptions::infinigen_emulation), else nullopt.
+  std::optional<kv::InfinigenEmulationStats> emulation_stats() const {
+    return emulation_ ? std::optional(emulation_->stats()) : std::nullopt;
+  }
   // Transfer statistics of an offloaded placement (nullopt for resident).
   std::optional<kv::TieredStats> kv_stats() const;
   // Weight placement and streaming counters.
@@ -125,7 +136,8 @@ class Session {
   kv::MemoryLedger ledger_;
   std::unique_ptr<model::WeightStreamer> weights_;
   ThreadPool pool_;
-  std::unique_ptr<kv::KvCache> kv_;
+  std::unique_ptr<kv::KvCache> kv_;  // the placement's cache (the emulation's inner one under it)
+  std::unique_ptr<kv::InfinigenEmulationKv> emulation_;
   std::unique_ptr<model::Forward> forward_;
   kv::Reservation logits_reservation_;
   int64_t logit_rows_ = 1;     // tokens per pass of evaluate() (its logits buffer's rows)

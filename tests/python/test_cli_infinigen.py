@@ -138,3 +138,35 @@ def test_disk_home_gathers_give_the_host_homes_bits(skews, tmp_path):
         assert host["kv"]["bytes_slack"] == 0, name
         assert 0 < disk["kv"]["bytes_slack"] < disk["kv"]["bytes_loaded"], name
     assert list(tmp_path.iterdir()) == [], "the disk tier left files behind"
+
+
+def test_emulated_perplexity_equals_the_decode_steps_perplexity(skews, tmp_path):
+    """`perplexity --infinigen-emulate` (the paper's teacher-forced emulation: each window in ordinary
+    passes, every query masked to its speculated rows) gives the perplexity of `--chunk 1`, where every
+    token is a real decode step of layer+infinigen: the same rows attended, the same bits (spec A6 at the
+    level of the logits). Both models, 2 windows of 256 tokens; both lose against resident."""
+    text = tmp_path / "gpl.txt"
+    text.write_text(PROMPT * 3, encoding="utf-8")
+    for name in ("smollm2", "gemma3"):
+        def ppl(*extra):
+            return json.loads(run("perplexity", "-m", model(name), "-f", text, "--ctx", 256, "--chunks", 2, "-t",
+                                  2, "--skew", skews[name], "--json", *extra).stdout)
+
+        emulated = ppl("--kv-policy", "infinigen", "--infinigen-emulate")
+        decoded = ppl("--kv-policy", "infinigen", "--chunk", 1)
+        resident = ppl()
+        assert emulated["nll"] == decoded["nll"], name
+        assert emulated["nll"] > resident["nll"], name
+        e = emulated["infinigen_emulation"]
+        assert e["queries"] > 0 and 0 < e["fetched_fraction"] <= 0.2, name
+        assert "infinigen_emulation" not in decoded
+
+
+def test_emulation_needs_an_infinigen_policy_without_a_pool(skews, tmp_path):
+    text = tmp_path / "gpl.txt"
+    text.write_text(PROMPT * 3, encoding="utf-8")
+    base = ["perplexity", "-m", model("smollm2"), "-f", text, "--ctx", 256, "--chunks", 1, "--skew",
+            skews["smollm2"], "--infinigen-emulate"]
+    assert "--kv-policy infinigen" in fails(*base)
+    assert "--kv-policy infinigen" in fails(*base, "--kv-policy", "layer")
+    assert "pool" in fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "1MiB")
