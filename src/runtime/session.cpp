@@ -35,9 +35,8 @@ SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOpt
     const kv::KvOptions& k = opt.kv_placement;
     if (k.selection != policy::Selection::kInfinigen) {
       fail(ErrorKind::kInvalidArgument,
-           "--infinigen-emulate emulates the selection infinigen: use it with --kv-policy infinigen (or "
-           "another "
-           "policy with +infinigen)");
+           "--infinigen-emulate emulates the selection infinigen: use it with --kv-policy infinigen "
+           "(or another policy with +infinigen)");
     }
     if (k.retention == policy::Retention::kPool)
       fail(ErrorKind::kInvalidArgument, "--infinigen-emulate does not model the bounded pool (drop +pool)");
@@ -48,6 +47,9 @@ SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOpt
   return opt;
 }
 
+namespace {
+
+// The options of the cache a session builds: the placement's, or under the emulation its inner resident one.
 kv::KvOptions cache_options(const SessionOptions& o) {
   if (!o.infinigen_emulation) return o.kv_placement;
   // The emulation's rows live in a resident cache that attends densely (kv/infinigen_emulation.h).
@@ -58,11 +60,10 @@ kv::KvOptions cache_options(const SessionOptions& o) {
   return k;
 }
 
+// The rows the model hands the session's cache (the emulation's look-ahead needs the layer inputs).
 uint32_t session_kv_needs(const SessionOptions& o) {
   return kv::kv_needs(cache_options(o)) | (o.infinigen_emulation ? kv::kNeedLayerInput : kv::kNeedNone);
 }
-
-namespace {
 
 // Tokens per pass of evaluate(): its logits buffer holds that many rows.
 int64_t logit_rows(const model::ModelConfig& cfg, int64_t chunk) {
