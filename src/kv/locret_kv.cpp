@@ -44,12 +44,20 @@ std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max
   return out;
 }
 
-void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protect, std::span<int64_t> order,
-                      std::span<uint8_t> keep_mask) {
+void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protect, int64_t pool,
+                      std::span<int64_t> order, std::span<uint8_t> keep_mask) {
   // Candidates by (score, protected first, later row first: rows are in position order); the
-  // stabilizers' +INF lives only in this ordering, the stored scores stay the real ones.
+  // stabilizers' +INF and the pooled maxima live only in this ordering, the stored scores stay the real
+  // ones (a pooled key is recomputed per comparison: pool is a few rows).
   const int64_t first_protected = n - n_protect;
-  auto key = [&](int64_t r) { return r >= first_protected ? std::numeric_limits<float>::infinity() : sc[r]; };
+  const int64_t half = pool / 2;
+  auto key = [&](int64_t r) {
+    if (r >= first_protected) return std::numeric_limits<float>::infinity();
+    float m = sc[r];
+    for (int64_t j = std::max<int64_t>(0, r - half); j <= std::min(first_protected - 1, r + half); ++j)
+      m = std::max(m, sc[j]);
+    return m;
+  };
   mark_best(n, keep, order, keep_mask, [&](int64_t a, int64_t b) {
     const float ka = key(a), kb = key(b);
     return ka != kb ? ka > kb : a > b;
@@ -204,7 +212,7 @@ void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
 }
 
 void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
-  locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, n_protect, order_, keep_);
+  locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, n_protect, opt_.knobs.locret_pool, order_, keep_);
   // Compact in place (kept rows in position order) and re-rotate every moved key to its new row.
   const int64_t dk = geo_.head_dim_k;
   int64_t n_rot = 0;

@@ -48,9 +48,10 @@ BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_
 std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max_new, int64_t local_tail,
                                            int64_t* evicting_tokens);
 // The eviction decision of one (layer, KV head) holding rows [0, n) in position order: keep[r] = 1 for
-// the `keep` rows with the largest key, where the key is score[r], or +inf for the last n_protect rows
-// (stabilizers); ties go to the later row (the later position). order: work space of n entries.
-void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect,
+// the `keep` rows with the largest key, where the key is +inf for the last n_protect rows
+// (stabilizers) and otherwise the largest score[j] over the unprotected rows j within pool / 2 rows of r
+// (pool 1: score[r]); ties go to the later row (the later position). order: work space of n entries.
+void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect, int64_t pool,
                       std::span<int64_t> order, std::span<uint8_t> keep_mask);
 // Host bytes locret keeps beside an offloaded placement's home tier (TieredKv): per (sequence, layer,
 // KV head) locret_rows() scores (f32) and pre-RoPE keys (KV dtype), the pass's scores and the

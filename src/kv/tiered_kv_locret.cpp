@@ -122,7 +122,7 @@ int64_t TieredKv::locret_compact_unit(uint8_t* base, uint64_t pitch, const polic
     uint8_t* kpre = lr_kpre_.data() + c * rk;
     uint8_t* kplane = base + 2ull * h * pitch;
     uint8_t* vplane = base + (2ull * h + 1) * pitch;
-    locret_mark_keep(sc, n, keep, n_protect, lr_order_, lr_keep_);
+    locret_mark_keep(sc, n, keep, n_protect, opt_.knobs.locret_pool, lr_order_, lr_keep_);
     int64_t n_rot = 0;
     auto flush = [&]() {
       if (n_rot == 0) return;

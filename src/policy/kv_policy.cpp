@@ -78,7 +78,7 @@ constexpr AxisValue kValues[] = {
      "the last --stabilizers always among them; the prompt's last --local-tail tokens and decoded tokens "
      "are not evicted; positions are renumbered compactly; resident, layer or headinfer placement (host "
      "or --kv-disk home)",
-     "--kv-budget --locret-heads --stabilizers --local-tail"},
+     "--kv-budget --locret-heads --stabilizers --local-tail --locret-pool"},
     {Axis::kRetention, "pool", false,
      "InfiniGen's bounded KV pool: the layers that speculate hold at most --kv-pool-limit bytes of K/V rows "
      "(slots per layer, sequence and KV head); past that each new token takes a victim's slot, chosen by "
@@ -267,6 +267,8 @@ void check_knobs(const KvPolicy& p) {
            k.budget);
     }
     if (k.local_tail < 0) fail(ErrorKind::kInvalidArgument, "--local-tail {}: must be >= 0", k.local_tail);
+    if (k.locret_pool < 1 || k.locret_pool % 2 == 0)
+      fail(ErrorKind::kInvalidArgument, "--locret-pool {}: must be an odd number >= 1", k.locret_pool);
   }
   if (p.retention == Retention::kH2o && !(k.h2o_recent > 0.0 && k.h2o_recent < 1.0))
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);

@@ -113,6 +113,8 @@ struct PolicyKnobs {
   int64_t stabilizers = -1;  // --stabilizers: locret's n_s, the last units protected after a non-final
                              // prefill chunk (-1: --kv-budget / 4)
   int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
+  int64_t locret_pool = 1;   // --locret-pool: locret ranks a unit by the best score within this many
+                             // neighbouring units (odd; 1: its own score, the paper)
   uint64_t pool_limit = 0;   // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   bool operator==(const PolicyKnobs&) const = default;

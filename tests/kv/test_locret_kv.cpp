@@ -376,3 +376,36 @@ TEST(LocretKv, NeedsAScorerAndStabilizersBelowTheBudget) {
 
 }  // namespace
 }  // namespace kvtier::kv
+
+namespace kvtier::kv {
+namespace {
+
+std::vector<int64_t> kept_rows(const std::vector<float>& sc, int64_t keep, int64_t n_protect, int64_t pool) {
+  const auto n = static_cast<int64_t>(sc.size());
+  std::vector<int64_t> order(sc.size());
+  std::vector<uint8_t> mask(sc.size());
+  locret_mark_keep(sc.data(), n, keep, n_protect, pool, order, mask);
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < n; ++r)
+    if (mask[static_cast<size_t>(r)]) out.push_back(r);
+  return out;
+}
+
+// --locret-pool: a unit ranks by the best score within pool / 2 units of it, so a high-scoring unit's
+// neighbours (the rest of a number's digits, say) stay with it; the stabilizers stay protected and lend
+// no score to their neighbours; pool 1 is the paper's rule.
+TEST(LocretMarkKeep, PooledScoresKeepTheNeighboursOfAHighScoringUnit) {
+  //                              0     1     2     3    4     5     6     7     8     9
+  const std::vector<float> sc = {0.1f, 0.2f, 0.0f, 9.0f, 0.0f, 0.3f, 0.4f, 0.5f, 8.0f, 0.6f};
+  EXPECT_EQ(kept_rows(sc, 3, 0, 1), (std::vector<int64_t>{3, 8, 9}));
+  // pool 3: rows 2-4 share 9.0, rows 7-9 share 8.0 (ties: the later row first)
+  EXPECT_EQ(kept_rows(sc, 3, 0, 3), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(kept_rows(sc, 6, 0, 3), (std::vector<int64_t>{2, 3, 4, 7, 8, 9}));
+  // the last 2 rows protected: row 8's score no longer reaches row 7 through them
+  EXPECT_EQ(kept_rows(sc, 5, 2, 3), (std::vector<int64_t>{2, 3, 4, 8, 9}));
+  // pool 5 around row 3: rows 1-5
+  EXPECT_EQ(kept_rows(sc, 5, 0, 5), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+}  // namespace
+}  // namespace kvtier::kv

@@ -42,6 +42,11 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
                   "locret: the prompt's last tokens, prefilled after the last eviction and never evicted")
       ->default_val(k.local_tail)
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option(
+         "--locret-pool", knobs.locret_pool,
+         "locret: rank each unit by the best score among this many neighbouring units (odd), so that a "
+         "span such as a number is kept or evicted whole; 1: each unit's own score (the paper)")
+      ->default_val(k.locret_pool);
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
       ->default_val(k.kivi_group);
@@ -119,6 +124,7 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
       policy::infinigen_group_name(k.infinigen_group));
   add(k.stabilizers != d.stabilizers, "--stabilizers", k.stabilizers);
   add(k.local_tail != d.local_tail, "--local-tail", k.local_tail);
+  add(k.locret_pool != d.locret_pool, "--locret-pool", k.locret_pool);
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
   add(k.pool_eviction != d.pool_eviction, "--kv-pool-eviction", policy::pool_eviction_name(k.pool_eviction));
   return c;
