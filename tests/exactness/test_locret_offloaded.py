@@ -93,3 +93,20 @@ def test_unsupported_combinations_name_themselves(heads):
                 "--locret-heads", heads, check=False)
         assert p.returncode != 0
         assert word in p.stderr, p.stderr
+
+
+def test_pooled_scores_evict_alike_on_every_placement(heads, tmp_path):
+    """--locret-pool 5 (a unit ranks by the best score of 5 neighbours): the offloaded placements share
+    the eviction rule with resident+locret, so they give its bits; and pooling changes what is kept."""
+    ref = generate("resident+locret", heads, extra=["--locret-pool", 5])
+    assert ref["state_digest"] != generate("resident+locret", heads)["state_digest"]
+    disk = tmp_path / "kvdisk"
+    disk.mkdir()
+    for r in (["layer+locret"], ["headinfer+locret", "--group", 1, "--kv-disk", disk]):
+        got = generate(r[0], heads, extra=[*r[1:], "--locret-pool", 5])
+        assert got["state_digest"] == ref["state_digest"], r
+        assert got["tokens"] == ref["tokens"], r
+    for bad in (0, 2):
+        p = run("run", "-m", model("smollm2"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
+                "--locret-heads", heads, "--locret-pool", bad, check=False)
+        assert p.returncode == 1 and "--locret-pool" in p.stderr, p.stderr
