@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -19,6 +20,7 @@
 #include "core/thread_pool.h"
 #include "kv/partial_keys.h"
 #include "kv/row_gather.h"
+#include "kv/speculation_observer.h"
 #include "kv/tiered_kv.h"
 #include "policy/infinigen_select.h"
 #include "skew/skew_math.h"
@@ -498,6 +500,98 @@ INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolSlots,
                                   std::to_string(info.param.prompt) + "Chunk" +
                                   std::to_string(info.param.chunk);
                          });
+
+// A8, second clause: a slot the pool reuses holds the new token's partial key, not the evicted one's.
+// FIFO pool of 32 slots; a 40-token prompt (below the 64 tokens that choose columns, so the offline
+// columns 1, 5, 9, 13) then decode steps. At position 50 (slot 50 mod 32 = 18, reused twice over) layer
+// 2's key of each KV head is planted along that head's speculation direction, so that the next step's
+// partial scores rank it first by far: with alpha 1 the speculation takes that slot alone. A stale
+// partial-key row (the evicted position's) would leave the slot at a random score.
+class SpecRecorder final : public SpeculationObserver {
+ public:
+  void on_speculation(SeqId, uint32_t layer, int64_t position, int64_t, const policy::SpecResult& r,
+                      int64_t b, int64_t n_head_kv) override {
+    std::vector<std::vector<int32_t>> rows;
+    for (int64_t g = 0; g < n_head_kv; ++g) {
+      const auto x = r.rows(b, g, n_head_kv);
+      rows.emplace_back(x.begin(), x.end());
+    }
+    seen[{layer, position}] = rows;
+  }
+  std::map<std::pair<uint32_t, int64_t>, std::vector<std::vector<int32_t>>> seen;
+};
+
+TEST(InfinigenExecutor, A8AReusedPoolSlotHoldsTheNewTokensPartialKey) {
+  constexpr uint32_t L = 4;  // layers 2 and 3 pooled: pool_options sizes the limit for two
+  constexpr int64_t kC = 32, kPrompt = 40, kPlant = 50, kSteps = 14;
+  std::mt19937 rng(7);
+  KvOptions o = pool_options(policy::PoolEviction::kFifo, kC, kD);
+  o.knobs.infinigen_alpha = 1.0;
+  o.knobs.infinigen_budget = 0.5;  // a cap below every row (budget 1 takes every row)
+  o.knobs.infinigen_group = policy::InfinigenGroup::kMax;
+  o.skew = random_skew(rng, L, kD);
+  SpecRecorder rec;
+  o.speculation_observer = &rec;
+  ThreadPool pool(2);
+  MemoryLedger ledger;
+  TieredKv kv(pool_geometry(L, kD), 256, kHeads, ledger, pool, cpu::best_isa(), o);
+  LookaheadCompute hook;
+  kv.set_compute(&hook);
+  for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
+  // Layer 2's planted key of KV head g: w = B_g qp_j of its first query head j (B = A[:, cols], qp_j = q_j
+  // B), scaled up, so that head j's partial score k·B·qp_j = (B qp_j)·k, and so the group's maximum (kMax),
+  // is far above every other row's.
+  const skew::LayerSkew& sk = o.skew->layers[2];
+  constexpr int64_t G = kHeads / kHk;
+  std::vector<float> planted(kHk * kD, 0.0f);
+  for (int64_t g = 0; g < kHk; ++g) {
+    const float* a = sk.head_a(static_cast<uint32_t>(g), kD);
+    const int32_t* cols = sk.head_cols(static_cast<uint32_t>(g), 4);
+    std::vector<double> w(kD, 0.0);
+    for (int64_t j = g * G; j < g * G + 1; ++j) {
+      for (int64_t c = 0; c < 4; ++c) {
+        double qp = 0;  // partial query column c of head j: q_j · A[:, cols[c]]
+        for (int64_t i = 0; i < kD; ++i)
+          qp += hook.q[2][static_cast<size_t>(j * kD + i)] * a[i * kD + cols[c]];
+        for (int64_t i = 0; i < kD; ++i) w[static_cast<size_t>(i)] += qp * a[i * kD + cols[c]];
+      }
+    }
+    double norm = 0;
+    for (double x : w) norm += x * x;
+    for (int64_t i = 0; i < kD; ++i)
+      planted[static_cast<size_t>(g * kD + i)] =
+          static_cast<float>(200.0 * w[static_cast<size_t>(i)] / std::sqrt(norm));
+  }
+  const LayerAttention la{0.25f, 0.0f, 0};
+  std::vector<float> x(4, 0.0f);
+  auto pass = [&](int64_t pos0, int64_t n) {
+    kv.begin_pass({0, n});
+    for (uint32_t l = 0; l < L; ++l) {
+      auto kn = random_rows(rng, n * kHk * kD);
+      const auto qn = random_rows(rng, n * kHeads * kD), vn = random_rows(rng, n * kHk * kD);
+      if (l == 2 && pos0 == kPlant) kn = planted;
+      LayerRows rows;
+      rows.k = kn.data();
+      rows.v = vn.data();
+      rows.x = x.data();
+      kv.write(l, rows);
+      std::vector<float> out(static_cast<size_t>(n * kHeads * kD));
+      kv.attend(l, qn.data(), kHeads, la, out.data());
+    }
+    kv.end_pass();
+  };
+  pass(0, kPrompt);
+  for (int64_t p = kPrompt; p < kPrompt + kSteps; ++p) pass(p, 1);
+  // FIFO: position p took slot p mod C (the prompt's last 8 tokens already evicted positions 0-7)
+  const int32_t slot = kPlant % kC;
+  const auto after = rec.seen.at({2u, kPlant + 1});
+  for (int64_t g = 0; g < kHk; ++g)
+    EXPECT_EQ(after[static_cast<size_t>(g)], std::vector<int32_t>{slot}) << "KV head " << g;
+  // Before the planted token was written the same slot held position 18's random row: not singled out.
+  const auto before = rec.seen.at({2u, kPlant});
+  EXPECT_NE(before[0], std::vector<int32_t>{slot});
+  EXPECT_EQ(kv.stats().infinigen.pool_live_max, kC);
+}
 
 // Selective loads with a bounded pool (alpha 1, a 10 % budget; rows of 128 bytes, so a 4 KiB I/O page holds
 // 32 slots and a pool of 256 slots spans 8 of them): a disk home gives the very outputs and pool figures of
