@@ -72,6 +72,7 @@ std::span<const PassPositions> InfinigenEmulationKv::begin_batch(std::span<const
   la_layer_[0] = la_layer_[1] = 0;
   const uint32_t L = geo_.n_layer();
   for (uint32_t l = 0; l < L; ++l) {
+    if (!speculates(l)) continue;  // the dense layers' rows live in the inner cache only
     const auto row = static_cast<size_t>(geo_.n_head_kv[l]) * geo_.head_dim_k * esz_;
     const auto need = static_cast<size_t>(pass_.pos0 + pass_.n) * row;
     const size_t u = seq_ * L + l;
@@ -95,7 +96,7 @@ void InfinigenEmulationKv::write(uint32_t layer, const LayerRows& rows) {
   const int64_t dk = geo_.head_dim_k;
   const int64_t dv = geo_.head_dim_v;
   const size_t u = seq_ * geo_.n_layer() + layer;
-  for (int64_t t = 0; t < pass_.n; ++t) {
+  for (int64_t t = 0; t < pass_.n && speculates(layer); ++t) {
     for (int64_t g = 0; g < hk; ++g) {
       const int64_t row = pass_.position(t) * hk + g;
       store_kv_row(geo_.dtype, rows.k + (t * hk + g) * dk, dk, keys_[u].data() + row * dk * esz_);

@@ -94,8 +94,8 @@ class InfinigenEmulationKv final : public KvCache {
   size_t esz_ = 0;
   MemoryLedger ledger_;  // the partial keys' own (an evaluation aid, not a placement)
   std::unique_ptr<PartialKeys> pk_;
-  std::vector<std::vector<uint8_t>> keys_,
-      values_;                   // [seq * n_layer + l] each [positions, n_head_kv, d] dtype
+  // [seq * n_layer + l] each [positions, n_head_kv, d] dtype, the layers that speculate (else empty)
+  std::vector<std::vector<uint8_t>> keys_, values_;
   std::vector<uint8_t> chosen_;  // [seq * n_layer + l] columns chosen
   std::vector<uint8_t> broken_;  // [seq] a pass failed: truncate to 0 first
   // The open pass.
