@@ -6,6 +6,7 @@
 #include "backend/cpu/attention.h"
 #include "backend/cpu/spec_scores.h"
 #include "core/error.h"
+#include "kv/bounded_rows.h"
 #include "kv/kv_compute.h"
 #include "kv/kv_row.h"
 
@@ -21,14 +22,8 @@ InfinigenEmulationKv::InfinigenEmulationKv(KvCache& inner, const skew::SkewSet& 
   if (opt_.n_head < 1 || opt_.n_embd < 1)
     fail(ErrorKind::kInvalidArgument, "the emulation needs the model's query heads and width");
   const uint32_t L = geo_.n_layer();
-  if (skew_.layers.size() != L || skew_.head_dim != geo_.head_dim_k) {
-    fail(ErrorKind::kInvalidArgument, "the skew file has {} layers of head size {}; the model {} of {}",
-         skew_.layers.size(), skew_.head_dim, L, geo_.head_dim_k);
-  }
+  check_skew_geometry(skew_, geo_);
   for (uint32_t l = 0; l < L; ++l) {
-    if (skew_.layers[l].n_head_kv != geo_.n_head_kv[l])
-      fail(ErrorKind::kInvalidArgument, "the skew file's layer {} has {} KV heads, the model {}", l,
-           skew_.layers[l].n_head_kv, geo_.n_head_kv[l]);
     if (opt_.n_head % geo_.n_head_kv[l] != 0)
       fail(ErrorKind::kInvalidArgument, "{} query heads over {} KV heads", opt_.n_head, geo_.n_head_kv[l]);
   }
@@ -173,14 +168,7 @@ void InfinigenEmulationKv::attend_emulated(uint32_t layer, const float* q, int64
   const int64_t dk = geo_.head_dim_k;
   const int64_t dv = geo_.head_dim_v;
   const int64_t kc = pk_->k_cols();
-  cpu::AttnParams ap;
-  ap.head_dim_k = dk;
-  ap.head_dim_v = dv;
-  ap.q_per_kv = G;
-  ap.scale = la.scale;
-  ap.softcap = la.softcap;
-  ap.window = la.window;
-  ap.kv_dtype = geo_.dtype;
+  const cpu::AttnParams ap = layer_attn_params(geo_, layer, n_head, la);
   for (int64_t g = 0; g < hk; ++g)
     pk_rows_[static_cast<size_t>(g)] = pk_->rows(seq_, layer, static_cast<uint32_t>(g));
   for (int64_t t = first; t < pass_.n; ++t) {

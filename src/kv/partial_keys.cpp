@@ -17,6 +17,19 @@ size_t count_units(const skew::SkewSet& s) {
 }
 }  // namespace
 
+void check_skew_geometry(const skew::SkewSet& skew, const KvGeometry& geo) {
+  const uint32_t L = geo.n_layer();
+  if (skew.layers.size() != L || skew.head_dim != geo.head_dim_k) {
+    fail(ErrorKind::kInvalidArgument, "the skew file has {} layers of head size {}; the model {} of {}",
+         skew.layers.size(), skew.head_dim, L, geo.head_dim_k);
+  }
+  for (uint32_t l = 0; l < L; ++l) {
+    if (skew.layers[l].n_head_kv != geo.n_head_kv[l])
+      fail(ErrorKind::kInvalidArgument, "the skew file's layer {} has {} KV heads, the model {}", l,
+           skew.layers[l].n_head_kv, geo.n_head_kv[l]);
+  }
+}
+
 uint64_t PartialKeys::bytes(const skew::SkewSet& skew, const PartialKeysShape& shape) {
   return uint64_t{shape.max_seqs} * count_units(skew) * static_cast<uint64_t>(shape.slots) *
          skew.partial_columns * sizeof(uint16_t);

@@ -22,6 +22,7 @@
 #include <span>
 #include <vector>
 
+#include "kv/geometry.h"
 #include "kv/kv_cache.h"
 #include "kv/ledger.h"
 #include "skew/skew_file.h"
@@ -34,6 +35,10 @@ struct PartialKeysShape {
   uint32_t max_seqs = 1;
   int64_t min_prompt = 64;  // below this many prompt tokens the offline columns are used
 };
+
+// Throws Error(kInvalidArgument) naming the mismatch unless the skew set has the geometry's layers, head
+// size and KV heads per layer.
+void check_skew_geometry(const skew::SkewSet& skew, const KvGeometry& geo);
 
 class PartialKeys {
  public:

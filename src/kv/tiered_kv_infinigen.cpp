@@ -40,15 +40,7 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
   }
   const skew::SkewSet& sk = *opt_.skew;
   const uint32_t L = geo_.n_layer();
-  if (sk.layers.size() != L || sk.head_dim != geo_.head_dim_k) {
-    fail(ErrorKind::kInvalidArgument, "the skew file has {} layers of head size {}; the model {} of {}",
-         sk.layers.size(), sk.head_dim, L, geo_.head_dim_k);
-  }
-  for (uint32_t l = 0; l < L; ++l) {
-    if (sk.layers[l].n_head_kv != geo_.n_head_kv[l])
-      fail(ErrorKind::kInvalidArgument, "the skew file's layer {} has {} KV heads, the model {}", l,
-           sk.layers[l].n_head_kv, geo_.n_head_kv[l]);
-  }
+  check_skew_geometry(sk, geo_);
   KVTIER_ASSERT(lay_.ig_cols == int64_t{sk.partial_columns}, "layout for {} columns, skew file {}",
                 lay_.ig_cols, sk.partial_columns);
   ig_n_head_ = n_head;
