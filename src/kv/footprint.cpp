@@ -443,7 +443,8 @@ void check_placement_options(const TieredOptions& o) {
     if (o.placement.placement == policy::Placement::kResident) {
       fail(ErrorKind::kInvalidArgument,
            "infinigen selects which rows an offloaded placement loads: use --kv-policy infinigen "
-           "(layer+infinigen) or headinfer+infinigen, not resident+infinigen");
+           "(layer+infinigen) or headinfer+infinigen, not resident+infinigen (in a combination "
+           "infinigen is the selection alone: name the placement, as in layer+infinigen+pool)");
     }
     if (o.representation != policy::Representation::kF16 &&
         o.representation != policy::Representation::kF32) {

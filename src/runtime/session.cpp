@@ -44,6 +44,12 @@ SessionOptions resolve_session_options(const model::ModelConfig& cfg, SessionOpt
       fail(ErrorKind::kInvalidArgument, "--infinigen-emulate runs one sequence (not --max-seqs {})",
            k.max_seqs);
   }
+  if (opt.infinigen_emulate_from != 0 && !opt.infinigen_emulation)
+    fail(ErrorKind::kInvalidArgument, "--infinigen-emulate-from needs --infinigen-emulate");
+  if (opt.infinigen_emulate_from < 0 || opt.infinigen_emulate_from >= opt.n_ctx) {
+    fail(ErrorKind::kInvalidArgument, "--infinigen-emulate-from {} is outside the context (0 .. {})",
+         opt.infinigen_emulate_from, opt.n_ctx - 1);
+  }
   return opt;
 }
 
@@ -147,7 +153,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
     eo.params.alpha = static_cast<float>(ko.knobs.infinigen_alpha);
     eo.params.budget = ko.knobs.infinigen_budget;
     eo.params.group = ko.knobs.infinigen_group;
-    eo.emulate_from = 0;  // every query a decode step; the skew file's offline columns
+    eo.emulate_from = opt_.infinigen_emulate_from;  // 0: every query a decode step, offline columns
     eo.n_head = cfg.n_head;
     eo.n_embd = cfg.n_embd;
     eo.isa = isa_;

@@ -47,9 +47,13 @@ struct SessionOptions {
   // kv_placement.skew holds it already (runtime/skew_sample.h, load_infinigen_skew).
   std::string skew_path;
   // InfiniGen's teacher-forced emulation (--infinigen-emulate; kv/infinigen_emulation.h): the selection
-  // infinigen of kv_placement applied to every query of every pass over a resident cache, with the skew
-  // file's offline columns, instead of an offloaded placement's decode steps. One sequence, no pool.
+  // infinigen of kv_placement applied to every query at a position >= infinigen_emulate_from over a
+  // resident cache, instead of an offloaded placement's decode steps. One sequence, no pool.
   bool infinigen_emulation = false;
+  // Positions below this attend densely, as a prompt, and choose the speculation's columns (each
+  // sequence its own, as the decode path chooses them from its prefill); 0: every query emulated, with
+  // the skew file's offline columns. Must be below n_ctx.
+  int64_t infinigen_emulate_from = 0;
 };
 
 // Called after each prefill chunk: (tokens done, tokens total).

@@ -170,3 +170,33 @@ def test_emulation_needs_an_infinigen_policy_without_a_pool(skews, tmp_path):
     assert "--kv-policy infinigen" in fails(*base)
     assert "--kv-policy infinigen" in fails(*base, "--kv-policy", "layer")
     assert "pool" in fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "1MiB")
+    assert "outside the context" in fails(*base, "--kv-policy", "infinigen", "--infinigen-emulate-from", 256)
+    # --infinigen-emulate-from implies the emulation, and its checks
+    assert "--kv-policy infinigen" in fails(*base[:-1], "--kv-policy", "layer", "--infinigen-emulate-from", 128)
+
+
+def test_emulation_from_the_scored_half_takes_each_windows_columns(skews, tmp_path):
+    """`--infinigen-emulate-from N`: the first N tokens of each window attend densely as a prompt and
+    choose the columns, later ones are emulated decode steps (the C++ test
+    `InfinigenEmulation.SessionEmulateFrom*` holds the logits to a real prefill + decode bit for bit).
+    Here: the CLI wiring. With N = ctx/2 (the scored half) exactly the scored tokens speculate, in the
+    28 layers of SmolLM2 that do; 0 is plain `--infinigen-emulate`; the prompt's columns give another
+    result than the offline ones."""
+    text = tmp_path / "gpl.txt"
+    text.write_text(PROMPT * 3, encoding="utf-8")
+
+    def ppl(*extra):
+        return json.loads(run("perplexity", "-m", model("smollm2"), "-f", text, "--ctx", 256, "--chunks", 2,
+                              "-t", 2, "--skew", skews["smollm2"], "--kv-policy", "infinigen", "--json",
+                              *extra).stdout)
+
+    offline = ppl("--infinigen-emulate")
+    zero = ppl("--infinigen-emulate", "--infinigen-emulate-from", 0)
+    half = ppl("--infinigen-emulate-from", 128)  # implies --infinigen-emulate
+    assert zero["nll"] == offline["nll"]
+    assert zero["infinigen_emulation"]["emulate_from"] == 0
+    e = half["infinigen_emulation"]
+    assert e["emulate_from"] == 128
+    assert e["queries"] == 2 * (256 - 128) * 28
+    assert 0 < e["fetched_fraction"] <= 0.2
+    assert half["nll"] != offline["nll"]

@@ -3,6 +3,10 @@
 // (kv::InfinigenEmulationKv over a resident cache: the prompt and the 64 tokens in one pass) choose the
 // same n_sel per (layer, step) and the same rows per (layer, KV head, step) in >= 99 % of the cases.
 // On a synthetic GQA llama (always) and on the default models (skipped, loudly, without their files).
+// Then the same through runtime::Session (SessionOptions::infinigen_emulate_from, what `kvtier perplexity
+// --infinigen-emulate-from` runs): the logits of every emulated position equal, bit for bit, those of a
+// layer+infinigen session that prefills the prompt and then decodes the rest one teacher-forced token at
+// a time, window after window (each window its own columns).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +28,7 @@
 #include "model/presets.h"
 #include "model/synthetic.h"
 #include "runtime/model_files.h"
+#include "runtime/session.h"
 #include "runtime/skew_sample.h"
 #include "skew/skew_math.h"
 
@@ -246,6 +251,73 @@ TEST(InfinigenEmulation, A6SmolLM2) {
 
 TEST(InfinigenEmulation, A6Gemma3GlobalLayers) {
   real_model_a6("gemma-3-270m-q4_k_m.gguf", 3);
+}
+
+// A session over `m` with the selection infinigen: placement layer, or with emulate_from >= 0 the
+// emulation from that position on.
+SessionOptions infinigen_session(const skew::SkewSet& skew, int64_t n_ctx, int64_t emulate_from) {
+  SessionOptions o;
+  o.n_ctx = n_ctx;
+  o.chunk = kChunk;
+  o.threads = 2;
+  o.kv_placement.placement.placement = policy::Placement::kLayer;
+  o.kv_placement.selection = policy::Selection::kInfinigen;
+  o.kv_placement.skew = std::make_shared<const skew::SkewSet>(skew);
+  if (emulate_from >= 0) {
+    o.infinigen_emulation = true;
+    o.infinigen_emulate_from = emulate_from;
+  }
+  return o;
+}
+
+TEST(InfinigenEmulation, SessionEmulateFromGivesThePromptThenDecodeLogitsBitForBit) {
+  const test::TempFile file("kvtier_test_emulate_from", ".gguf");
+  model::SynthOptions so;
+  so.type = GgmlType::kQ8_0;
+  so.seed = 11;
+  so.n_layer = 5;
+  so.n_ctx = 1024;
+  model::synth_writer(*model::find_preset("tiny-llama"), so).write(file.str());
+  const auto m = load_model(file.str());
+  const skew::SkewSet skew = random_skew(m->config, 4);
+  constexpr int64_t kWindow = 384, kFrom = 200;  // a prompt of 200 tokens chooses the columns
+  Session decode(*m, infinigen_session(skew, kWindow, -1));
+  Session emulated(*m, infinigen_session(skew, kWindow, kFrom));
+  Session offline(*m, infinigen_session(skew, kWindow, 0));
+  int64_t differs_from_offline = 0;
+  for (uint32_t w = 0; w < 2; ++w) {  // two windows: the columns are chosen again after truncate(0)
+    const auto tokens = random_tokens(m->config.n_vocab, kWindow, 20 + w);
+    std::vector<std::vector<float>> want(kWindow);
+    decode.truncate(0);
+    const auto last = decode.prefill(std::span(tokens).first(kFrom));
+    want[kFrom - 1].assign(last.begin(), last.end());
+    for (int64_t p = kFrom; p < kWindow; ++p) {
+      const auto l = decode.decode(tokens[static_cast<size_t>(p)]);
+      want[static_cast<size_t>(p)].assign(l.begin(), l.end());
+    }
+    const kv::TieredStats st = *decode.kv_stats();
+    ASSERT_LT(st.infinigen.rows_fetched, st.infinigen.rows_total) << "the selection must drop rows";
+    emulated.truncate(0);
+    int64_t compared = 0;
+    emulated.evaluate(tokens, [&](int64_t pos, std::span<const float> l) {
+      if (pos < kFrom - 1) return;
+      ++compared;
+      const auto& x = want[static_cast<size_t>(pos)];
+      ASSERT_TRUE(l.size() == x.size() && std::equal(l.begin(), l.end(), x.begin()))
+          << "window " << w << " position " << pos;
+    });
+    EXPECT_EQ(compared, kWindow - kFrom + 1);
+    offline.truncate(0);
+    offline.evaluate(tokens, [&](int64_t pos, std::span<const float> l) {
+      if (pos >= kFrom && !std::equal(l.begin(), l.end(), want[static_cast<size_t>(pos)].begin()))
+        ++differs_from_offline;
+    });
+  }
+  const auto st = *emulated.emulation_stats();
+  EXPECT_EQ(st.queries, uint64_t{2} * (kWindow - kFrom) * (m->config.n_layer - 2));
+  EXPECT_LT(st.rows_chosen, st.rows_total);
+  // The prompt's columns matter: the offline set (emulate_from 0) gives other logits at some positions.
+  EXPECT_GT(differs_from_offline, 0);
 }
 
 }  // namespace

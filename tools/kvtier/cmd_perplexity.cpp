@@ -1,4 +1,4 @@
-// kvtier perplexity -m MODEL -f TEXT [--ctx N] [--chunks N] [--json]
+// kvtier perplexity -m MODEL -f TEXT [--ctx N] [--chunks N] [--json] [--infinigen-emulate[-from N]]
 #include <fmt/format.h>
 
 #include <iostream>
@@ -19,6 +19,7 @@ struct PerplexityArgs {
   int64_t max_windows = 0;
   bool json = false;
   bool emulate = false;
+  int64_t emulate_from = 0;
 };
 
 int run_perplexity(PerplexityArgs a) {
@@ -27,7 +28,8 @@ int run_perplexity(PerplexityArgs a) {
   const auto tokens = model->tokenizer->encode(text);
   if (a.engine.ctx == 0) a.engine.ctx = 512;  // llama.cpp's default window
   auto opts = session_options(a.engine, model->config, a.engine.ctx);
-  opts.infinigen_emulation = a.emulate;
+  opts.infinigen_emulation = a.emulate || a.emulate_from > 0;
+  opts.infinigen_emulate_from = a.emulate_from;
   runtime::Session session(*model, opts);
   ProgressBar bar("perplexity", stderr_is_tty());
   const auto r = runtime::perplexity(session, tokens, a.engine.ctx, a.max_windows,
@@ -43,6 +45,7 @@ int run_perplexity(PerplexityArgs a) {
                         {"threads", opts.threads},    {"peak_memory_bytes", memory_json(session.ledger())}};
     if (const auto e = session.emulation_stats()) {
       j["infinigen_emulation"] = {
+          {"emulate_from", opts.infinigen_emulate_from},
           {"queries", e->queries},
           {"rows_total", e->rows_total},
           {"rows_chosen", e->rows_chosen},
@@ -74,6 +77,14 @@ void add_perplexity(CLI::App& app, Runner& run) {
       "every query of each window attends only the rows the decode path would speculate for it "
       "(skew file's offline columns), in ordinary passes over a resident cache; the perplexity "
       "of --chunk 1 decode steps at a fraction of the time");
+  cmd->add_option(
+         "--infinigen-emulate-from", a->emulate_from,
+         "the emulation (implies --infinigen-emulate) from this position of each window on: the tokens "
+         "before it attend densely as a prompt, and the speculation's columns are chosen from them, "
+         "per window, as the decode path chooses them from its prompt (64 tokens or more; below that "
+         "the skew file's offline set); --ctx/2 emulates exactly the scored half; 0: every token, "
+         "offline columns")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([&run, a] { run = [a] { return run_perplexity(*a); }; });
 }
 
