@@ -321,12 +321,12 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
   t.table_bytes =
       BlockTable::bytes(o.max_seqs, groups, t.max_blocks) * (t.kivi.bits == 0 ? 1 : 2) + free_list;
-  if (t.ig_pool_slots > 0) {  // the pools' slot metadata (policy::PoolSlots: position, counter, last use)
+  if (t.ig_pool_slots > 0) {  // the pools' slot metadata (policy::PoolSlots: position, counter, last use, mass)
     uint64_t heads = 0;
     for (uint32_t l = 0; l < L; ++l)
       if (infinigen_speculates(geo, l)) heads += geo.n_head_kv[l];
     t.table_bytes += uint64_t{o.max_seqs} * heads * static_cast<uint64_t>(t.ig_pool_slots) *
-                     (2 * sizeof(int64_t) + sizeof(uint8_t));
+                     (2 * sizeof(int64_t) + sizeof(uint8_t) + sizeof(float));
     // TieredKv's slots of a pass's rows (two layers' tables) and the store's first/last slot per page.
     const auto pool_pages =
         static_cast<uint64_t>((t.ig_pool_slots + geo.block_tokens - 1) / geo.block_tokens);
@@ -354,7 +354,14 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     const uint64_t scores = 2 * static_cast<uint64_t>(capacity) *
                             (uint64_t{o.max_seqs} * t.h_max * sizeof(float) + sizeof(int32_t));
     const uint64_t keys = uint64_t{geo.block_tokens} * t.h_max * geo.head_dim_k * (esz + sizeof(float));
-    t.ig_scratch_bytes = compact + look + chosen + scores + keys;
+    // A pool that evicts a prompt by prefill attention weight (policy/kv_pool.h, §15.13): a prefill
+    // visit's log-sum-exp and its mass per staged row (TieredKv::pool_add_mass).
+    const uint64_t mass = t.ig_pool_slots > 0 && o.knobs.pool_eviction != policy::PoolEviction::kFifo
+                              ? (static_cast<uint64_t>(max_new_rows) * n_head +
+                                 t.h_max * static_cast<uint64_t>(t.ig_pool_slots + max_new_rows)) *
+                                    sizeof(float)
+                              : 0;
+    t.ig_scratch_bytes = compact + look + chosen + scores + keys + mass;
     // A selective load moves one extent per chosen row and plane, and the I/O pages of the rows the
     // visit's store writes back.
     t.max_copies += static_cast<uint32_t>(2ull * t.h_max * static_cast<uint64_t>(t.ig_rows + 2));

@@ -511,7 +511,10 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   const int64_t qh = u.n_heads * ap.q_per_kv;
   const int64_t first_q = u.head0 * ap.q_per_kv;
   cpu::AttnQueries aq{q + first_q * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
-  cpu::AttnOutput out{o + first_q * ap.head_dim_v, n_head * ap.head_dim_v, nullptr, 0};
+  // A pool's prefill pass weighs the rows it attends (every row of the buffer: no selection at prefill).
+  const bool weighs = pool_weighs(u.layer) && base != compact_.data();
+  cpu::AttnOutput out{o + first_q * ap.head_dim_v, n_head * ap.head_dim_v, weighs ? pool_lse_.data() : nullptr,
+                      weighs ? qh : 0};
   if (streams(u.layer)) {
     const auto spans = stored_spans(u.layer, base, span.k_head_stride, first, pos0 + n);
     attend_streaming(threads_, isa_, ap, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), aq,
@@ -520,6 +523,7 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
     return;
   }
   cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
+  if (weighs) pool_add_mass(ap, aq, span, u);
 }
 
 void TieredKv::attend(uint32_t layer, const float* q, int64_t n_head, const LayerAttention& la, float* o) {

@@ -305,6 +305,12 @@ class TieredKv final : public KvCache {
   // write(layer - 1), or in write(layer)).
   void pool_insert(uint32_t layer);
   void pool_reset(SeqId seq, int64_t n);  // truncate/abort: the pools hold [0, n)
+  // Does this visit of the layer weigh its rows for a prefill eviction (§15.13: a pooled layer, a
+  // prefill pass, an eviction that reads the weights)? attend_unit then has the attention's
+  // log-sum-exp written to pool_lse_ and pool_add_mass adds each row's softmax mass to its slot.
+  bool pool_weighs(uint32_t layer) const { return pooled(layer) && pass_n_ > 1 && !pool_lse_.empty(); }
+  void pool_add_mass(const cpu::AttnParams& ap, const cpu::AttnQueries& aq, const cpu::KvSpan& span,
+                     const policy::Unit& u);
   // An evicting visit, after its attention: the pass's rows staged at rows [row0, row0 + n) of the
   // unit's planes into their slots (in pass order: a slot taken twice in one pass keeps the later row).
   void pool_patch(uint8_t* base, uint64_t pitch, const policy::Unit& u, int64_t row0, int64_t n);
@@ -494,6 +500,8 @@ class TieredKv final : public KvCache {
   std::vector<size_t> pool_head0_;        // [n_layer] the layer's first pool within a sequence's
   size_t pool_heads_ = 0;                 // pools per sequence
   std::vector<int32_t> pool_slot_;        // [2][max_new_rows, h_max] slots of the pass's rows (pool_slot())
+  std::vector<float> pool_lse_;   // [max_new_rows, n_head] a prefill visit's log-sum-exp (empty: FIFO)
+  std::vector<float> pool_mass_;  // [h_max, C + max_new_rows] the visit's mass per staged row
   std::vector<uint64_t> pool_ins_pass_;   // [n_layer] the pass whose rows the layer's pools took (passes_)
   std::vector<int64_t> pool_dirty_;       // [2 * pages of a pool] pool_store's first and last slot per page
   std::vector<uint8_t> pool_broken_;      // [n_seqs] an aborted pass evicted: truncate to 0 first

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cpu/attention_mass.h"
 #include "backend/cpu/spec_scores.h"
 #include "core/align.h"
 #include "core/error.h"
@@ -91,6 +92,10 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
     for (size_t i = 0; i < size_t{n_seqs} * pool_heads_; ++i)
       pools_.emplace_back(lay_.ig_pool_slots, opt_.knobs.pool_eviction);
     pool_slot_.assign(2 * static_cast<size_t>(opt_.max_new_rows) * lay_.h_max, 0);
+    if (pools_.front().uses_mass()) {  // a prefill's victims by attention weight (§15.13)
+      pool_lse_.resize(static_cast<size_t>(opt_.max_new_rows) * n_head);
+      pool_mass_.resize(lay_.h_max * static_cast<size_t>(lay_.ig_pool_slots + opt_.max_new_rows));
+    }
     pool_ins_pass_.assign(L, 0);
     pool_dirty_.resize(2 *
                        static_cast<size_t>((lay_.ig_pool_slots + geo_.block_tokens - 1) / geo_.block_tokens));
@@ -111,15 +116,14 @@ void TieredKv::pool_check(std::span<const SeqPass> seqs) const {
   }
 }
 
-// Prefill (spec §15.13 leaves a prompt larger than the pool open; its [D] suggestion, evicting by the
-// smallest cumulative prefill attention weight, needs attention weights the kernels do not produce).
-// Decision: a prefill pass evicts as a decode step does, with the same policy, between passes: every
+// Prefill (spec §15.13: a prompt larger than the pool). A prefill pass evicts between passes: every
 // query of a pass attends the slots live before it and the pass's own rows (causally), and the pass's
 // rows then take their slots in position order, each one a victim from the older half. A prompt is thus
 // prefilled in its usual chunks (--chunk), and with FIFO a query at position p of a chunk starting at
 // p0 attends exactly positions max(0, p0 - C) .. p, as locret's chunked prefill evicts between chunks.
-// At prefill no row has been fetched yet: Counter's counters are 0 and LRU's last uses equal, so both
-// take the lowest slot of the older half (the oldest rows while slots follow positions).
+// At prefill no row has been fetched yet (Counter's counters are 0, LRU's last uses say only when a row
+// came), so Counter and LRU take §15.13's [D]: the victim is the slot whose row has the smallest
+// cumulative prefill attention weight so far (pool_add_mass, from the earlier passes' queries).
 void TieredKv::pool_insert(uint32_t layer) {
   pool_ins_pass_[layer] = passes_;
   const int64_t hk = geo_.n_head_kv[layer];
@@ -128,7 +132,7 @@ void TieredKv::pool_insert(uint32_t layer) {
       const int64_t pos = sp.pos0 + t;
       for (int64_t g = 0; g < hk; ++g) {
         const policy::PoolSlots::Insert ins =
-            pool(sp.seq, layer, static_cast<uint32_t>(g)).insert(pos, passes_);
+            pool(sp.seq, layer, static_cast<uint32_t>(g)).insert(pos, passes_, sp.n > 1);
         if (ins.evicted >= 0) {
           ++ig_.pool_evictions;
           if (sp.n > 1) ++ig_.pool_prefill_evictions;
@@ -141,6 +145,28 @@ void TieredKv::pool_insert(uint32_t layer) {
         }
         pool_slot(layer, sp.row0 + t, static_cast<uint32_t>(g)) = ins.slot;
       }
+    }
+  }
+}
+
+void TieredKv::pool_add_mass(const cpu::AttnParams& ap, const cpu::AttnQueries& aq, const cpu::KvSpan& span,
+                             const policy::Unit& u) {
+  // Staged row j: slot j for j < live (the slots as they were before the pass), then the pass's rows.
+  const int64_t live = pool_row(u.layer, pass_pos0_);
+  const int64_t stride = lay_.ig_pool_slots + opt_.max_new_rows;
+  KVTIER_ASSERT(span.pos0 == 0 && span.n_tokens == live + pass_n_, "a pooled visit of {} rows for {} + {}",
+                span.n_tokens, live, pass_n_);
+  std::fill_n(pool_mass_.begin(), u.n_heads * stride, 0.0f);
+  cpu::accumulate_key_mass(threads_, isa_, ap, aq, span, pool_lse_.data(), aq.n_heads, pool_mass_.data(), stride);
+  for (uint32_t h = 0; h < u.n_heads; ++h) {
+    policy::PoolSlots& p = pool(pass_seq_, u.layer, u.head0 + h);
+    const float* m = pool_mass_.data() + h * stride;
+    // Rows kept through the pass (a slot a pass row took now holds that row: it gets its own mass).
+    for (int64_t j = 0; j < live; ++j)
+      if (p.position(static_cast<int32_t>(j)) < pass_pos0_) p.add_mass(static_cast<int32_t>(j), m[j]);
+    for (int64_t t = 0; t < pass_n_; ++t) {
+      const int32_t slot = pool_slot(u.layer, pass_row0_ + t, u.head0 + h);
+      if (p.position(slot) == pass_pos0_ + t) p.add_mass(slot, m[live + t]);  // (a slot taken twice: the later)
     }
   }
 }

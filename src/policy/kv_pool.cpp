@@ -37,12 +37,15 @@ PoolSlots::PoolSlots(int64_t capacity, PoolEviction eviction)
       eviction_(eviction),
       pos_(static_cast<size_t>(capacity), -1),
       counter_(static_cast<size_t>(capacity), 0),
-      last_used_(static_cast<size_t>(capacity), 0) {
+      last_used_(static_cast<size_t>(capacity), 0),
+      mass_(static_cast<size_t>(capacity), 0.0f) {
   if (capacity < 1) fail(ErrorKind::kBudget, "a KV pool of {} slots cannot hold a token", capacity);
 }
 
-int32_t PoolSlots::victim(int64_t position) const {
+int32_t PoolSlots::victim(int64_t position, bool prefill) const {
+  const bool by_mass = prefill && uses_mass();
   auto better = [&](size_t a, size_t b) {  // a is a better victim than b (ties: the lower slot wins by order)
+    if (by_mass) return mass_[a] < mass_[b];
     switch (eviction_) {
       case PoolEviction::kCounter:
         return counter_[a] < counter_[b];
@@ -66,12 +69,12 @@ int32_t PoolSlots::victim(int64_t position) const {
   return 0;
 }
 
-PoolSlots::Insert PoolSlots::insert(int64_t position, int64_t step) {
+PoolSlots::Insert PoolSlots::insert(int64_t position, int64_t step, bool prefill) {
   Insert r;
   if (live_ < capacity_) {
     r.slot = static_cast<int32_t>(live_++);
   } else {
-    r.slot = victim(position);
+    r.slot = victim(position, prefill);
     r.evicted = pos_[static_cast<size_t>(r.slot)];
     ++evictions_;
   }
@@ -79,6 +82,7 @@ PoolSlots::Insert PoolSlots::insert(int64_t position, int64_t step) {
   pos_[i] = position;
   counter_[i] = 0;
   last_used_[i] = step;
+  mass_[i] = 0.0f;
   return r;
 }
 

@@ -11,6 +11,11 @@
 // Victims come from the older half only (position < new position / 2, as [R]), so a fresh token
 // with a zero count is not evicted at once; when no slot is that old, from all slots. Ties go to the
 // lowest slot.
+//
+// A prompt larger than the pool (spec §15.13 [D]): a prefill token's victim under Counter and LRU is
+// the slot with the smallest cumulative prefill attention weight (add_mass: the softmax probability
+// the prefill passes' queries gave the slot's row, summed over queries and the KV head's query heads),
+// since no row has been fetched yet and their counters and last uses say nothing. FIFO stays by age.
 #pragma once
 
 #include <cstdint>
@@ -39,8 +44,11 @@ class PoolSlots {
     int32_t slot = 0;
     int64_t evicted = -1;  // the position whose rows the slot held, -1 for a free slot
   };
-  // The slot for the token at `position` (positions increase), inserted at decode step `step`.
-  Insert insert(int64_t position, int64_t step);
+  // The slot for the token at `position` (positions increase), inserted at decode step `step`;
+  // `prefill`: the token comes in a prefill pass (a victim by prefill attention weight, see above).
+  Insert insert(int64_t position, int64_t step, bool prefill = false);
+  // Adds prefill attention weight to the row the slot holds (a new row starts at 0).
+  void add_mass(int32_t slot, float mass) { mass_[static_cast<size_t>(slot)] += mass; }
   // The slots fetched at `step` (distinct): counters and last use.
   void touch(std::span<const int32_t> slots, int64_t step);
 
@@ -49,9 +57,12 @@ class PoolSlots {
   int64_t evictions() const { return evictions_; }
   int64_t position(int32_t slot) const { return pos_[static_cast<size_t>(slot)]; }
   uint8_t counter(int32_t slot) const { return counter_[static_cast<size_t>(slot)]; }
+  float mass(int32_t slot) const { return mass_[static_cast<size_t>(slot)]; }
+  // Does a prefill token's eviction read the attention weights (Counter and LRU)?
+  bool uses_mass() const { return eviction_ != PoolEviction::kFifo; }
 
  private:
-  int32_t victim(int64_t position) const;
+  int32_t victim(int64_t position, bool prefill) const;
 
   int64_t capacity_;
   PoolEviction eviction_;
@@ -60,6 +71,7 @@ class PoolSlots {
   std::vector<int64_t> pos_;        // [capacity] position of each slot's token
   std::vector<uint8_t> counter_;    // [capacity] Counter
   std::vector<int64_t> last_used_;  // [capacity] LRU: step of the last fetch (or insert)
+  std::vector<float> mass_;         // [capacity] cumulative prefill attention weight of the slot's row
 };
 
 }  // namespace kvtier::policy

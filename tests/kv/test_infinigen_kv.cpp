@@ -501,6 +501,145 @@ INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolSlots,
                                   std::to_string(info.param.chunk);
                          });
 
+// Spec §15.13 [D]: a prompt larger than the pool evicts, under Counter and LRU, the slot whose row has
+// the smallest cumulative prefill attention weight (the softmax probability the prefill queries gave it,
+// summed over queries and the KV head's query heads), from the older half. A reference model of the
+// pool (slots, positions, masses from a double-precision softmax) replays a 300-token prompt in chunks of
+// 50 into a pool of 128 slots; every query of pooled layer 2 must attend exactly the rows the reference
+// keeps. FIFO evicts by age alone (the PoolSlots cases above), and the old rule at prefill (the lowest
+// slot of the older half, as FIFO while slots follow positions) keeps other rows: the test tells them
+// apart (checked below).
+struct RefSlot {
+  int64_t pos = -1;
+  double mass = 0;
+};
+
+class PoolPrefillMass : public ::testing::TestWithParam<policy::PoolEviction> {};
+
+TEST_P(PoolPrefillMass, APromptLargerThanThePoolEvictsTheLeastAttendedRows) {
+  constexpr uint32_t L = 4;  // layers 2 and 3 pooled (pool_options sizes the limit for two)
+  constexpr int64_t kC = 128, kCtx = 512, kPrompt = 300, kChunk = 50;
+  constexpr float kScale = 0.25f;
+  std::mt19937 rng(21);
+  const KvGeometry geo = pool_geometry(L, kD);
+  KvOptions o = pool_options(GetParam(), kC, kD);
+  o.knobs.infinigen_alpha = std::numeric_limits<double>::infinity();
+  o.knobs.infinigen_budget = 1.0;
+  o.max_new_rows = kChunk;
+  o.skew = random_skew(rng, L, kD);
+  ThreadPool pool(2);
+  MemoryLedger ledger;
+  TieredKv kv(geo, kCtx, kHeads, ledger, pool, cpu::best_isa(), o);
+  LookaheadCompute hook;
+  kv.set_compute(&hook);
+  for (uint32_t l = 0; l < L; ++l) hook.q.push_back(random_rows(rng, kHeads * kD));
+  std::vector<float> k, v;  // layer 2's rows of every position [pos, kHk, kD]
+  std::vector<std::vector<RefSlot>> ref(kHk, std::vector<RefSlot>(kC));
+  int64_t live = 0, differs_from_lowest_slot = 0;
+  const LayerAttention la{kScale, 0.0f, 0};
+  std::vector<float> x(4, 0.0f);
+  for (int64_t pos0 = 0; pos0 < kPrompt; pos0 += kChunk) {
+    const int64_t n = kChunk;
+    kv.begin_pass({0, n});
+    for (uint32_t l = 0; l < L; ++l) {
+      // a few rows far more attended than the rest: their keys along the queries' common direction
+      auto qn = random_rows(rng, n * kHeads * kD), kn = random_rows(rng, n * kHk * kD),
+           vn = random_rows(rng, n * kHk * kD);
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t h = 0; h < kHeads; ++h) qn[static_cast<size_t>((t * kHeads + h) * kD)] = 3.0f;
+        if (rng() % 7 == 0)
+          for (int64_t g = 0; g < kHk; ++g) kn[static_cast<size_t>((t * kHk + g) * kD)] = 4.0f;
+      }
+      LayerRows rows;
+      rows.k = kn.data();
+      rows.v = vn.data();
+      rows.x = x.data();
+      kv.write(l, rows);
+      std::vector<float> out(static_cast<size_t>(n * kHeads * kD), 0.0f);
+      kv.attend(l, qn.data(), kHeads, la, out.data());
+      if (l != 2) continue;
+      k.insert(k.end(), kn.begin(), kn.end());
+      v.insert(v.end(), vn.begin(), vn.end());
+      for (int64_t g = 0; g < kHk; ++g) {
+        std::vector<RefSlot>& slots = ref[static_cast<size_t>(g)];
+        const std::vector<RefSlot> before(slots.begin(), slots.begin() + live);
+        // the pass's rows take their slots first (victims by the masses before this pass) ...
+        std::vector<int64_t> slot_of(static_cast<size_t>(n));
+        int64_t lv = live;
+        for (int64_t t = 0; t < n; ++t) {
+          const int64_t pos = pos0 + t;
+          int64_t s = lv;
+          if (lv < kC) {
+            ++lv;
+          } else {
+            for (const bool only_old : {true, false}) {
+              s = -1;
+              for (int64_t j = 0; j < kC; ++j) {
+                const RefSlot& r = slots[static_cast<size_t>(j)];
+                if (only_old && r.pos >= pos / 2) continue;
+                if (s < 0 || r.mass < slots[static_cast<size_t>(s)].mass) s = j;
+              }
+              if (s >= 0) break;
+            }
+            // the old rule: the lowest slot of the older half
+            int64_t lowest = 0;
+            while (slots[static_cast<size_t>(lowest)].pos >= pos / 2) ++lowest;
+            differs_from_lowest_slot += lowest != s;
+          }
+          slots[static_cast<size_t>(s)] = RefSlot{pos, 0.0};
+          slot_of[static_cast<size_t>(t)] = s;
+        }
+        // ... while the pass's queries attend the rows live before it and the pass's own (causally)
+        std::vector<double> mass(static_cast<size_t>(live + n), 0.0);
+        for (int64_t t = 0; t < n; ++t) {
+          std::vector<const float*> ks, vs;
+          for (const RefSlot& r : before) {
+            ks.push_back(k.data() + (r.pos * kHk + g) * kD);
+            vs.push_back(v.data() + (r.pos * kHk + g) * kD);
+          }
+          for (int64_t u = 0; u <= t; ++u) {
+            ks.push_back(k.data() + ((pos0 + u) * kHk + g) * kD);
+            vs.push_back(v.data() + ((pos0 + u) * kHk + g) * kD);
+          }
+          for (int64_t h = g * (kHeads / kHk); h < (g + 1) * (kHeads / kHk); ++h) {
+            const float* qh = qn.data() + (t * kHeads + h) * kD;
+            const auto want = attend_rows(qh, ks, vs, kScale);
+            for (int64_t i = 0; i < kD; ++i)
+              ASSERT_NEAR(out[static_cast<size_t>((t * kHeads + h) * kD + i)], want[static_cast<size_t>(i)],
+                          1e-4f)
+                  << "position " << pos0 + t << " head " << h << " element " << i;
+            std::vector<double> sc(ks.size());
+            double m = -1e300, z = 0;
+            for (size_t j = 0; j < ks.size(); ++j) {
+              double dot = 0;
+              for (int64_t i = 0; i < kD; ++i) dot += double{qh[i]} * f16_round(ks[j][i]);
+              m = std::max(m, sc[j] = dot * kScale);
+            }
+            for (double& e : sc) z += (e = std::exp(e - m));
+            for (size_t j = 0; j < ks.size(); ++j) mass[j] += sc[j] / z;
+          }
+        }
+        for (int64_t j = 0; j < live; ++j)  // rows kept through the pass
+          if (slots[static_cast<size_t>(j)].pos < pos0) slots[static_cast<size_t>(j)].mass += mass[static_cast<size_t>(j)];
+        for (int64_t t = 0; t < n; ++t) {
+          RefSlot& r = slots[static_cast<size_t>(slot_of[static_cast<size_t>(t)])];
+          if (r.pos == pos0 + t) r.mass = mass[static_cast<size_t>(live + t)];
+        }
+        if (g + 1 == kHk) live = lv;
+      }
+    }
+    kv.end_pass();
+  }
+  const InfinigenStats st = kv.stats().infinigen;
+  EXPECT_EQ(st.pool_slots, kC);
+  EXPECT_EQ(st.pool_prefill_evictions, static_cast<uint64_t>((kPrompt - kC) * 2 * kHk));
+  EXPECT_GT(differs_from_lowest_slot, 20) << "the weights must choose other victims than the slot order";
+}
+
+INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolPrefillMass,
+                         ::testing::Values(policy::PoolEviction::kCounter, policy::PoolEviction::kLru),
+                         [](const auto& info) { return std::string(policy::pool_eviction_name(info.param)); });
+
 // A8, second clause: a slot the pool reuses holds the new token's partial key, not the evicted one's.
 // FIFO pool of 32 slots; a 40-token prompt (below the 64 tokens that choose columns, so the offline
 // columns 1, 5, 9, 13) then decode steps. At position 50 (slot 50 mod 32 = 18, reused twice over) layer

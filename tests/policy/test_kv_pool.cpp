@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -65,6 +66,26 @@ TEST(KvPool, FifoEvictsTheOldestAndLruTheLeastRecentlyFetched) {
   lru.touch(first, 10);
   EXPECT_EQ(fifo.insert(10, 11).evicted, 0);  // oldest, however often fetched
   EXPECT_EQ(lru.insert(10, 11).evicted, 1);   // slot 0 was fetched at step 10; slot 1 last at 1
+}
+
+// Spec §15.13 [D]: a prefill token's victim under Counter and LRU is the older-half slot with the least
+// prefill attention weight; a decode token's is still by counter / last use, and FIFO's by age.
+TEST(KvPool, APrefillTokenEvictsTheLeastAttendedRowUnderCounterAndLru) {
+  for (const PoolEviction e : {PoolEviction::kCounter, PoolEviction::kLru, PoolEviction::kFifo}) {
+    SCOPED_TRACE(std::string(pool_eviction_name(e)));
+    PoolSlots p(8, e);
+    for (int64_t t = 0; t < 8; ++t) p.insert(t, 0, true);
+    const float mass[8] = {5.0f, 0.5f, 0.25f, 2.0f, 0.1f, 3.0f, 3.0f, 3.0f};  // slot 4: not older half
+    for (int32_t s = 0; s < 8; ++s) p.add_mass(s, mass[s]);
+    EXPECT_EQ(p.mass(2), 0.25f);
+    auto r = p.insert(8, 1, true);  // older half: positions < 4
+    EXPECT_EQ(r.evicted, e == PoolEviction::kFifo ? 0 : 2);
+    EXPECT_EQ(p.mass(r.slot), 0.0f);  // the new row starts unweighed
+    // a decode step ignores the weights: Counter's counters tie at 0 and LRU's inserts tie at step 0
+    // among the older half (positions < 4.5), so the lowest slot goes; FIFO the oldest
+    r = p.insert(9, 2, false);
+    EXPECT_EQ(r.evicted, e == PoolEviction::kFifo ? 1 : 0);
+  }
 }
 
 TEST(KvPool, VictimsComeOnlyFromTheOlderHalfWhileThereIsOne) {
