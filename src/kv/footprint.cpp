@@ -321,7 +321,8 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
   for (uint32_t p : t.home_qpages) free_list += uint64_t{p} * sizeof(uint32_t);
   t.table_bytes =
       BlockTable::bytes(o.max_seqs, groups, t.max_blocks) * (t.kivi.bits == 0 ? 1 : 2) + free_list;
-  if (t.ig_pool_slots > 0) {  // the pools' slot metadata (policy::PoolSlots: position, counter, last use, mass)
+  if (t.ig_pool_slots >
+      0) {  // the pools' slot metadata (policy::PoolSlots: position, counter, last use, mass)
     uint64_t heads = 0;
     for (uint32_t l = 0; l < L; ++l)
       if (infinigen_speculates(geo, l)) heads += geo.n_head_kv[l];
@@ -356,7 +357,8 @@ TieredLayout tiered_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_h
     const uint64_t keys = uint64_t{geo.block_tokens} * t.h_max * geo.head_dim_k * (esz + sizeof(float));
     // A pool that evicts a prompt by prefill attention weight (policy/kv_pool.h, §15.13): a prefill
     // visit's log-sum-exp and its mass per staged row (TieredKv::pool_add_mass).
-    const uint64_t mass = t.ig_pool_slots > 0 && o.knobs.pool_eviction != policy::PoolEviction::kFifo
+    const uint64_t mass = t.ig_pool_slots > 0 && o.knobs.pool_eviction != policy::PoolEviction::kFifo &&
+                                  o.knobs.pool_prefill == policy::PoolPrefill::kWeight
                               ? (static_cast<uint64_t>(max_new_rows) * n_head +
                                  t.h_max * static_cast<uint64_t>(t.ig_pool_slots + max_new_rows)) *
                                     sizeof(float)

@@ -513,8 +513,8 @@ void TieredKv::attend_unit(const uint8_t* base, uint64_t pitch, const policy::Un
   cpu::AttnQueries aq{q + first_q * ap.head_dim_k, n_head * ap.head_dim_k, n, qh, pos0};
   // A pool's prefill pass weighs the rows it attends (every row of the buffer: no selection at prefill).
   const bool weighs = pool_weighs(u.layer) && base != compact_.data();
-  cpu::AttnOutput out{o + first_q * ap.head_dim_v, n_head * ap.head_dim_v, weighs ? pool_lse_.data() : nullptr,
-                      weighs ? qh : 0};
+  cpu::AttnOutput out{o + first_q * ap.head_dim_v, n_head * ap.head_dim_v,
+                      weighs ? pool_lse_.data() : nullptr, weighs ? qh : 0};
   if (streams(u.layer)) {
     const auto spans = stored_spans(u.layer, base, span.k_head_stride, first, pos0 + n);
     attend_streaming(threads_, isa_, ap, opt_.knobs.sinks, policy::streaming_window(opt_.knobs), aq,

@@ -500,11 +500,11 @@ class TieredKv final : public KvCache {
   std::vector<size_t> pool_head0_;        // [n_layer] the layer's first pool within a sequence's
   size_t pool_heads_ = 0;                 // pools per sequence
   std::vector<int32_t> pool_slot_;        // [2][max_new_rows, h_max] slots of the pass's rows (pool_slot())
-  std::vector<float> pool_lse_;   // [max_new_rows, n_head] a prefill visit's log-sum-exp (empty: FIFO)
-  std::vector<float> pool_mass_;  // [h_max, C + max_new_rows] the visit's mass per staged row
-  std::vector<uint64_t> pool_ins_pass_;   // [n_layer] the pass whose rows the layer's pools took (passes_)
-  std::vector<int64_t> pool_dirty_;       // [2 * pages of a pool] pool_store's first and last slot per page
-  std::vector<uint8_t> pool_broken_;      // [n_seqs] an aborted pass evicted: truncate to 0 first
+  std::vector<float> pool_lse_;          // [max_new_rows, n_head] a prefill visit's log-sum-exp (empty: FIFO)
+  std::vector<float> pool_mass_;         // [h_max, C + max_new_rows] the visit's mass per staged row
+  std::vector<uint64_t> pool_ins_pass_;  // [n_layer] the pass whose rows the layer's pools took (passes_)
+  std::vector<int64_t> pool_dirty_;      // [2 * pages of a pool] pool_store's first and last slot per page
+  std::vector<uint8_t> pool_broken_;     // [n_seqs] an aborted pass evicted: truncate to 0 first
 
   // quest
   QuestIndex quest_;                    // per-page key bounds (compute-local KV)

@@ -90,7 +90,7 @@ void TieredKv::infinigen_init(uint32_t n_head, MemoryLedger& ledger) {
     }
     pools_.reserve(size_t{n_seqs} * pool_heads_);
     for (size_t i = 0; i < size_t{n_seqs} * pool_heads_; ++i)
-      pools_.emplace_back(lay_.ig_pool_slots, opt_.knobs.pool_eviction);
+      pools_.emplace_back(lay_.ig_pool_slots, opt_.knobs.pool_eviction, opt_.knobs.pool_prefill);
     pool_slot_.assign(2 * static_cast<size_t>(opt_.max_new_rows) * lay_.h_max, 0);
     if (pools_.front().uses_mass()) {  // a prefill's victims by attention weight (§15.13)
       pool_lse_.resize(static_cast<size_t>(opt_.max_new_rows) * n_head);
@@ -122,8 +122,9 @@ void TieredKv::pool_check(std::span<const SeqPass> seqs) const {
 // prefilled in its usual chunks (--chunk), and with FIFO a query at position p of a chunk starting at
 // p0 attends exactly positions max(0, p0 - C) .. p, as locret's chunked prefill evicts between chunks.
 // At prefill no row has been fetched yet (Counter's counters are 0, LRU's last uses say only when a row
-// came), so Counter and LRU take §15.13's [D]: the victim is the slot whose row has the smallest
-// cumulative prefill attention weight so far (pool_add_mass, from the earlier passes' queries).
+// came). --kv-pool-prefill order (the default): Counter and LRU take the lowest slot of the older half
+// (the oldest rows while slots follow positions); weight (§15.13's [D]): the slot whose row has the
+// smallest cumulative prefill attention weight so far (pool_add_mass, from the earlier passes' queries).
 void TieredKv::pool_insert(uint32_t layer) {
   pool_ins_pass_[layer] = passes_;
   const int64_t hk = geo_.n_head_kv[layer];
@@ -157,7 +158,8 @@ void TieredKv::pool_add_mass(const cpu::AttnParams& ap, const cpu::AttnQueries& 
   KVTIER_ASSERT(span.pos0 == 0 && span.n_tokens == live + pass_n_, "a pooled visit of {} rows for {} + {}",
                 span.n_tokens, live, pass_n_);
   std::fill_n(pool_mass_.begin(), u.n_heads * stride, 0.0f);
-  cpu::accumulate_key_mass(threads_, isa_, ap, aq, span, pool_lse_.data(), aq.n_heads, pool_mass_.data(), stride);
+  cpu::accumulate_key_mass(threads_, isa_, ap, aq, span, pool_lse_.data(), aq.n_heads, pool_mass_.data(),
+                           stride);
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     policy::PoolSlots& p = pool(pass_seq_, u.layer, u.head0 + h);
     const float* m = pool_mass_.data() + h * stride;
@@ -166,7 +168,8 @@ void TieredKv::pool_add_mass(const cpu::AttnParams& ap, const cpu::AttnQueries& 
       if (p.position(static_cast<int32_t>(j)) < pass_pos0_) p.add_mass(static_cast<int32_t>(j), m[j]);
     for (int64_t t = 0; t < pass_n_; ++t) {
       const int32_t slot = pool_slot(u.layer, pass_row0_ + t, u.head0 + h);
-      if (p.position(slot) == pass_pos0_ + t) p.add_mass(slot, m[live + t]);  // (a slot taken twice: the later)
+      if (p.position(slot) == pass_pos0_ + t)
+        p.add_mass(slot, m[live + t]);  // (a slot taken twice: the later)
     }
   }
 }
@@ -182,7 +185,7 @@ void TieredKv::pool_reset(SeqId seq, int64_t n) {
   if (n > C) return;  // nothing to roll back
   for (size_t i = 0; i < pool_heads_; ++i) {
     policy::PoolSlots& p = pools_[seq * pool_heads_ + i];
-    p = policy::PoolSlots(C, opt_.knobs.pool_eviction);
+    p = policy::PoolSlots(C, opt_.knobs.pool_eviction, opt_.knobs.pool_prefill);
     for (int64_t t = 0; t < n; ++t) p.insert(t, 0);  // slot = position while the pool is not full
   }
   pool_broken_[seq] = 0;

@@ -84,7 +84,7 @@ constexpr AxisValue kValues[] = {
      "(slots per layer, sequence and KV head); past that each new token takes a victim's slot, chosen by "
      "--kv-pool-eviction (counter: fewest fetches, fifo: oldest, lru: least recently fetched) among the "
      "older half; without --kv-pool-limit nothing is evicted; selection infinigen, host or --kv-disk home",
-     "--kv-pool-limit --kv-pool-eviction"},
+     "--kv-pool-limit --kv-pool-eviction --kv-pool-prefill"},
 };
 
 constexpr Preset kPresets[] = {

@@ -117,6 +117,7 @@ struct PolicyKnobs {
                              // neighbouring units (odd; 1: its own score, the paper)
   uint64_t pool_limit = 0;   // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
+  PoolPrefill pool_prefill = PoolPrefill::kOrder;       // --kv-pool-prefill
   bool operator==(const PolicyKnobs&) const = default;
 };
 

@@ -32,9 +32,20 @@ int64_t pool_slots(uint64_t limit_bytes, int64_t n_layer, int64_t n_seq, int64_t
   return static_cast<int64_t>(limit_bytes / per_slot);
 }
 
-PoolSlots::PoolSlots(int64_t capacity, PoolEviction eviction)
+std::string_view pool_prefill_name(PoolPrefill p) {
+  return p == PoolPrefill::kWeight ? "weight" : "order";
+}
+
+PoolPrefill parse_pool_prefill(std::string_view name) {
+  for (const PoolPrefill p : {PoolPrefill::kWeight, PoolPrefill::kOrder})
+    if (pool_prefill_name(p) == name) return p;
+  fail(ErrorKind::kInvalidArgument, "unknown pool prefill rule '{}' (known: weight, order)", name);
+}
+
+PoolSlots::PoolSlots(int64_t capacity, PoolEviction eviction, PoolPrefill prefill)
     : capacity_(capacity),
       eviction_(eviction),
+      prefill_(prefill),
       pos_(static_cast<size_t>(capacity), -1),
       counter_(static_cast<size_t>(capacity), 0),
       last_used_(static_cast<size_t>(capacity), 0),

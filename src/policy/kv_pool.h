@@ -12,10 +12,11 @@
 // with a zero count is not evicted at once; when no slot is that old, from all slots. Ties go to the
 // lowest slot.
 //
-// A prompt larger than the pool (spec §15.13 [D]): a prefill token's victim under Counter and LRU is
-// the slot with the smallest cumulative prefill attention weight (add_mass: the softmax probability
-// the prefill passes' queries gave the slot's row, summed over queries and the KV head's query heads),
-// since no row has been fetched yet and their counters and last uses say nothing. FIFO stays by age.
+// A prompt larger than the pool (spec §15.13), PoolPrefill::kWeight ([D]): a prefill token's victim
+// under Counter and LRU is the slot with the smallest cumulative prefill attention weight (add_mass:
+// the softmax probability the prefill passes' queries gave the slot's row, summed over queries and
+// the KV head's query heads), since no row has been fetched yet and their counters and last uses say
+// nothing. kOrder: as at decode. FIFO stays by age.
 #pragma once
 
 #include <cstdint>
@@ -26,10 +27,17 @@
 namespace kvtier::policy {
 
 enum class PoolEviction { kCounter, kFifo, kLru };
+// How a prefill token picks its victim under Counter and LRU (FIFO: by age either way).
+//   weight: the least cumulative prefill attention weight (spec §15.13 [D]);
+//   order:  as at decode, where no row has been fetched yet at prefill: the lowest slot of the older
+//           half (the oldest rows while slots follow positions).
+enum class PoolPrefill { kWeight, kOrder };
 
 std::string_view pool_eviction_name(PoolEviction e);
 // Throws Error(kInvalidArgument) listing the known names.
 PoolEviction parse_pool_eviction(std::string_view name);
+std::string_view pool_prefill_name(PoolPrefill p);
+PoolPrefill parse_pool_prefill(std::string_view name);  // Error(kInvalidArgument) listing the known
 
 // Slots per (layer, sequence, KV head) for a limit of `limit_bytes` of KV over n_layer layers,
 // n_seq sequences and n_head_kv heads of K and V rows of row_bytes each (§15.14); 0 when none fit.
@@ -38,7 +46,7 @@ int64_t pool_slots(uint64_t limit_bytes, int64_t n_layer, int64_t n_seq, int64_t
 
 class PoolSlots {
  public:
-  PoolSlots(int64_t capacity, PoolEviction eviction);
+  PoolSlots(int64_t capacity, PoolEviction eviction, PoolPrefill prefill = PoolPrefill::kOrder);
 
   struct Insert {
     int32_t slot = 0;
@@ -59,13 +67,14 @@ class PoolSlots {
   uint8_t counter(int32_t slot) const { return counter_[static_cast<size_t>(slot)]; }
   float mass(int32_t slot) const { return mass_[static_cast<size_t>(slot)]; }
   // Does a prefill token's eviction read the attention weights (Counter and LRU)?
-  bool uses_mass() const { return eviction_ != PoolEviction::kFifo; }
+  bool uses_mass() const { return prefill_ == PoolPrefill::kWeight && eviction_ != PoolEviction::kFifo; }
 
  private:
   int32_t victim(int64_t position, bool prefill) const;
 
   int64_t capacity_;
   PoolEviction eviction_;
+  PoolPrefill prefill_;
   int64_t live_ = 0;
   int64_t evictions_ = 0;
   std::vector<int64_t> pos_;        // [capacity] position of each slot's token

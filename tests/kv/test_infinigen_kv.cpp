@@ -501,14 +501,14 @@ INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolSlots,
                                   std::to_string(info.param.chunk);
                          });
 
-// Spec §15.13 [D]: a prompt larger than the pool evicts, under Counter and LRU, the slot whose row has
-// the smallest cumulative prefill attention weight (the softmax probability the prefill queries gave it,
-// summed over queries and the KV head's query heads), from the older half. A reference model of the
-// pool (slots, positions, masses from a double-precision softmax) replays a 300-token prompt in chunks of
-// 50 into a pool of 128 slots; every query of pooled layer 2 must attend exactly the rows the reference
-// keeps. FIFO evicts by age alone (the PoolSlots cases above), and the old rule at prefill (the lowest
-// slot of the older half, as FIFO while slots follow positions) keeps other rows: the test tells them
-// apart (checked below).
+// Spec §15.13 [D] (--kv-pool-prefill weight): a prompt larger than the pool evicts, under Counter and LRU,
+// the slot whose row has the smallest cumulative prefill attention weight (the softmax probability the
+// prefill queries gave it, summed over queries and the KV head's query heads), from the older half. A
+// reference model of the pool (slots, positions, masses from a double-precision softmax) replays a 300-token
+// prompt in chunks of 50 into a pool of 128 slots; every query of pooled layer 2 must attend exactly the rows
+// the reference keeps. FIFO evicts by age alone (the PoolSlots cases above), and the default rule at prefill
+// (order: the lowest slot of the older half, as FIFO while slots follow positions) keeps other rows: the test
+// tells them apart (checked below; with order it fails).
 struct RefSlot {
   int64_t pos = -1;
   double mass = 0;
@@ -523,6 +523,7 @@ TEST_P(PoolPrefillMass, APromptLargerThanThePoolEvictsTheLeastAttendedRows) {
   std::mt19937 rng(21);
   const KvGeometry geo = pool_geometry(L, kD);
   KvOptions o = pool_options(GetParam(), kC, kD);
+  o.knobs.pool_prefill = policy::PoolPrefill::kWeight;
   o.knobs.infinigen_alpha = std::numeric_limits<double>::infinity();
   o.knobs.infinigen_budget = 1.0;
   o.max_new_rows = kChunk;
@@ -620,7 +621,8 @@ TEST_P(PoolPrefillMass, APromptLargerThanThePoolEvictsTheLeastAttendedRows) {
           }
         }
         for (int64_t j = 0; j < live; ++j)  // rows kept through the pass
-          if (slots[static_cast<size_t>(j)].pos < pos0) slots[static_cast<size_t>(j)].mass += mass[static_cast<size_t>(j)];
+          if (slots[static_cast<size_t>(j)].pos < pos0)
+            slots[static_cast<size_t>(j)].mass += mass[static_cast<size_t>(j)];
         for (int64_t t = 0; t < n; ++t) {
           RefSlot& r = slots[static_cast<size_t>(slot_of[static_cast<size_t>(t)])];
           if (r.pos == pos0 + t) r.mass = mass[static_cast<size_t>(live + t)];
@@ -638,7 +640,9 @@ TEST_P(PoolPrefillMass, APromptLargerThanThePoolEvictsTheLeastAttendedRows) {
 
 INSTANTIATE_TEST_SUITE_P(InfinigenExecutor, PoolPrefillMass,
                          ::testing::Values(policy::PoolEviction::kCounter, policy::PoolEviction::kLru),
-                         [](const auto& info) { return std::string(policy::pool_eviction_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(policy::pool_eviction_name(info.param));
+                         });
 
 // A8, second clause: a slot the pool reuses holds the new token's partial key, not the evicted one's.
 // FIFO pool of 32 slots; a 40-token prompt (below the 64 tokens that choose columns, so the offline

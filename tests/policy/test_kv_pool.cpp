@@ -68,12 +68,13 @@ TEST(KvPool, FifoEvictsTheOldestAndLruTheLeastRecentlyFetched) {
   EXPECT_EQ(lru.insert(10, 11).evicted, 1);   // slot 0 was fetched at step 10; slot 1 last at 1
 }
 
-// Spec §15.13 [D]: a prefill token's victim under Counter and LRU is the older-half slot with the least
-// prefill attention weight; a decode token's is still by counter / last use, and FIFO's by age.
+// Spec §15.13 [D] (PoolPrefill::kWeight): a prefill token's victim under Counter and LRU is the
+// older-half slot with the least prefill attention weight; a decode token's is still by counter / last
+// use, and FIFO's by age. With kOrder (the default) the weights are not read.
 TEST(KvPool, APrefillTokenEvictsTheLeastAttendedRowUnderCounterAndLru) {
   for (const PoolEviction e : {PoolEviction::kCounter, PoolEviction::kLru, PoolEviction::kFifo}) {
     SCOPED_TRACE(std::string(pool_eviction_name(e)));
-    PoolSlots p(8, e);
+    PoolSlots p(8, e, PoolPrefill::kWeight);
     for (int64_t t = 0; t < 8; ++t) p.insert(t, 0, true);
     const float mass[8] = {5.0f, 0.5f, 0.25f, 2.0f, 0.1f, 3.0f, 3.0f, 3.0f};  // slot 4: not older half
     for (int32_t s = 0; s < 8; ++s) p.add_mass(s, mass[s]);
@@ -85,7 +86,16 @@ TEST(KvPool, APrefillTokenEvictsTheLeastAttendedRowUnderCounterAndLru) {
     // among the older half (positions < 4.5), so the lowest slot goes; FIFO the oldest
     r = p.insert(9, 2, false);
     EXPECT_EQ(r.evicted, e == PoolEviction::kFifo ? 1 : 0);
+    // order: the same weights, the lowest slot of the older half
+    PoolSlots q(8, e, PoolPrefill::kOrder);
+    for (int64_t t = 0; t < 8; ++t) q.insert(t, 0, true);
+    for (int32_t s = 0; s < 8; ++s) q.add_mass(s, mass[s]);
+    EXPECT_FALSE(q.uses_mass());
+    EXPECT_EQ(q.insert(8, 1, true).evicted, 0);
   }
+  EXPECT_EQ(parse_pool_prefill("weight"), PoolPrefill::kWeight);
+  EXPECT_EQ(pool_prefill_name(PoolPrefill::kOrder), "order");
+  EXPECT_THROW(parse_pool_prefill("attention"), Error);
 }
 
 TEST(KvPool, VictimsComeOnlyFromTheOlderHalfWhileThereIsOne) {

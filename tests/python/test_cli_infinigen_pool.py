@@ -113,6 +113,8 @@ def test_bad_pool_flags_are_refused_with_clear_messages(skew, tmp_path):
     base = ["run", "-m", model("smollm2"), "-p", PROMPT, "-n", 2, "-t", 2, "--skew", skew, "--ctx", 1024]
     err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "64MiB", "--kv-pool-eviction", "mru")
     assert "unknown pool eviction 'mru'" in err and "counter, fifo, lru" in err
+    err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "64MiB", "--kv-pool-prefill", "mass")
+    assert "unknown pool prefill rule 'mass'" in err and "weight, order" in err
     err = fails(*base, "--kv-policy", "layer+infinigen+pool", "--kv-pool-limit", "lots")
     assert "--kv-pool-limit" in err
     # below one slot of every (layer, KV head): the message names the minimum
@@ -190,3 +192,14 @@ def test_a_prompt_longer_than_the_pool_evicts_while_it_is_prefilled(skew, plain,
     d = run_json(skew, *flags, "--kv-disk", tmp_path)
     assert d["tokens"] == j["tokens"] and d["logits_digest"] == j["logits_digest"]
     assert d["kv"]["infinigen"]["pool"] == p
+    assert p["prefill"] == "order"
+    if eviction != "fifo":
+        # --kv-pool-prefill weight (§15.13 [D]): the prompt's victims by prefill attention weight. The
+        # same counts, other rows kept (other logits), and a disk home gives the host home's run.
+        w = run_json(skew, *flags, "--kv-pool-prefill", "weight")
+        pw = w["kv"]["infinigen"]["pool"]
+        assert pw["prefill"] == "weight"
+        assert pw["evictions"] == p["evictions"] and pw["prefill_evictions"] == p["prefill_evictions"]
+        assert w["logits_digest"] != j["logits_digest"]
+        wd = run_json(skew, *flags, "--kv-pool-prefill", "weight", "--kv-disk", tmp_path)
+        assert wd["logits_digest"] == w["logits_digest"] and wd["kv"]["infinigen"]["pool"] == pw

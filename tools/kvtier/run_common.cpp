@@ -99,6 +99,14 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "pool: the victim among the older half of the slots: counter (fewest fetches, counters halved at "
          "255; the paper's), fifo (oldest position) or lru (least recently fetched)")
       ->default_str("counter");
+  cmd->add_option_function<std::string>(
+         "--kv-pool-prefill",
+         [&knobs](const std::string& v) { knobs.pool_prefill = policy::parse_pool_prefill(v); },
+         "pool, a prompt longer than the pool (counter and lru; fifo evicts by age): order (the lowest "
+         "slot of the older half, the oldest rows, as at decode before any fetch) or weight (the row "
+         "with the least cumulative prefill attention; the spec's §15.13 extension, which computes "
+         "attention weights at prefill); docs/infinigen.md compares them")
+      ->default_str(std::string(policy::pool_prefill_name(k.pool_prefill)));
 }
 
 std::string knob_flags_text(const policy::PolicyKnobs& k) {
@@ -127,6 +135,7 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
   add(k.locret_pool != d.locret_pool, "--locret-pool", k.locret_pool);
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
   add(k.pool_eviction != d.pool_eviction, "--kv-pool-eviction", policy::pool_eviction_name(k.pool_eviction));
+  add(k.pool_prefill != d.pool_prefill, "--kv-pool-prefill", policy::pool_prefill_name(k.pool_prefill));
   return c;
 }
 
@@ -430,6 +439,7 @@ nlohmann::json kv_json(const runtime::Session& session, const EngineArgs& a) {
       nlohmann::json pool;
       pool["limit_bytes"] = a.knobs.pool_limit;
       pool["eviction"] = policy::pool_eviction_name(a.knobs.pool_eviction);
+      pool["prefill"] = policy::pool_prefill_name(a.knobs.pool_prefill);
       pool["slots"] = ig.pool_slots;  // per (sequence, layer, KV head)
       pool["live_max"] = ig.pool_live_max;
       pool["live_rows"] = ig.pool_live_rows;
