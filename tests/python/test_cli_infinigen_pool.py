@@ -203,3 +203,8 @@ def test_a_prompt_longer_than_the_pool_evicts_while_it_is_prefilled(skew, plain,
         assert w["logits_digest"] != j["logits_digest"]
         wd = run_json(skew, *flags, "--kv-pool-prefill", "weight", "--kv-disk", tmp_path)
         assert wd["logits_digest"] == w["logits_digest"] and wd["kv"]["infinigen"]["pool"] == pw
+        # `kvtier plan` counts the weights' scratch and per-slot bytes: every byte the run held
+        plan = json.loads(run("plan", "-m", model("smollm2"), "--ctx", 1024, "-t", 2, "--json",
+                              *flags, "--kv-pool-prefill", "weight").stdout)
+        assert plan["engine"]["policies"][0]["memory"] == w["peak_memory_bytes"]
+        assert w["peak_memory_bytes"]["device"]["scratch"] > j["peak_memory_bytes"]["device"]["scratch"]
