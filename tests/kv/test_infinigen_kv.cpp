@@ -582,9 +582,10 @@ TEST_P(PoolPrefillMass, APromptLargerThanThePoolEvictsTheLeastAttendedRows) {
               }
               if (s >= 0) break;
             }
-            // the old rule: the lowest slot of the older half
+            // the order rule: the lowest slot of the older half (of all slots when none is that old)
             int64_t lowest = 0;
-            while (slots[static_cast<size_t>(lowest)].pos >= pos / 2) ++lowest;
+            while (lowest < kC && slots[static_cast<size_t>(lowest)].pos >= pos / 2) ++lowest;
+            if (lowest == kC) lowest = 0;
             differs_from_lowest_slot += lowest != s;
           }
           slots[static_cast<size_t>(s)] = RefSlot{pos, 0.0};
