@@ -201,15 +201,20 @@ std::vector<TokenId> random_tokens(uint32_t vocab, int64_t n, uint32_t seed) {
   return t;
 }
 
-TEST(InfinigenEmulation, A6SyntheticModelDecodeAndEmulationChooseTheSameRows) {
-  const test::TempFile file("kvtier_test_a6", ".gguf");
+// A synthetic tiny-llama (GQA, q8_0 weights) of `layers` layers written to `file` and loaded.
+std::unique_ptr<LoadedModel> synthetic_llama(const test::TempFile& file, uint32_t seed, uint32_t layers) {
   model::SynthOptions so;
   so.type = GgmlType::kQ8_0;
-  so.seed = 5;
-  so.n_layer = 6;
+  so.seed = seed;
+  so.n_layer = layers;
   so.n_ctx = 1024;
   model::synth_writer(*model::find_preset("tiny-llama"), so).write(file.str());
-  const auto m = load_model(file.str());
+  return load_model(file.str());
+}
+
+TEST(InfinigenEmulation, A6SyntheticModelDecodeAndEmulationChooseTheSameRows) {
+  const test::TempFile file("kvtier_test_a6", ".gguf");
+  const auto m = synthetic_llama(file, 5, 6);
   const skew::SkewSet skew = random_skew(m->config, 9);
   const auto prompt = random_tokens(m->config.n_vocab, kPrompt, 3);
   A6Run run;
@@ -272,13 +277,7 @@ SessionOptions infinigen_session(const skew::SkewSet& skew, int64_t n_ctx, int64
 
 TEST(InfinigenEmulation, SessionEmulateFromGivesThePromptThenDecodeLogitsBitForBit) {
   const test::TempFile file("kvtier_test_emulate_from", ".gguf");
-  model::SynthOptions so;
-  so.type = GgmlType::kQ8_0;
-  so.seed = 11;
-  so.n_layer = 5;
-  so.n_ctx = 1024;
-  model::synth_writer(*model::find_preset("tiny-llama"), so).write(file.str());
-  const auto m = load_model(file.str());
+  const auto m = synthetic_llama(file, 11, 5);
   const skew::SkewSet skew = random_skew(m->config, 4);
   constexpr int64_t kWindow = 384, kFrom = 200;  // a prompt of 200 tokens chooses the columns
   Session decode(*m, infinigen_session(skew, kWindow, -1));
