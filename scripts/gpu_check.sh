@@ -14,7 +14,9 @@
 # Steps: tests (the gpu-labelled tests), cli (run and bench on the real models present), bench (the
 # synthetic 8B, 24 GiB arena, prompts 1K and 4K), sanitizers (compute-sanitizer on a tiny model),
 # measure (the 8B at a 16K prompt, where offloaded decode is copy-bound, and the largest context
-# each placement can be built with in a 24 GiB arena).
+# each placement can be built with in a 24 GiB arena), infinigen (SmolLM2 with its skew file: layer,
+# the degenerate infinigen that must give layer's tokens, the default, and the CPU's infinigen; then a
+# synthetic Llama-2-7B at 1K-16K: resident, layer, infinigen decode speed, and the full-gather cost).
 # Checks, logs under $OUT (at most 8 files come back):
 #   env.txt            nvidia-smi, tool versions, where libcublas was found
 #   test_cuda.log      backend tests: ops, GEMM, attention, memory, synth (label gpu)
@@ -40,6 +42,8 @@ receive() {
     echo "received binaries: $(ls "$state/bin" | tr '\n' ' ')"
   fi
   find "$dir" -maxdepth 1 -type f \( -name '*.part*' -o -name '*.sha256' \) -exec cp {} "$state/parts/" \;
+  # InfiniGen skew files (small, whole): next to the models, under the models' names.
+  find "$dir" -maxdepth 1 -type f -name '*.skew.gguf' -exec cp {} "$state/models/" \;
   # Reassemble every model whose parts are all here.
   for sumf in "$state/parts"/*.sha256; do
     [[ -e $sumf ]] || continue
@@ -203,6 +207,44 @@ if want measure; then
   done
 fi
 
+# --- InfiniGen on the GPU (docs/infinigen.md "On the GPU")
+if want infinigen; then
+  f=$model_dir/SmolLM2-135M-Instruct.Q4_1.gguf
+  skew=$state/models/SmolLM2-135M-Instruct.Q4_1.skew.gguf
+  if [[ -e $f && -e $skew ]]; then
+    head -c 6000 docs/infinigen.md >"$state/ig_prompt.txt"
+    : >"$state/ig_tokens.txt"
+    for args in "--backend cuda --kv-policy layer" "--backend cuda --kv-policy infinigen --infinigen-alpha inf --infinigen-budget 1" "--backend cuda --kv-policy infinigen" "--backend cuda --kv-policy infinigen --debug-copy-delay-us 200" "--backend cpu --kv-policy infinigen"; do
+      # shellcheck disable=SC2086
+      check "infinigen cli $args" "$OUT/infinigen.log" 90 "$bin/kvtier" run -m "$f" --skew "$skew" $args --temp 0 -n 64 --ignore-eos --json -f "$state/ig_prompt.txt"
+      tail -1 "$OUT/infinigen.log" | grep -o '"tokens":\[[0-9,]*\]' | sed "s/^/$args|/" >>"$state/ig_tokens.txt"
+      tail -1 "$OUT/infinigen.log" | python3 -c "import sys,json; j=json.loads(sys.stdin.read()); print('$args:', j.get('n_prompt'), 'prompt tokens;', 'decode', round(j.get('decode_tokens_per_s',0),1), 'tok/s;', json.dumps((j.get('cuda') or {}).get('infinigen') or (j.get('kv') or {}).get('infinigen')))" >>"$summary" 2>/dev/null
+    done
+    python3 - "$state/ig_tokens.txt" <<'PY' | tee -a "$summary"
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    args, toks = line.rstrip("\n").split("|", 1)
+    rows[args] = json.loads(toks.split(":", 1)[1])
+ref = rows.get("--backend cuda --kv-policy layer")
+def agree(a, b):
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+for args, t in rows.items():
+    if ref is not None:
+        print(f"infinigen tokens: {args}: the first {agree(t, ref)} of {len(t)} equal to cuda layer's")
+deg = rows.get("--backend cuda --kv-policy infinigen --infinigen-alpha inf --infinigen-budget 1")
+print(("PASS" if deg is not None and deg == ref else "FAIL") + " infinigen degenerate (alpha inf, budget 1) gives cuda layer's tokens")
+PY
+  else
+    note "infinigen cli: SmolLM2 or its skew file missing, not run"
+  fi
+  check "synthetic llama2-7b infinigen bench" "$OUT/bench.log" 300 "$bin/kvtier" bench -m synthetic:llama2-7b --backend cuda \
+    --device-mem 40GiB --ctx 16448 --kv-policy resident,layer,infinigen --prompt-tokens 1024,4096,16384 --gen 32 --repeat 1
+  check "synthetic llama2-7b infinigen full gather" "$OUT/bench.log" 60 "$bin/kvtier" bench -m synthetic:llama2-7b --backend cuda \
+    --device-mem 40GiB --ctx 4160 --kv-policy layer,infinigen --infinigen-alpha inf --infinigen-budget 1 --prompt-tokens 4096 --gen 32 --repeat 1
+  grep -h '^cuda ' "$OUT/bench.log" >>"$summary"
+fi
+
 # --- compute-sanitizer on a small offloaded run (kernels' shared memory races, out-of-bounds accesses)
 if want sanitizers; then
   tiny=$state/tiny-llama.gguf
@@ -214,6 +256,11 @@ if want sanitizers; then
     check racecheck_resident "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
     check memcheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
     check synccheck_layer "$OUT/sanitizer.log" 90 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
+    if want infinigen; then  # the speculation kernels and the gather from host planes (identity skew of the tiny model)
+      "$bin/kvtier" skew -m "$tiny" -o "$state/tiny-llama.skew.gguf" --text docs/infinigen.md --tokens 256 >/dev/null 2>&1
+      check memcheck_infinigen "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy infinigen --skew "$state/tiny-llama.skew.gguf"
+      check racecheck_infinigen "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy infinigen --skew "$state/tiny-llama.skew.gguf"
+    fi
   else
     note "FAIL compute-sanitizer not found"
     status=1

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "gguf/reader.h"
 #include "gguf/writer.h"
+#include "skew/skew_math.h"
 
 namespace kvtier::skew {
 
@@ -143,6 +144,29 @@ SkewSet read_skew(const std::string& path, const std::string& expected_hash) {
       fail(ErrorKind::kInvalidFile,
            "{}: layer {}: a skewing matrix is not orthogonal (|A·A^T - I| = {:.3g}); the file is corrupt",
            path, l, err);
+  }
+  return set;
+}
+
+SkewSet identity_skew(const std::vector<uint32_t>& n_head_kv, uint32_t head_dim, float partial_ratio) {
+  SkewSet set;
+  set.model_hash = "";
+  set.head_dim = head_dim;
+  set.partial_ratio = partial_ratio;
+  const int64_t d = head_dim;
+  const int64_t k = partial_columns(partial_ratio, d);
+  set.partial_columns = static_cast<uint32_t>(k);
+  set.sample_source = "identity (no sample)";
+  for (uint32_t hk : n_head_kv) {
+    LayerSkew ls;
+    ls.n_head_kv = hk;
+    ls.a.assign(static_cast<size_t>(hk) * d * d, 0.0f);
+    ls.sigma.assign(static_cast<size_t>(hk) * d, 1.0f);
+    for (uint32_t h = 0; h < hk; ++h) {
+      for (int64_t i = 0; i < d; ++i) ls.a[(static_cast<size_t>(h) * d + i) * d + i] = 1.0f;
+      for (int64_t c = 0; c < k; ++c) ls.cols.push_back(static_cast<int32_t>(c));
+    }
+    set.layers.push_back(std::move(ls));
   }
   return set;
 }

@@ -50,6 +50,11 @@ void write_skew(const SkewSet& set, const std::string& path,
 // made for another model (expected_hash differs: both hashes are named). Empty expected_hash: no check.
 SkewSet read_skew(const std::string& path, const std::string& expected_hash);
 
+// The skew of no rotation (A = I, sigma = 1, offline columns 0 .. k_cols - 1, k_cols from
+// partial_ratio) for a model with these KV heads per layer: the speculation's cost with no trained skew
+// (synthetic models' speed runs on the GPU); its selections are not InfiniGen's.
+SkewSet identity_skew(const std::vector<uint32_t>& n_head_kv, uint32_t head_dim, float partial_ratio);
+
 // Largest |A·A^T - I| entry over all heads of a layer (an orthogonality check, 1e-4 on load).
 double orthogonality_error(const LayerSkew& layer, int64_t d);
 

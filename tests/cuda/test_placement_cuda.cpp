@@ -7,6 +7,8 @@
 // offloaded units. NOT YET RUN ON A GPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 #include <string>
@@ -14,6 +16,8 @@
 #include "gpu_test_util.h"
 #include "kv/cuda/kv_layout.h"
 #include "model_test_util.h"
+#include "policy/infinigen_select.h"
+#include "skew/skew_file.h"
 
 namespace kvtier::cuda::test {
 namespace {
@@ -107,6 +111,111 @@ TEST(CudaPlacement, SyntheticGqa8LayerAndHeadInferAreExact) {
 TEST(CudaPlacement, SyntheticGqa8ChunkOfOneIsExact) {
   KVTIER_REQUIRE_GPU();
   check_placements(synth_gqa8_file("qwen2"), 20, 1, 8);
+}
+
+// Selection infinigen on `layer` (specs/infinigen.md A5): with alpha = +inf and a cap of every row, each
+// speculated layer gathers all its rows in order from the host planes, so every pass's logits are those
+// of `layer` bit for bit (also with random copy delays); at the default alpha and a 20 % cap the
+// speculated layers load at most a fifth of their rows and the run goes on.
+runtime_cuda::CudaSessionOptions infinigen_options(const skew::SkewSet& skew, float alpha, double budget,
+                                                   uint32_t delay_us, int64_t n_ctx, int64_t chunk) {
+  auto o = options({"infinigen", policy::Placement::kLayer, 0, 0, delay_us}, n_ctx, chunk);
+  o.kv.selection = policy::Selection::kInfinigen;
+  o.kv.skew = &skew;
+  o.kv.infinigen.alpha = alpha;
+  o.kv.infinigen.budget = budget;
+  return o;
+}
+
+void check_infinigen(const std::string& path, size_t prompt_tokens, int64_t chunk, int n_decode) {
+  const auto model = runtime::load_model(path);
+  const auto& cfg = model->config;
+  std::vector<uint32_t> hk;
+  for (const auto& l : cfg.layers) hk.push_back(l.n_head_kv);
+  const skew::SkewSet skew = skew::identity_skew(hk, cfg.head_dim_k, 0.3f);
+  const auto prompt = test_prompt(prompt_tokens, std::min<uint32_t>(cfg.n_vocab, 256));
+  const int64_t n_ctx = static_cast<int64_t>(prompt_tokens) + n_decode + 64;
+  SequenceResult ref;
+  {
+    runtime_cuda::CudaSession s(*model, options({"layer", policy::Placement::kLayer}, n_ctx, chunk));
+    ref = run_sequence(s, prompt, chunk, n_decode);
+  }
+  uint64_t speculating = 0;
+  for (uint32_t l = 2; l < cfg.n_layer; ++l) speculating += cfg.layers[l].window == 0 ? 1 : 0;
+  // Passes of one token after the first position speculate (decode steps, and prefill chunks of one).
+  uint64_t one_token_passes = static_cast<uint64_t>(n_decode);
+  if (chunk == 1) one_token_passes += prompt_tokens - 1;
+  const uint64_t steps = speculating * one_token_passes;
+  for (uint32_t delay : {0u, 300u}) {
+    runtime_cuda::CudaSession s(*model, infinigen_options(skew, INFINITY, 1.0, delay, n_ctx, chunk));
+    const SequenceResult r = run_sequence(s, prompt, chunk, n_decode);
+    EXPECT_EQ(r.tokens, ref.tokens) << "delay " << delay;
+    ASSERT_EQ(r.logits.size(), ref.logits.size());
+    for (size_t i = 0; i < r.logits.size(); ++i)
+      EXPECT_TRUE(same_bits(r.logits[i], ref.logits[i]))
+          << "delay " << delay << ": logits of pass " << i << " differ";
+    const auto st = s.kv_stats();
+    EXPECT_EQ(st.spec_layer_steps, steps);
+    EXPECT_EQ(st.spec_rows_fetched, st.spec_rows_total);
+    EXPECT_GT(st.spec_rows_total, 0u);
+    std::fprintf(stderr,
+                 "[%s] infinigen alpha inf, budget 1, delay %u: %zu passes bit-identical to layer; %llu "
+                 "speculations, %llu rows fetched of %llu\n",
+                 path.c_str(), delay, r.logits.size(), static_cast<unsigned long long>(st.spec_layer_steps),
+                 static_cast<unsigned long long>(st.spec_rows_fetched),
+                 static_cast<unsigned long long>(st.spec_rows_total));
+  }
+  {
+    runtime_cuda::CudaSession s(*model, infinigen_options(skew, 5.0f, 0.2, 0, n_ctx, chunk));
+    const SequenceResult r = run_sequence(s, prompt, chunk, n_decode);
+    const auto st = s.kv_stats();
+    EXPECT_EQ(st.spec_layer_steps, steps);
+    // At most the cap of each step: min(T, floor(0.2 T) or 1) rows per KV head of each speculated layer.
+    uint64_t bound = 0;
+    std::vector<int64_t> ts;
+    if (chunk == 1)
+      for (size_t t = 1; t < prompt_tokens; ++t) ts.push_back(static_cast<int64_t>(t));
+    for (int i = 0; i < n_decode; ++i) ts.push_back(static_cast<int64_t>(prompt_tokens) + i);
+    for (int64_t T : ts) {
+      const int64_t cap = policy::speculation_cap(0.2, T);
+      for (uint32_t l = 2; l < cfg.n_layer; ++l)
+        if (cfg.layers[l].window == 0)
+          bound += static_cast<uint64_t>(std::min(T, cap)) * cfg.layers[l].n_head_kv;
+    }
+    EXPECT_LE(st.spec_rows_fetched, bound) << "more than the 20 % cap was fetched";
+    EXPECT_LT(st.spec_rows_fetched, st.spec_rows_total);
+    EXPECT_GT(st.spec_rows_fetched, 0u);
+    for (const auto& l : r.logits)
+      EXPECT_TRUE(std::all_of(l.begin(), l.end(), [](float v) { return std::isfinite(v); }));
+    size_t same = 0;
+    while (same < r.tokens.size() && r.tokens[same] == ref.tokens[same]) ++same;
+    std::fprintf(
+        stderr,
+        "[%s] infinigen alpha 5, budget 0.2 (identity skew): %.1f %% of the rows fetched, mean "
+        "n_sel %.1f, speculation %.3f ms per decode step; greedy tokens equal to layer's for the first "
+        "%zu of %zu\n",
+        path.c_str(),
+        100.0 * static_cast<double>(st.spec_rows_fetched) / static_cast<double>(st.spec_rows_total),
+        static_cast<double>(st.spec_n_sel_sum) / static_cast<double>(st.spec_layer_steps),
+        st.spec_ms / static_cast<double>(std::max<uint64_t>(one_token_passes - 1, 1)), same, r.tokens.size());
+  }
+}
+
+TEST(CudaInfinigen, SyntheticGqa8DegenerateIsExactAndDefaultLoadsAFifth) {
+  KVTIER_REQUIRE_GPU();
+  check_infinigen(synth_gqa8_file("llama"), 300, 96, 40);
+}
+
+TEST(CudaInfinigen, SyntheticQwen2ChunkOfOne) {
+  KVTIER_REQUIRE_GPU();
+  check_infinigen(synth_gqa8_file("qwen2"), 20, 1, 12);
+}
+
+TEST(CudaInfinigen, Gemma3SkipsItsSlidingLayers) {
+  KVTIER_REQUIRE_GPU();
+  const std::string path = model_path("gemma-3-270m-q4_k_m.gguf");
+  KVTIER_REQUIRE_FILE(path);
+  check_infinigen(path, 600, 128, 16);
 }
 
 TEST(CudaPlacement, SmolLM2LayerAndHeadInferAreExact) {

@@ -19,6 +19,9 @@
 #include "model/presets.h"
 #include "policy/placement.h"
 #include "runtime/cuda/cuda_session.h"
+#include "runtime/skew_sample.h"
+#include "skew/skew_file.h"
+#include "skew/skew_math.h"
 #include "tokenizer/utf8.h"
 
 namespace kvtier::cli {
@@ -52,6 +55,17 @@ runtime_cuda::CudaSessionOptions cuda_options(const EngineArgs& e, policy::Place
   return o;
 }
 
+nlohmann::json speculation_json(const kv_cuda::DeviceKvStats& st) {
+  if (st.spec_layer_steps == 0) return nullptr;
+  return {{"layer_steps", st.spec_layer_steps},
+          {"rows_total", st.spec_rows_total},
+          {"rows_fetched", st.spec_rows_fetched},
+          {"fetched_fraction",
+           static_cast<double>(st.spec_rows_fetched) / static_cast<double>(st.spec_rows_total)},
+          {"n_sel_mean", static_cast<double>(st.spec_n_sel_sum) / static_cast<double>(st.spec_layer_steps)},
+          {"spec_ms", st.spec_ms}};
+}
+
 nlohmann::json device_json(const runtime_cuda::CudaSession& s) {
   const auto devs = cuda::list_devices();
   const cuda::MemoryReport m = s.memory_report();
@@ -65,7 +79,8 @@ nlohmann::json device_json(const runtime_cuda::CudaSession& s) {
           {"device_total", m.device_total},
           {"kv_bytes_h2d", st.bytes_h2d},
           {"kv_bytes_d2h", st.bytes_d2h},
-          {"kv_last_group", st.last_group}};
+          {"kv_last_group", st.last_group},
+          {"infinigen", speculation_json(st)}};
 }
 
 double median(std::vector<double> v) {
@@ -74,17 +89,58 @@ double median(std::vector<double> v) {
   return n == 0 ? 0.0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// The placement of a KV policy the CUDA backend runs: placements only (its KV twin has no retention
-// or other representations yet).
-policy::Placement cuda_placement(const EngineArgs& e, std::string_view spec) {
+// What of a KV policy the CUDA backend runs: the placements, and selection infinigen on `layer`
+// (its KV twin has no retention or other representations yet; the pool without --kv-pool-limit evicts
+// nothing).
+struct CudaPolicy {
+  policy::Placement placement = policy::Placement::kResident;
+  policy::Selection selection = policy::Selection::kAll;
+  std::string name;
+};
+
+CudaPolicy cuda_policy(const EngineArgs& e, std::string_view spec) {
   const policy::KvPolicy p = kv_policy_of(e, spec);
-  if (p.retention != policy::Retention::kNone || p.representation != policy::Representation::kF16) {
+  const bool pool_unbounded = p.retention == policy::Retention::kPool && e.knobs.pool_limit == 0;
+  if ((p.retention != policy::Retention::kNone && !pool_unbounded) ||
+      p.representation != policy::Representation::kF16 ||
+      (p.selection != policy::Selection::kAll && p.selection != policy::Selection::kInfinigen)) {
     fail(ErrorKind::kUnsupported,
-         "--backend cuda runs the placements (resident, layer, headinfer) with f16 KV; "
-         "'{}' needs the CPU backend",
+         "--backend cuda runs the placements (resident, layer, headinfer) and layer+infinigen (no "
+         "--kv-pool-limit) with f16 KV; '{}' needs the CPU backend",
          spec);
   }
-  return p.placement;
+  if (p.selection == policy::Selection::kInfinigen && p.placement != policy::Placement::kLayer) {
+    fail(ErrorKind::kUnsupported,
+         "--backend cuda runs selection infinigen on the layer placement; '{}' needs the "
+         "CPU backend",
+         spec);
+  }
+  return {p.placement, p.selection,
+          p.selection == policy::Selection::kInfinigen ? "infinigen"
+                                                       : std::string(policy::placement_name(p.placement))};
+}
+
+// The skew set of an infinigen run: the model's file (--skew), or for a synthetic model the identity
+// (no trained skew: a speed run; said on stderr).
+skew::SkewSet cuda_skew(const EngineArgs& e, const runtime::LoadedModel* model,
+                        const model::ModelConfig& cfg) {
+  if (model != nullptr) return runtime::load_infinigen_skew(*model, e.skew);
+  std::vector<uint32_t> hk;
+  for (const auto& l : cfg.layers) hk.push_back(l.n_head_kv);
+  std::cerr << "kvtier: infinigen on a synthetic model: identity skew (A = I, the first "
+            << skew::partial_columns(0.3, cfg.head_dim_k)
+            << " columns): the speculation's cost, not its choices\n";
+  return skew::identity_skew(hk, cfg.head_dim_k, 0.3f);
+}
+
+void set_selection(runtime_cuda::CudaSessionOptions& o, const EngineArgs& e, const CudaPolicy& p,
+                   const skew::SkewSet* skew) {
+  o.kv.selection = p.selection;
+  if (p.selection != policy::Selection::kInfinigen) return;
+  o.kv.skew = skew;
+  o.kv.infinigen.alpha = static_cast<float>(e.knobs.infinigen_alpha);
+  o.kv.infinigen.budget = e.knobs.infinigen_budget;
+  o.kv.infinigen.group = e.knobs.infinigen_group;
 }
 
 }  // namespace
@@ -92,9 +148,12 @@ policy::Placement cuda_placement(const EngineArgs& e, std::string_view spec) {
 int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
                       std::span<const runtime::TokenId> prompt, const runtime::SamplerParams& sp,
                       const CudaRunArgs& a) {
-  const auto placement = cuda_placement(e, e.kv_policy);
-  runtime_cuda::CudaSession s(model,
-                              cuda_options(e, placement, static_cast<int64_t>(prompt.size()) + a.n_predict));
+  const CudaPolicy pol = cuda_policy(e, e.kv_policy);
+  std::optional<skew::SkewSet> skew;
+  if (pol.selection == policy::Selection::kInfinigen) skew = cuda_skew(e, &model, model.config);
+  auto opts = cuda_options(e, pol.placement, static_cast<int64_t>(prompt.size()) + a.n_predict);
+  set_selection(opts, e, pol, skew ? &*skew : nullptr);
+  runtime_cuda::CudaSession s(model, opts);
   runtime::Sampler sampler(sp, model.config.n_vocab);
   std::vector<runtime::TokenId> history(prompt.begin(), prompt.end());
   std::vector<runtime::TokenId> out;
@@ -155,9 +214,9 @@ int run_generate_cuda(const EngineArgs& e, const runtime::LoadedModel& model,
 }
 
 int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
-  std::vector<policy::Placement> placements;
+  std::vector<CudaPolicy> policies;
   for (const policy::KvPolicy& p : kv_policy_list(e, a.policies))
-    placements.push_back(cuda_placement(e, p.spec()));
+    policies.push_back(cuda_policy(e, p.spec()));
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   const int64_t max_p = *std::max_element(a.prompt_tokens.begin(), a.prompt_tokens.end());
   // A GGUF file, or an in-memory synthetic model generated on the device.
@@ -194,14 +253,19 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
         bw.reps, human_bytes(bw.bytes), bw.h2d_gib_s, bw.d2h_gib_s);
   }
   nlohmann::json rows = nlohmann::json::array();
-  for (policy::Placement p : placements) {
+  std::optional<skew::SkewSet> skew;
+  for (const CudaPolicy& pol : policies) {
+    if (pol.selection == policy::Selection::kInfinigen && !skew) skew = cuda_skew(e, file_model.get(), cfg);
+  }
+  for (const CudaPolicy& pol : policies) {
     // One session at a time: each takes the whole --device-mem arena.
-    const auto opts = cuda_options(e, p, max_p + a.gen);
+    auto opts = cuda_options(e, pol.placement, max_p + a.gen);
+    set_selection(opts, e, pol, skew ? &*skew : nullptr);
     std::unique_ptr<runtime_cuda::CudaSession> sp =
         file_model ? std::make_unique<runtime_cuda::CudaSession>(*file_model, opts)
                    : std::make_unique<runtime_cuda::CudaSession>(synth_cfg, *preset, so, opts);
     runtime_cuda::CudaSession& s = *sp;
-    const std::string name(policy::placement_name(p));
+    const std::string& name = pol.name;
     for (int64_t n : a.prompt_tokens) {
       if (n < 1 || n + a.gen > s.n_ctx()) {
         fail(ErrorKind::kInvalidArgument, "prompt of {} tokens + {} generated does not fit the context of {}",
@@ -211,13 +275,16 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
       for (int64_t i = 0; i < n; ++i)
         prompt.push_back(static_cast<runtime::TokenId>((i * 7919 + 13) % cfg.n_vocab));
       std::vector<double> pre, dec;
-      double h2d_per_token = 0.0;            // KV bytes copied host-to-device per decode step (last round)
+      double h2d_per_token = 0.0;      // KV bytes copied host-to-device per decode step (last round)
+      double fetched = -1.0;           // infinigen: rows loaded / rows held, speculated layers (last round)
+      double spec_ms_per_token = 0.0;  // infinigen: speculation device time per decode step (last round)
       for (int r = -1; r < a.repeat; ++r) {  // round -1 warms up (cuBLAS heuristics, page tables)
         s.truncate(0);
         const auto t0 = Clock::now();
         auto logits = s.prefill(prompt);
         const double tp = std::chrono::duration<double>(Clock::now() - t0).count();
-        const uint64_t h2d_before = s.kv_stats().bytes_h2d;
+        const kv_cuda::DeviceKvStats before = s.kv_stats();
+        const uint64_t h2d_before = before.bytes_h2d;
         const auto t1 = Clock::now();
         for (int64_t g = 0; g < a.gen; ++g) {
           const auto id =
@@ -228,6 +295,15 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
         if (a.gen > 0)
           h2d_per_token =
               static_cast<double>(s.kv_stats().bytes_h2d - h2d_before) / static_cast<double>(a.gen);
+        const kv_cuda::DeviceKvStats after = s.kv_stats();
+        if (after.spec_rows_total > before.spec_rows_total) {  // this round's speculation (the last kept)
+          fetched = static_cast<double>(after.spec_rows_fetched - before.spec_rows_fetched) /
+                    static_cast<double>(after.spec_rows_total - before.spec_rows_total);
+          // The speculation's device time per decode step (its events are read one pass late: the last
+          // step's is still pending and counted in the next round).
+          spec_ms_per_token =
+              (after.spec_ms - before.spec_ms) / static_cast<double>(std::max<int64_t>(a.gen - 1, 1));
+        }
         throw_if_interrupted();
         if (r < 0) continue;
         pre.push_back(static_cast<double>(n) / tp);
@@ -236,30 +312,37 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
       // Decode speed if every step only waited for its KV copies at the probed bandwidth.
       const double bound_tps =
           h2d_per_token > 0 && h2d_gib_s > 0 ? h2d_gib_s * 1073741824.0 / h2d_per_token : 0.0;
-      const nlohmann::json row = {{"backend", "cuda"},
-                                  {"policy", name},
-                                  {"prompt_tokens", n},
-                                  {"gen", a.gen},
-                                  {"prefill_tokens_per_s", median(pre)},
-                                  {"decode_tokens_per_s", median(dec)},
-                                  {"prefill_runs", pre},
-                                  {"decode_runs", dec},
-                                  {"h2d_gib_s", h2d_gib_s},
-                                  {"kv_h2d_bytes_per_decode_token", h2d_per_token},
-                                  {"decode_h2d_bound_tokens_per_s", bound_tps},
-                                  {"peak_memory_bytes", memory_json(s.ledger())},
-                                  {"cuda", device_json(s)}};
+      const nlohmann::json row = {
+          {"backend", "cuda"},
+          {"policy", name},
+          {"prompt_tokens", n},
+          {"gen", a.gen},
+          {"prefill_tokens_per_s", median(pre)},
+          {"decode_tokens_per_s", median(dec)},
+          {"prefill_runs", pre},
+          {"decode_runs", dec},
+          {"h2d_gib_s", h2d_gib_s},
+          {"kv_h2d_bytes_per_decode_token", h2d_per_token},
+          {"decode_h2d_bound_tokens_per_s", bound_tps},
+          {"infinigen_fetched_fraction", fetched >= 0 ? nlohmann::json(fetched) : nullptr},
+          {"infinigen_spec_ms_per_token", fetched >= 0 ? nlohmann::json(spec_ms_per_token) : nullptr},
+          {"peak_memory_bytes", memory_json(s.ledger())},
+          {"cuda", device_json(s)}};
       rows.push_back(row);
       if (!a.json) {
         std::cout << fmt::format(
             "cuda {:<9} prompt {:>7} -> prefill {:9.1f} tok/s | decode {:>4} -> {:8.2f} tok/s "
-            "(median of {}) | arena peak {}{}\n",
+            "(median of {}) | arena peak {}{}{}\n",
             name, n, median(pre), a.gen, median(dec), a.repeat, human_bytes(s.memory_report().arena_peak),
             bound_tps > 0
                 ? fmt::format(" | KV H2D {}/token at {:.1f} GiB/s: bound {:.2f} tok/s, decode = {:.2f}x "
                               "the bound's time",
                               human_bytes(static_cast<uint64_t>(h2d_per_token)), h2d_gib_s, bound_tps,
                               bound_tps / std::max(median(dec), 1e-9))
+                : std::string(),
+            fetched >= 0
+                ? fmt::format(" | infinigen: {:.1f} % of the rows fetched, speculation {:.3f} ms/token",
+                              100.0 * fetched, spec_ms_per_token)
                 : std::string());
       }
     }

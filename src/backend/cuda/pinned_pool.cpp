@@ -12,7 +12,8 @@ PinnedHostPool::PinnedHostPool(size_t capacity_bytes)
     : alloc_("pinned host pool", capacity_bytes, kHostAlignment) {
   if (capacity_bytes == 0) return;
   void* p = nullptr;
-  const cudaError_t st = cudaHostAlloc(&p, capacity_bytes, cudaHostAllocPortable);
+  // Mapped: kernels may read it over the link (InfiniGen gathers chosen rows from the host planes).
+  const cudaError_t st = cudaHostAlloc(&p, capacity_bytes, cudaHostAllocPortable | cudaHostAllocMapped);
   if (st != cudaSuccess) {
     cudaGetLastError();
     fail(ErrorKind::kBudget,

@@ -11,7 +11,9 @@
 
 #include "backend/cuda/dtype.h"
 #include "kv/kv_cache.h"
+#include "policy/infinigen_select.h"
 #include "policy/placement.h"
+#include "skew/skew_file.h"
 
 namespace kvtier::kv_cuda {
 
@@ -21,7 +23,8 @@ struct DeviceKvShape {
   cuda::KvDtype dtype = cuda::KvDtype::kF16;
   int64_t max_positions = 0;  // positions the cache holds (the context)
   int64_t max_pass_tokens = 0;
-  int64_t max_q_heads = 0;  // query heads of the widest layer (split-attention scratch)
+  int64_t max_q_heads = 0;      // query heads of the widest layer (split-attention scratch)
+  std::vector<int64_t> window;  // [n_layer] sliding window of the layer (0: none; empty: none anywhere)
 };
 
 struct DeviceKvOptions {
@@ -33,6 +36,10 @@ struct DeviceKvOptions {
   // stream (flushes out missing event waits). 0: off.
   uint32_t debug_copy_delay_us = 0;
   uint64_t debug_seed = 1;
+  // Selection infinigen (placement layer only): the skew set (outlives the cache) and the knobs.
+  policy::Selection selection = policy::Selection::kAll;
+  const skew::SkewSet* skew = nullptr;
+  policy::InfinigenParams infinigen;
 };
 
 // Transfer statistics of an offloaded placement (zero for resident).
@@ -41,6 +48,13 @@ struct DeviceKvStats {
   uint64_t bytes_d2h = 0;
   uint64_t units = 0;       // units attended
   uint32_t last_group = 0;  // g of the last pass
+  // Selection infinigen: speculated (pass, layer) pairs, the rows they held and loaded (summed over
+  // KV heads), the sum of their n_sel, and the device time of the speculations.
+  uint64_t spec_layer_steps = 0;
+  uint64_t spec_rows_total = 0;
+  uint64_t spec_rows_fetched = 0;
+  uint64_t spec_n_sel_sum = 0;
+  double spec_ms = 0.0;
 };
 
 class DeviceKvCache {
@@ -65,6 +79,13 @@ class DeviceKvCache {
   virtual void truncate(int64_t n_tokens) = 0;
 
   virtual DeviceKvStats stats() const { return {}; }
+
+  // InfiniGen's look-ahead (selection infinigen): whether this pass loads only the speculated rows of
+  // `layer`; the forward then computes layer `layer`'s queries from the normed input of layer - 1 and
+  // calls look_ahead(layer, ...) before attend(layer - 1) (whose prefetch loads them).
+  //   q: [n_head, head_dim] f32, one token, after RoPE; scale: the layer's attention scale
+  virtual bool wants_look_ahead(uint32_t /*layer*/) const { return false; }
+  virtual void look_ahead(uint32_t /*layer*/, const float* /*q*/, int64_t /*n_head*/, float /*scale*/) {}
 };
 
 }  // namespace kvtier::kv_cuda

@@ -1,6 +1,7 @@
 #include "kv/cuda/make_device_kv.h"
 
 #include "core/error.h"
+#include "kv/cuda/device_speculator.h"
 #include "kv/cuda/offload_device_kv.h"
 #include "kv/cuda/resident_device_kv.h"
 
@@ -13,6 +14,10 @@ std::unique_ptr<DeviceKvCache> make_device_kv(cuda::Context& ctx, const DeviceKv
   }
   switch (opt.placement.placement) {
     case policy::Placement::kResident:
+      if (opt.selection != policy::Selection::kAll) {
+        fail(ErrorKind::kUnsupported, "selection {} on the CUDA backend needs the layer placement",
+             policy::selection_name(opt.selection));
+      }
       return std::make_unique<ResidentDeviceKv>(ctx, shape, ledger);
     case policy::Placement::kLayer:
     case policy::Placement::kHeadInfer:
@@ -23,7 +28,9 @@ std::unique_ptr<DeviceKvCache> make_device_kv(cuda::Context& ctx, const DeviceKv
 }
 
 uint64_t device_kv_host_bytes(const DeviceKvShape& shape, const DeviceKvOptions& opt) {
-  return opt.placement.placement == policy::Placement::kResident ? 0 : offload_host_bytes(shape);
+  if (opt.placement.placement == policy::Placement::kResident) return 0;
+  return offload_host_bytes(shape) +
+         (opt.selection == policy::Selection::kInfinigen ? DeviceSpeculator::pinned_bytes(shape) : 0);
 }
 
 }  // namespace kvtier::kv_cuda

@@ -1,9 +1,12 @@
 #include "kv/cuda/offload_device_kv.h"
 
+#include <algorithm>
+
 #include "backend/cuda/bump_allocator.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/delay.h"
 #include "backend/cuda/kv_ops.h"
+#include "backend/cuda/spec.h"
 #include "core/error.h"
 
 namespace kvtier::kv_cuda {
@@ -60,6 +63,26 @@ OffloadDeviceKv::OffloadDeviceKv(cuda::Context& ctx, const DeviceKvShape& shape,
     static_ =
         static_cast<uint8_t*>(ctx.arena().allocate_bytes(static_layout_.total_bytes, "static KV heads"));
   }
+
+  // Selection infinigen: the partial keys and the speculation's buffers, before the staging takes the rest.
+  if (opt.selection == policy::Selection::kInfinigen) {
+    if (pl != policy::Placement::kLayer) {
+      fail(ErrorKind::kUnsupported,
+           "selection infinigen on the CUDA backend runs on the layer placement, not {}",
+           policy::placement_name(pl));
+    }
+    if (opt.skew == nullptr)
+      fail(ErrorKind::kInvalidArgument, "selection infinigen needs the model's skew file");
+    spec_ = std::make_unique<DeviceSpeculator>(ctx, shape, *opt.skew, opt.infinigen, ledger);
+    // The gather kernel reads the host planes directly: pinned memory under unified addressing.
+    void* dev = nullptr;
+    KVTIER_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host_, 0));
+    host_device_ = static_cast<const uint8_t*>(dev);
+  } else if (opt.selection != policy::Selection::kAll) {
+    fail(ErrorKind::kUnsupported, "selection {} on the CUDA backend", policy::selection_name(opt.selection));
+  }
+  selected_.assign(shape.n_head_kv.size(), 0);
+  chosen_.assign(shape.n_head_kv.size(), 0);
 
   scratch_.bytes = split_scratch_bytes(shape);
   scratch_reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kScratch, scratch_.bytes);
@@ -131,6 +154,10 @@ void OffloadDeviceKv::begin_pass(int64_t pos0, int64_t n) {
   pos0_ = pos0;
   n_ = n;
   stats_.last_group = plan_.group;
+  if (spec_) {
+    spec_->collect();
+    std::fill(selected_.begin(), selected_.end(), uint8_t{0});
+  }
   plan_stream_ops(plan_, pos0, ops_);
   cursor_ = 0;
   run_ops(kBeginOps, nullptr);
@@ -142,12 +169,45 @@ void OffloadDeviceKv::write(uint32_t layer, const float* k, const float* v, int6
   k_ = k;
   v_ = v;
   kv_token_stride_ = token_stride;
+  if (spec_) spec_->write_keys(layer, k, token_stride, n_, pos0_, ctx_.streams().compute.get());
+}
+
+bool OffloadDeviceKv::wants_look_ahead(uint32_t layer) const {
+  return spec_ != nullptr && n_ == 1 && pos0_ >= 1 && layer < selected_.size() && spec_->speculates(layer);
+}
+
+void OffloadDeviceKv::look_ahead(uint32_t layer, const float* q, int64_t n_head, float scale) {
+  KVTIER_ASSERT(wants_look_ahead(layer), "look-ahead of layer {} in a pass that does not speculate it",
+                layer);
+  // Layer `layer`'s load is issued by attend(layer - 1): this must come first.
+  KVTIER_ASSERT(cursor_ < ops_.size() && ops_[cursor_].layer < layer, "look-ahead of layer {} after its load",
+                layer);
+  spec_->speculate(layer, q, n_head, scale, pos0_, ctx_.streams().compute.get());
+  selected_[layer] = 1;
+}
+
+DeviceKvStats OffloadDeviceKv::stats() const {
+  DeviceKvStats s = stats_;
+  if (spec_) {
+    const SpeculatorStats& p = spec_->stats();
+    s.spec_layer_steps = p.layer_steps;
+    s.spec_rows_total = p.rows_total;
+    s.spec_rows_fetched = p.rows_fetched;
+    s.spec_n_sel_sum = p.n_sel_sum;
+    s.spec_ms = p.spec_ms;
+  }
+  return s;
 }
 
 void OffloadDeviceKv::attend(uint32_t layer, const float* q, int64_t n_head, const kv::LayerAttention& la,
                              float* o) {
   const uint32_t hk = shape_.n_head_kv[layer];
   KVTIER_ASSERT(n_head % hk == 0, "{} query heads over {} KV heads", n_head, hk);
+  if (selected_[layer]) {  // the speculated rows' count: appends and attention start after them
+    chosen_[layer] = spec_->chosen(layer);
+    stats_.bytes_h2d +=
+        static_cast<uint64_t>(chosen_[layer]) * row_bytes(shape_) * 2 * shape_.n_head_kv[layer];
+  }
   const AttendArgs a{q, o, n_head, la};
   run_ops(layer, &a);
 }
@@ -182,24 +242,35 @@ void OffloadDeviceKv::exec(const StreamOp& op, const AttendArgs* a) {
   uint8_t* host = host_ + host_layout_.plane(u.layer, u.head0, 0);
   const size_t planes = size_t{2} * u.n_heads;
   switch (op.kind) {
-    case OpKind::kLoad:  // host rows [0, pos0) -> slot
+    case OpKind::kLoad:          // host rows [0, pos0) -> slot
+      if (selected_[u.layer]) {  // the speculated rows only (counted in attend(), once their number is known)
+        KVTIER_CUDA_CHECK(cudaStreamWaitEvent(s, spec_->done(u.layer), 0));
+        delay(s);
+        cuda::spec_gather_rows(host_device_ + host_layout_.plane(u.layer, u.head0, 0),
+                               host_layout_.plane_bytes, buf, cap_bytes, rb, u.n_heads, spec_->idx(u.layer),
+                               spec_->idx_stride(), spec_->chosen_device(u.layer), spec_->max_rows(u.layer),
+                               s);
+        return;
+      }
       delay(s);
       copy_planes(buf, cap_bytes, host, host_layout_.plane_bytes, static_cast<size_t>(pos0_) * rb, planes,
                   cudaMemcpyHostToDevice, s);
       stats_.bytes_h2d += static_cast<uint64_t>(pos0_) * rb * planes;
       return;
-    case OpKind::kAppend: {  // the pass's rows -> slot rows [pos0, pos0 + n)
+    case OpKind::kAppend: {  // the pass's rows -> slot rows [r0, r0 + n), r0 = pos0 (or the speculated rows)
       const cuda::KvCacheView kview{buf, head_stride, d, shape_.dtype};
       const cuda::KvCacheView vview{buf + cap_bytes, head_stride, d, shape_.dtype};
-      cuda::kv_append(k_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, kview, pos0_, nullptr, s);
-      cuda::kv_append(v_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, vview, pos0_, nullptr, s);
+      const int64_t r0 = slot_row0(u.layer);
+      cuda::kv_append(k_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, kview, r0, nullptr, s);
+      cuda::kv_append(v_ + int64_t{u.head0} * d, kv_token_stride_, n_, u.n_heads, vview, r0, nullptr, s);
       return;
     }
-    case OpKind::kStore: {  // slot rows [pos0, pos0 + n) -> host: only the new rows
+    case OpKind::kStore: {  // slot rows [r0, r0 + n) -> host rows [pos0, pos0 + n): only the new rows
       delay(s);
       const uint64_t off = static_cast<uint64_t>(pos0_) * rb;
-      copy_planes(host + off, host_layout_.plane_bytes, buf + off, cap_bytes, static_cast<size_t>(n_) * rb,
-                  planes, cudaMemcpyDeviceToHost, s);
+      const uint64_t slot_off = static_cast<uint64_t>(slot_row0(u.layer)) * rb;
+      copy_planes(host + off, host_layout_.plane_bytes, buf + slot_off, cap_bytes,
+                  static_cast<size_t>(n_) * rb, planes, cudaMemcpyDeviceToHost, s);
       stats_.bytes_d2h += static_cast<uint64_t>(n_) * rb * planes;
       return;
     }
@@ -209,7 +280,9 @@ void OffloadDeviceKv::exec(const StreamOp& op, const AttendArgs* a) {
       uq.q = a->q;
       uq.o = a->o;
       uq.n_tokens = n_;
-      uq.pos0 = pos0_;
+      // Speculated rows: the chosen rows then the token's own, all visible to it (no window: such
+      // layers do not speculate); rows.n_keys alike.
+      uq.pos0 = slot_row0(u.layer);
       uq.n_q_heads_total = a->n_head;
       uq.q_per_kv = a->n_head / shape_.n_head_kv[u.layer];
       uq.q_head0 = int64_t{u.head0} * uq.q_per_kv;
@@ -218,7 +291,7 @@ void OffloadDeviceKv::exec(const StreamOp& op, const AttendArgs* a) {
       rows.k = buf;
       rows.v = buf + cap_bytes;
       rows.head_stride = head_stride;
-      rows.n_keys = pos0_ + n_;
+      rows.n_keys = slot_row0(u.layer) + n_;
       attend_unit(shape_, a->la, uq, rows, scratch_, s);
       ++stats_.units;
       return;

@@ -11,12 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/stream.h"
 #include "kv/cuda/device_kv.h"
+#include "kv/cuda/device_speculator.h"
 #include "kv/cuda/kv_layout.h"
 #include "kv/cuda/stream_plan.h"
 #include "kv/cuda/unit_attention.h"
@@ -42,7 +44,9 @@ class OffloadDeviceKv final : public DeviceKvCache {
               float* o) override;
   void end_pass() override;
   void truncate(int64_t n_tokens) override;
-  DeviceKvStats stats() const override { return stats_; }
+  DeviceKvStats stats() const override;
+  bool wants_look_ahead(uint32_t layer) const override;
+  void look_ahead(uint32_t layer, const float* q, int64_t n_head, float scale) override;
 
  private:
   // Per-call arguments of attend() that the attention ops need.
@@ -95,6 +99,15 @@ class OffloadDeviceKv final : public DeviceKvCache {
   int64_t length_ = 0;
   DeviceKvStats stats_;
   std::mt19937_64 rng_;
+
+  // Selection infinigen (placement layer): the speculator, the device address of the host planes
+  // (the gather reads them over the link), and per layer of the pass in flight whether its rows are the
+  // speculated ones and how many (known once attend() has waited for its speculation).
+  std::unique_ptr<DeviceSpeculator> spec_;
+  const uint8_t* host_device_ = nullptr;
+  std::vector<uint8_t> selected_;  // [n_layer]
+  std::vector<int64_t> chosen_;    // [n_layer] rows before the pass's own in the staging slot
+  int64_t slot_row0(uint32_t layer) const { return selected_[layer] ? chosen_[layer] : pos0_; }
 };
 
 }  // namespace kvtier::kv_cuda

@@ -29,8 +29,8 @@ uint64_t ForwardCuda::activation_bytes(const model::ModelConfig& c, int64_t T, i
   const uint64_t hk = c.max_head_kv();
   const uint64_t floats = u(T) * (3 * uint64_t{c.n_embd} + 2 * uint64_t{c.n_head} * c.head_dim_k +
                                   2 * hk * c.head_dim_k + 2 * uint64_t{c.n_ff}) +
-                          u(R) * c.n_vocab;
-  return floats * 4 + u(T) * u(widest_input(c)) * 2 + u(T) * 8 + 16 * 256;  // + alignment of 14 buffers
+                          u(R) * c.n_vocab + uint64_t{c.n_head} * c.head_dim_k;
+  return floats * 4 + u(T) * u(widest_input(c)) * 2 + u(T) * 8 + 16 * 256;  // + alignment of 15 buffers
 }
 
 uint64_t ForwardCuda::pinned_bytes(const model::ModelConfig& c, int64_t T, int64_t R) {
@@ -69,6 +69,7 @@ ForwardCuda::ForwardCuda(cuda::Context& ctx, const model::ModelConfig& cfg, cons
   ids_ = a.allocate<int32_t>(T, "token ids");
   pos_ = a.allocate<int32_t>(T, "positions");
   logits_ = a.allocate<float>(R * cfg.n_vocab, "logits");
+  q_next_ = a.allocate<float>(H * d, "activations (look-ahead q)");
   // The ledger counts what the arena gave (activation_bytes() is the estimate for planning, with
   // alignment slack; counting it would overstate the arena's use and trip the device budget).
   act_reservation_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kActivations, a.used() - mark);
@@ -87,6 +88,7 @@ kv_cuda::DeviceKvShape device_kv_shape(const model::ModelConfig& cfg, int64_t ma
   s.max_positions = max_positions;
   s.max_pass_tokens = max_pass_tokens;
   s.max_q_heads = cfg.n_head;
+  for (const auto& l : cfg.layers) s.window.push_back(l.window);
   return s;
 }
 
@@ -102,6 +104,27 @@ void ForwardCuda::gemm(const DeviceMatrix& m, const uint16_t* x_bf16, int64_t n,
   cuda::gemm_bf16(ctx_.blas(), m.w, x_bf16, n, m.k, m.n_rows, y, s_);
 }
 
+cuda::RopeParams ForwardCuda::rope_params(uint32_t l) const {
+  const model::RopeTableConfig& rt = cfg_.rope_tables[static_cast<size_t>(cfg_.layers[l].rope_table)];
+  cuda::RopeParams rp;
+  rp.head_dim = cfg_.head_dim_k;
+  rp.n_rot = cfg_.n_rot;
+  rp.base = rt.base;
+  rp.freq_scale = rt.scale;
+  rp.freq_factors = rt.use_freq_factors ? w_.rope_freqs : nullptr;
+  rp.mode = rope_mode(cfg_.rope_mode);
+  return rp;
+}
+
+void ForwardCuda::queries(uint32_t l, int64_t n, float* q) {
+  const DeviceLayerWeights& L = w_.layers[l];
+  const int64_t H = cfg_.n_head, d = cfg_.head_dim_k;
+  gemm(L.wq, xb_, n, q);
+  if (L.bq != nullptr) cuda::add_rows(q, H * d, L.bq, n, H * d, q, H * d, s_);
+  if (cfg_.qk_norm) cuda::rms_norm(q, L.attn_q_norm, cfg_.rms_eps, n * H, d, q, s_);
+  cuda::rope(rope_params(l), q, H * d, n, H, pos_, s_);
+}
+
 void ForwardCuda::layer(uint32_t l, int64_t n, kv_cuda::DeviceKvCache& kv) {
   const DeviceLayerWeights& L = w_.layers[l];
   const model::LayerConfig& lc = cfg_.layers[l];
@@ -111,26 +134,19 @@ void ForwardCuda::layer(uint32_t l, int64_t n, kv_cuda::DeviceKvCache& kv) {
   // Attention block.
   cuda::rms_norm(x_, L.attn_norm, eps, n, E, xn_, s_);
   to_bf16(xn_, n * E);
-  gemm(L.wq, xb_, n, q_);
+  queries(l, n, q_);
   gemm(L.wk, xb_, n, k_);
   gemm(L.wv, xb_, n, v_);
-  if (L.bq != nullptr) cuda::add_rows(q_, H * d, L.bq, n, H * d, q_, H * d, s_);
   if (L.bk != nullptr) cuda::add_rows(k_, hk * d, L.bk, n, hk * d, k_, hk * d, s_);
   if (L.bv != nullptr) cuda::add_rows(v_, hk * d, L.bv, n, hk * d, v_, hk * d, s_);
-  if (cfg_.qk_norm) {
-    cuda::rms_norm(q_, L.attn_q_norm, eps, n * H, d, q_, s_);
-    cuda::rms_norm(k_, L.attn_k_norm, eps, n * hk, d, k_, s_);
+  if (cfg_.qk_norm) cuda::rms_norm(k_, L.attn_k_norm, eps, n * hk, d, k_, s_);
+  cuda::rope(rope_params(l), k_, hk * d, n, hk, pos_, s_);
+  // InfiniGen's look-ahead: the next layer's queries from this layer's normed input (spec §6.2), so
+  // that the KV cache speculates the rows it loads for that layer while this one runs.
+  if (n == 1 && l + 1 < cfg_.n_layer && kv.wants_look_ahead(l + 1)) {
+    queries(l + 1, 1, q_next_);
+    kv.look_ahead(l + 1, q_next_, H, cfg_.attn_scale);
   }
-  const model::RopeTableConfig& rt = cfg_.rope_tables[static_cast<size_t>(lc.rope_table)];
-  cuda::RopeParams rp;
-  rp.head_dim = d;
-  rp.n_rot = cfg_.n_rot;
-  rp.base = rt.base;
-  rp.freq_scale = rt.scale;
-  rp.freq_factors = rt.use_freq_factors ? w_.rope_freqs : nullptr;
-  rp.mode = rope_mode(cfg_.rope_mode);
-  cuda::rope(rp, q_, H * d, n, H, pos_, s_);
-  cuda::rope(rp, k_, hk * d, n, hk, pos_, s_);
   kv.write(l, k_, v_, hk * d);
   kv.attend(l, q_, H, {cfg_.attn_scale, cfg_.attn_softcap, lc.window}, att_);
   to_bf16(att_, n * H * d);

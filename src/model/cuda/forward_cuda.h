@@ -15,6 +15,7 @@
 #include <span>
 
 #include "backend/cuda/context.h"
+#include "backend/cuda/ops.h"
 #include "backend/cuda/stream.h"
 #include "kv/cuda/device_kv.h"
 #include "kv/ledger.h"
@@ -54,6 +55,9 @@ class ForwardCuda {
 
  private:
   void layer(uint32_t l, int64_t n, kv_cuda::DeviceKvCache& kv);
+  // Layer l's queries of the rows in xb_ (the bf16 normed input): q = RoPE(norm(xb Wq + bq)).
+  void queries(uint32_t l, int64_t n, float* q);
+  cuda::RopeParams rope_params(uint32_t l) const;
   void gemm(const DeviceMatrix& m, const uint16_t* x_bf16, int64_t n, float* y);
   void to_bf16(const float* x, int64_t n_elems);  // x -> xb_
 
@@ -78,6 +82,7 @@ class ForwardCuda {
   int32_t* ids_ = nullptr;   // [T] i32
   int32_t* pos_ = nullptr;   // [T] i32
   float* logits_ = nullptr;  // [R, n_vocab] f32
+  float* q_next_ = nullptr;  // [n_head, head_dim] f32: the next layer's queries (InfiniGen look-ahead)
   // Pinned host staging:
   int32_t* ids_host_ = nullptr;   // [T] i32
   int32_t* pos_host_ = nullptr;   // [T] i32
