@@ -16,7 +16,8 @@
 # measure (the 8B at a 16K prompt, where offloaded decode is copy-bound, and the largest context
 # each placement can be built with in a 24 GiB arena), infinigen (SmolLM2 with its skew file: layer,
 # the degenerate infinigen that must give layer's tokens, the default, and the CPU's infinigen; then a
-# synthetic Llama-2-7B at 1K-16K: resident, layer, infinigen decode speed, and the full-gather cost).
+# synthetic Llama-2-7B at 1K-16K: resident, layer, infinigen decode speed, and the full-gather cost),
+# gather (bench_gather_cuda: the selective load's transfer paths, GiB/s).
 # Checks, logs under $OUT (at most 8 files come back):
 #   env.txt            nvidia-smi, tool versions, where libcublas was found
 #   test_cuda.log      backend tests: ops, GEMM, attention, memory, synth (label gpu)
@@ -205,6 +206,17 @@ if want measure; then
     check "context ${pc#*:} with ${pc%%:*} in 24 GiB" "$OUT/bench.log" 60 "$bin/kvtier" bench -m synthetic:llama3-8b \
       --backend cuda --device-mem 24GiB --ctx "${pc#*:}" --kv-policy "${pc%%:*}" --prompt-tokens 1 --gen 1 --repeat 1
   done
+fi
+
+# --- the selective load's transfer: gather kernels and copy-engine batches against a contiguous copy
+if want gather; then
+  if [[ -x $bin/bench_gather_cuda ]]; then
+    check "bench_gather_cuda" "$OUT/gather.log" 120 "$bin/bench_gather_cuda"
+    grep -E 'GiB/s|failed' "$OUT/gather.log" >>"$summary"
+  else
+    note "FAIL no bench_gather_cuda among the binaries"
+    status=1
+  fi
 fi
 
 # --- InfiniGen on the GPU (docs/infinigen.md "On the GPU")

@@ -2,7 +2,7 @@
 # Run HERE (no GPU needed), after `cmake --build --preset cuda`: packs what scripts/gpu_check.sh needs
 # on a bare GPU machine into .gpu_carry/ (ignored by git through .git/info/exclude), in pieces that
 # each fit one device call's 64 MiB carry limit:
-#   bin/     (packed as bin.tar.xz) the CUDA build's kvtier, test_cuda and test_cuda_model, the shared libraries they need
+#   bin/     (packed as bin.tar.xz) the CUDA build's kvtier, test_cuda, test_cuda_model and bench_gather_cuda, the shared libraries they need
 #            that a CUDA image may lack (libfmt, pcre2, the CUDA runtime; not cuBLAS, which is too big),
 #            and the model directory the tests were compiled to read (model_dir.txt)
 #   parts    the GGUF test models cut into parts of at most 56 MiB, with their sha256
@@ -24,6 +24,7 @@ done
 rm -rf "$carry"
 mkdir -p "$carry/bin"
 cp "$build/bin/kvtier" "$build/tests/cuda/test_cuda" "$build/tests/cuda/test_cuda_model" "$carry/bin/"
+[[ -x $build/bench/bench_gather_cuda ]] && cp "$build/bench/bench_gather_cuda" "$carry/bin/"
 strip --strip-debug "$carry/bin/"* 2>/dev/null || true
 # Shared libraries outside glibc/libstdc++ and CUDA's (cuBLAS is too big to carry; the image has it).
 for b in "$carry/bin/"*; do

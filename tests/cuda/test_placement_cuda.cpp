@@ -146,8 +146,13 @@ void check_infinigen(const std::string& path, size_t prompt_tokens, int64_t chun
   uint64_t one_token_passes = static_cast<uint64_t>(n_decode);
   if (chunk == 1) one_token_passes += prompt_tokens - 1;
   const uint64_t steps = speculating * one_token_passes;
-  for (uint32_t delay : {0u, 300u}) {
-    runtime_cuda::CudaSession s(*model, infinigen_options(skew, INFINITY, 1.0, delay, n_ctx, chunk));
+  const std::pair<uint32_t, cuda::GatherKernel> variants[] = {{0u, cuda::GatherKernel::kPersistent},
+                                                              {300u, cuda::GatherKernel::kPersistent},
+                                                              {0u, cuda::GatherKernel::kFlat}};
+  for (const auto& [delay, gather] : variants) {
+    auto opts = infinigen_options(skew, INFINITY, 1.0, delay, n_ctx, chunk);
+    opts.kv.gather = gather;
+    runtime_cuda::CudaSession s(*model, opts);
     const SequenceResult r = run_sequence(s, prompt, chunk, n_decode);
     EXPECT_EQ(r.tokens, ref.tokens) << "delay " << delay;
     ASSERT_EQ(r.logits.size(), ref.logits.size());

@@ -273,24 +273,31 @@ TEST(CudaSpec, GatherCopiesTheChosenRowsFromPinnedHostPlanes) {
   for (int64_t g = 0; g < hk; ++g)
     for (int32_t i = 0; i < chosen; ++i) idx[g * stride + i] = static_cast<int32_t>((i * 7 + g) % P);
   DeviceBuffer<int32_t> d_idx(idx), d_chosen(std::vector<int32_t>{chosen});
-  DeviceBuffer<uint8_t> dst(2 * hk * dplane);
-  dst.fill_bytes(0xab);
   void* dev = nullptr;
   KVTIER_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
-  spec_gather_rows(static_cast<const uint8_t*>(dev), plane, dst.get(), dplane, row_bytes, hk, d_idx.get(),
-                   stride, d_chosen.get(), cap, nullptr);
-  const auto out = dst.download();
-  for (int64_t p = 0; p < 2 * hk; ++p) {
-    for (int64_t i = 0; i < cap; ++i) {
-      const uint8_t* got = out.data() + p * dplane + i * row_bytes;
-      if (i < chosen) {
-        const uint8_t* want = host + p * plane + idx[(p / 2) * stride + i] * row_bytes;
-        EXPECT_EQ(std::memcmp(got, want, row_bytes), 0) << "plane " << p << " row " << i;
-      } else {
-        EXPECT_TRUE(std::all_of(got, got + row_bytes, [](uint8_t v) { return v == 0xab; }))
-            << "plane " << p << " row " << i << " past the chosen rows was written";
+  // Both kernel shapes; the persistent one also with too few blocks for one pass over the rows.
+  const std::pair<GatherKernel, int> shapes[] = {
+      {GatherKernel::kFlat, 0}, {GatherKernel::kPersistent, 132}, {GatherKernel::kPersistent, 3}};
+  for (const auto& [kernel, blocks] : shapes) {
+    DeviceBuffer<uint8_t> dst(2 * hk * dplane);
+    dst.fill_bytes(0xab);
+    spec_gather_rows(static_cast<const uint8_t*>(dev), plane, dst.get(), dplane, row_bytes, hk, d_idx.get(),
+                     stride, d_chosen.get(), cap, nullptr, kernel, std::max(blocks, 1));
+    const auto out = dst.download();
+    int bad = 0;
+    for (int64_t p = 0; p < 2 * hk; ++p) {
+      for (int64_t i = 0; i < cap; ++i) {
+        const uint8_t* got = out.data() + p * dplane + i * row_bytes;
+        if (i < chosen) {
+          const uint8_t* want = host + p * plane + idx[(p / 2) * stride + i] * row_bytes;
+          bad += std::memcmp(got, want, row_bytes) != 0;
+        } else {
+          bad += !std::all_of(got, got + row_bytes, [](uint8_t v) { return v == 0xab; });
+        }
       }
     }
+    EXPECT_EQ(bad, 0) << (kernel == GatherKernel::kFlat ? "flat" : "persistent") << " gather, " << blocks
+                      << " blocks: rows wrong or written past the chosen ones";
   }
   cudaFreeHost(host);
 }

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/probe.h"
+#include "backend/cuda/spec.h"
 #include "cli_util.h"
 #include "core/error.h"
 #include "model/cuda/synth_weights.h"
@@ -52,6 +53,7 @@ runtime_cuda::CudaSessionOptions cuda_options(const EngineArgs& e, policy::Place
     o.kv.staging_bytes = parse_bytes(e.kv_mem, "--kv-mem");
   }
   o.kv.debug_copy_delay_us = e.debug_copy_delay_us;
+  o.kv.gather = e.kv_gather == "flat" ? cuda::GatherKernel::kFlat : cuda::GatherKernel::kPersistent;
   return o;
 }
 

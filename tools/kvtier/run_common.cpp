@@ -210,6 +210,12 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("--device-mem", a.device_mem,
                   "--backend cuda: device memory the engine may use (weights, activations, KV), e.g. 24GiB; "
                   "default: 90% of the free memory");
+  cmd->add_option(
+         "--kv-gather", a.kv_gather,
+         "--backend cuda, infinigen: the kernel that reads the chosen rows from host memory: persistent "
+         "(about one block per SM beside the compute kernels) or flat (one thread per 16 bytes)")
+      ->check(CLI::IsMember({"persistent", "flat"}))
+      ->capture_default_str();
   // Hidden test hooks: fault injection and random copy delays (to flush out ordering races).
   cmd->add_option("--debug-kv-disk-fail-after", a.debug_disk_fail_after)->group("");
   cmd->add_option("--debug-copy-delay-us", a.debug_copy_delay_us)->group("");

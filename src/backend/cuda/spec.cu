@@ -6,6 +6,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -217,21 +218,54 @@ __global__ void select_kernel(SpecChooseArgs a) {
   }
 }
 
-// One thread per 16 bytes of a chosen row: grid (rows x chunks, 2 * n_heads planes).
-__global__ void gather_kernel(const uint8_t* src, size_t src_plane_bytes, uint8_t* dst,
-                              size_t dst_plane_bytes, size_t row_bytes, const int32_t* idx,
-                              int64_t idx_stride, const int32_t* chosen) {
-  const int64_t plane = blockIdx.y;  // 2g + kv
-  const int64_t g = plane / 2;
+// kFlat: thread i moves 16-byte chunk (i % chunks) of row i / chunks of plane blockIdx.y (2g + kv).
+__global__ void gather_flat_kernel(const uint8_t* src, size_t src_plane_bytes, uint8_t* dst,
+                                   size_t dst_plane_bytes, size_t row_bytes, const int32_t* idx,
+                                   int64_t idx_stride, const int32_t* chosen) {
+  const int64_t plane = blockIdx.y;
   const int64_t chunks = static_cast<int64_t>(row_bytes / 16);
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t row = i / chunks;
   if (row >= *chosen) return;
   const int64_t c = i % chunks;
-  const int64_t from = idx[g * idx_stride + row];
+  const int64_t from = idx[(plane / 2) * idx_stride + row];
   const auto* s = reinterpret_cast<const uint4*>(src + plane * src_plane_bytes + from * row_bytes) + c;
-  auto* d = reinterpret_cast<uint4*>(dst + plane * dst_plane_bytes + row * row_bytes) + c;
-  *d = *s;
+  reinterpret_cast<uint4*>(dst + plane * dst_plane_bytes + row * row_bytes)[c] = *s;
+}
+
+// kPersistent: the items (plane, row, chunk) of the chosen rows, row-major within a plane, taken
+// kUnroll at a time per thread (all loads, then all stores) in a grid-stride loop.
+constexpr int kUnroll = 4;
+__global__ void gather_persistent_kernel(const uint8_t* src, size_t src_plane_bytes, uint8_t* dst,
+                                         size_t dst_plane_bytes, size_t row_bytes, int64_t n_planes,
+                                         const int32_t* idx, int64_t idx_stride, const int32_t* chosen) {
+  const int64_t chunks = static_cast<int64_t>(row_bytes / 16);
+  const int64_t per_plane = static_cast<int64_t>(*chosen) * chunks;
+  const int64_t total = per_plane * n_planes;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  for (int64_t base = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; base < total;
+       base += stride * kUnroll) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * stride;
+      if (i < total) {
+        const int64_t plane = i / per_plane;
+        const int64_t r = i % per_plane;
+        const int64_t from = idx[(plane / 2) * idx_stride + r / chunks];
+        v[u] = reinterpret_cast<const uint4*>(src + plane * src_plane_bytes + from * row_bytes)[r % chunks];
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = base + u * stride;
+      if (i < total) {
+        const int64_t plane = i / per_plane;
+        const int64_t r = i % per_plane;
+        reinterpret_cast<uint4*>(dst + plane * dst_plane_bytes + (r / chunks) * row_bytes)[r % chunks] = v[u];
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -299,16 +333,26 @@ void spec_choose_rows(const SpecChooseArgs& a, cudaStream_t stream) {
 
 void spec_gather_rows(const uint8_t* src, size_t src_plane_bytes, uint8_t* dst, size_t dst_plane_bytes,
                       size_t row_bytes, int64_t n_heads, const int32_t* idx, int64_t idx_stride,
-                      const int32_t* chosen, int64_t max_rows, cudaStream_t stream) {
+                      const int32_t* chosen, int64_t max_rows, cudaStream_t stream, GatherKernel kernel,
+                      int blocks) {
   if (max_rows <= 0 || n_heads <= 0) return;
   KVTIER_ASSERT(row_bytes % 16 == 0 && row_bytes > 0, "row of {} bytes (a multiple of 16 is needed)",
                 row_bytes);
-  const int64_t total = max_rows * static_cast<int64_t>(row_bytes / 16);
-  const dim3 grid(static_cast<unsigned>((total + kGatherThreads - 1) / kGatherThreads),
-                  static_cast<unsigned>(2 * n_heads));
-  gather_kernel<<<grid, kGatherThreads, 0, stream>>>(src, src_plane_bytes, dst, dst_plane_bytes, row_bytes,
-                                                     idx, idx_stride, chosen);
-  KVTIER_CUDA_CHECK_LAUNCH("gather_kernel");
+  const int64_t work = max_rows * static_cast<int64_t>(row_bytes / 16);  // per plane, at most
+  if (kernel == GatherKernel::kFlat) {
+    const dim3 grid(static_cast<unsigned>((work + kGatherThreads - 1) / kGatherThreads),
+                    static_cast<unsigned>(2 * n_heads));
+    gather_flat_kernel<<<grid, kGatherThreads, 0, stream>>>(src, src_plane_bytes, dst, dst_plane_bytes,
+                                                            row_bytes, idx, idx_stride, chosen);
+    KVTIER_CUDA_CHECK_LAUNCH("gather_flat_kernel");
+    return;
+  }
+  KVTIER_ASSERT(blocks >= 1);
+  const int64_t needed = (work * 2 * n_heads + kGatherThreads * kUnroll - 1) / (kGatherThreads * kUnroll);
+  const auto grid = static_cast<unsigned>(std::min<int64_t>(blocks, std::max<int64_t>(needed, 1)));
+  gather_persistent_kernel<<<grid, kGatherThreads, 0, stream>>>(
+      src, src_plane_bytes, dst, dst_plane_bytes, row_bytes, 2 * n_heads, idx, idx_stride, chosen);
+  KVTIER_CUDA_CHECK_LAUNCH("gather_persistent_kernel");
 }
 
 }  // namespace kvtier::cuda

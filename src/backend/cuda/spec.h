@@ -83,8 +83,15 @@ void spec_choose_rows(const SpecChooseArgs& a, cudaStream_t stream);
 //   dst: head g's K rows at dst + g * 2 * dst_plane_bytes, V at dst_plane_bytes further (device)
 //   dst row i of K and V = src row idx[g * idx_stride + i]; row_bytes a multiple of 16
 // max_rows >= *chosen bounds the launch (the host knows min(T, cap), not the count itself).
+// The kernel's shape (bench/bench_gather_cuda.cpp measures both against a copy-engine copy):
+//   kFlat        one thread per 16 bytes of every row that may be chosen: a grid as large as the work,
+//                which waits for SM slots behind the compute kernels it should overlap
+//   kPersistent  `blocks` blocks (about one per SM) looping over the work with 4 loads in flight per
+//                thread: a small share of each SM, resident beside the compute kernels
+enum class GatherKernel { kFlat, kPersistent };
 void spec_gather_rows(const uint8_t* src, size_t src_plane_bytes, uint8_t* dst, size_t dst_plane_bytes,
                       size_t row_bytes, int64_t n_heads, const int32_t* idx, int64_t idx_stride,
-                      const int32_t* chosen, int64_t max_rows, cudaStream_t stream);
+                      const int32_t* chosen, int64_t max_rows, cudaStream_t stream,
+                      GatherKernel kernel = GatherKernel::kPersistent, int blocks = 132);
 
 }  // namespace kvtier::cuda

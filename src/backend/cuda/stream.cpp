@@ -6,8 +6,11 @@
 
 namespace kvtier::cuda {
 
-Stream::Stream() {
-  KVTIER_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking));
+Stream::Stream(StreamPriority priority) {
+  int least = 0, greatest = 0;
+  KVTIER_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int p = priority == StreamPriority::kHigh ? greatest : least;
+  KVTIER_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, p));
 }
 
 Stream::~Stream() {

@@ -7,9 +7,13 @@
 
 namespace kvtier::cuda {
 
+enum class StreamPriority { kNormal, kHigh };
+
 class Stream {
  public:
-  Stream();  // non-blocking with respect to the legacy default stream
+  // Non-blocking with respect to the legacy default stream. kHigh: the device's greatest priority
+  // (its kernels' blocks are scheduled before those of normal streams; copies are unaffected).
+  explicit Stream(StreamPriority priority = StreamPriority::kNormal);
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
@@ -46,11 +50,13 @@ class Event {
   cudaEvent_t e_ = nullptr;
 };
 
-// The engine's streams: kernels on compute, uploads on h2d, write-backs on d2h.
+// The engine's streams: kernels on compute, uploads on h2d, write-backs on d2h. The copy streams
+// have the high priority: InfiniGen's gather kernel on h2d then gets SM slots as soon as blocks of
+// the compute kernels retire, instead of waiting for a whole compute kernel.
 struct Streams {
   Stream compute;
-  Stream h2d;
-  Stream d2h;
+  Stream h2d{StreamPriority::kHigh};
+  Stream d2h{StreamPriority::kHigh};
 };
 
 }  // namespace kvtier::cuda

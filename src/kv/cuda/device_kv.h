@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/dtype.h"
+#include "backend/cuda/spec.h"
 #include "kv/kv_cache.h"
 #include "policy/infinigen_select.h"
 #include "policy/placement.h"
@@ -40,6 +41,7 @@ struct DeviceKvOptions {
   policy::Selection selection = policy::Selection::kAll;
   const skew::SkewSet* skew = nullptr;
   policy::InfinigenParams infinigen;
+  cuda::GatherKernel gather = cuda::GatherKernel::kPersistent;  // how the chosen rows are read
 };
 
 // Transfer statistics of an offloaded placement (zero for resident).

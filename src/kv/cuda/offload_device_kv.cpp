@@ -78,6 +78,9 @@ OffloadDeviceKv::OffloadDeviceKv(cuda::Context& ctx, const DeviceKvShape& shape,
     void* dev = nullptr;
     KVTIER_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host_, 0));
     host_device_ = static_cast<const uint8_t*>(dev);
+    int device = 0;
+    KVTIER_CUDA_CHECK(cudaGetDevice(&device));
+    KVTIER_CUDA_CHECK(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   } else if (opt.selection != policy::Selection::kAll) {
     fail(ErrorKind::kUnsupported, "selection {} on the CUDA backend", policy::selection_name(opt.selection));
   }

@@ -105,6 +105,7 @@ class OffloadDeviceKv final : public DeviceKvCache {
   // speculated ones and how many (known once attend() has waited for its speculation).
   std::unique_ptr<DeviceSpeculator> spec_;
   const uint8_t* host_device_ = nullptr;
+  int sm_count_ = 1;               // the persistent gather's blocks
   std::vector<uint8_t> selected_;  // [n_layer]
   std::vector<int64_t> chosen_;    // [n_layer] rows before the pass's own in the staging slot
   int64_t slot_row0(uint32_t layer) const { return selected_[layer] ? chosen_[layer] : pos0_; }
