@@ -244,16 +244,34 @@ def agree(a, b):
 for args, t in rows.items():
     if ref is not None:
         print(f"infinigen tokens: {args}: the first {agree(t, ref)} of {len(t)} equal to cuda layer's")
+cpu = rows.get("--backend cpu --kv-policy infinigen")
+gpu = rows.get("--backend cuda --kv-policy infinigen")
+if cpu is not None and gpu is not None:
+    print(f"infinigen tokens: cuda infinigen and cpu infinigen: the first {agree(gpu, cpu)} of {len(gpu)} equal")
 deg = rows.get("--backend cuda --kv-policy infinigen --infinigen-alpha inf --infinigen-budget 1")
 print(("PASS" if deg is not None and deg == ref else "FAIL") + " infinigen degenerate (alpha inf, budget 1) gives cuda layer's tokens")
 PY
   else
     note "infinigen cli: SmolLM2 or its skew file missing, not run"
   fi
+  # The speculation kernels (column scores, scores, selection) and the gather under the sanitizers: a tiny
+  # model of 4 layers (2 speculate) with a skew made from a sample of this checkout's text, a 600-token
+  # prompt (its own columns).
+  if command -v compute-sanitizer >/dev/null; then
+    tiny4=$state/tiny-llama4.gguf
+    "$bin/kvtier" synth --preset tiny-llama --layers 4 --type f16 --ctx 4096 -o "$tiny4" >/dev/null 2>&1
+    "$bin/kvtier" skew -m "$tiny4" -o "$state/tiny-llama4.skew.gguf" --text docs/infinigen.md --tokens 256 >/dev/null 2>&1
+    head -c 600 docs/cuda.md >"$state/tiny_prompt.txt"
+    small=("$bin/kvtier" run -m "$tiny4" --backend cuda --device-mem 1GiB --ctx 1024 --chunk 64 -n 24 --temp 0 -f "$state/tiny_prompt.txt" --skew "$state/tiny-llama4.skew.gguf" --kv-policy infinigen)
+    check memcheck_infinigen "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${small[@]}"
+    check racecheck_infinigen "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${small[@]}"
+  fi
   check "synthetic llama2-7b infinigen bench" "$OUT/bench.log" 300 "$bin/kvtier" bench -m synthetic:llama2-7b --backend cuda \
-    --device-mem 40GiB --ctx 16448 --kv-policy resident,layer,infinigen --prompt-tokens 1024,4096,16384 --gen 32 --repeat 1
+    --device-mem 40GiB --ctx 16448 --kv-policy resident,layer,infinigen --prompt-tokens ${IG_PROMPTS:-1024,4096,16384} --gen 32 --repeat 1
   check "synthetic llama2-7b infinigen full gather" "$OUT/bench.log" 60 "$bin/kvtier" bench -m synthetic:llama2-7b --backend cuda \
     --device-mem 40GiB --ctx 4160 --kv-policy layer,infinigen --infinigen-alpha inf --infinigen-budget 1 --prompt-tokens 4096 --gen 32 --repeat 1
+  check "synthetic llama2-7b infinigen flat gather" "$OUT/bench.log" 90 "$bin/kvtier" bench -m synthetic:llama2-7b --backend cuda \
+    --device-mem 40GiB --ctx 16448 --kv-policy infinigen --kv-gather flat --prompt-tokens 16384 --gen 32 --repeat 1
   grep -h '^cuda ' "$OUT/bench.log" >>"$summary"
 fi
 
@@ -268,11 +286,6 @@ if want sanitizers; then
     check racecheck_resident "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy resident
     check memcheck_headinfer "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy headinfer --group 1
     check synccheck_layer "$OUT/sanitizer.log" 90 compute-sanitizer --tool synccheck --error-exitcode 3 "${run_small[@]}" --kv-policy layer
-    if want infinigen; then  # the speculation kernels and the gather from host planes (identity skew of the tiny model)
-      "$bin/kvtier" skew -m "$tiny" -o "$state/tiny-llama.skew.gguf" --text docs/infinigen.md --tokens 256 >/dev/null 2>&1
-      check memcheck_infinigen "$OUT/sanitizer.log" 90 compute-sanitizer --tool memcheck --error-exitcode 3 "${run_small[@]}" --kv-policy infinigen --skew "$state/tiny-llama.skew.gguf"
-      check racecheck_infinigen "$OUT/sanitizer.log" 90 compute-sanitizer --tool racecheck --error-exitcode 3 "${run_small[@]}" --kv-policy infinigen --skew "$state/tiny-llama.skew.gguf"
-    fi
   else
     note "FAIL compute-sanitizer not found"
     status=1

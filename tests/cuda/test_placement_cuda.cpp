@@ -13,8 +13,10 @@
 #include <set>
 #include <string>
 
+#include "backend/cuda/spec.h"
 #include "gpu_test_util.h"
 #include "kv/cuda/kv_layout.h"
+#include "kv/cuda/offload_device_kv.h"
 #include "model_test_util.h"
 #include "policy/infinigen_select.h"
 #include "skew/skew_file.h"
@@ -203,6 +205,60 @@ void check_infinigen(const std::string& path, size_t prompt_tokens, int64_t chun
         100.0 * static_cast<double>(st.spec_rows_fetched) / static_cast<double>(st.spec_rows_total),
         static_cast<double>(st.spec_n_sel_sum) / static_cast<double>(st.spec_layer_steps),
         st.spec_ms / static_cast<double>(std::max<uint64_t>(one_token_passes - 1, 1)), same, r.tokens.size());
+  }
+}
+
+// The prompt's own columns (a prompt of >= 64 tokens): with the identity skew B only picks columns, so
+// after the first decode step every partial key of the prompt is, bit for bit, the stored f16 key at the
+// chosen columns; the columns are distinct and ascending; truncating to 0 brings the offline ones back,
+// and a prompt of fewer than 64 tokens keeps them.
+TEST(CudaInfinigen, PromptColumnsRebuildThePartialKeysFromTheHostPlanes) {
+  KVTIER_REQUIRE_GPU();
+  const auto model = runtime::load_model(synth_gqa8_file("llama"));
+  const auto& cfg = model->config;
+  std::vector<uint32_t> hk;
+  for (const auto& l : cfg.layers) hk.push_back(l.n_head_kv);
+  const skew::SkewSet skew = skew::identity_skew(hk, cfg.head_dim_k, 0.3f);
+  const int64_t d = cfg.head_dim_k;
+  runtime_cuda::CudaSession s(*model, infinigen_options(skew, 5.0f, 0.2, 0, 512, 96));
+  const auto* kv = dynamic_cast<const kv_cuda::OffloadDeviceKv*>(&s.kv_cache());
+  ASSERT_NE(kv, nullptr);
+  const kv_cuda::DeviceSpeculator* sp = kv->speculator();
+  ASSERT_NE(sp, nullptr);
+  const uint32_t layer = cfg.n_layer - 1;  // speculates (>= 2, no window)
+  ASSERT_TRUE(sp->speculates(layer));
+  const std::vector<int32_t> offline = sp->columns(layer, 0);
+  for (size_t prompt_tokens : {size_t{200}, size_t{40}}) {
+    s.truncate(0);
+    EXPECT_EQ(sp->columns(layer, 0), offline) << "after truncate(0)";
+    const auto prompt = test_prompt(prompt_tokens, std::min<uint32_t>(cfg.n_vocab, 256));
+    const auto logits = s.prefill(prompt);
+    s.decode(argmax(logits));  // the first one-token pass chooses the columns
+    const auto T = static_cast<int64_t>(prompt_tokens);
+    int differ_from_offline = 0;
+    for (uint32_t g = 0; g < hk[layer]; ++g) {
+      const std::vector<int32_t> cols = sp->columns(layer, g);
+      ASSERT_EQ(static_cast<int64_t>(cols.size()), sp->k_cols());
+      EXPECT_TRUE(std::is_sorted(cols.begin(), cols.end()) &&
+                  std::adjacent_find(cols.begin(), cols.end()) == cols.end());
+      differ_from_offline += cols != offline;
+      if (prompt_tokens < 64) {
+        EXPECT_EQ(cols, offline) << "a short prompt keeps the offline columns";
+      }
+      const auto rows = sp->download_rows(layer, g, T + 1);
+      const uint16_t* keys = kv->host_keys(layer, g);
+      const int64_t ld = cuda::spec_row_stride(sp->k_cols());
+      int bad = 0;
+      for (int64_t t = 0; t <= T; ++t) {
+        for (int64_t c = 0; c < sp->k_cols(); ++c) bad += rows[t * ld + c] != keys[t * d + cols[c]];
+      }
+      EXPECT_EQ(bad, 0) << prompt_tokens << "-token prompt, KV head " << g
+                        << ": partial keys that are not the stored keys at the chosen columns";
+    }
+    std::fprintf(stderr,
+                 "[infinigen] %zu-token prompt: %d of %u KV heads of layer %u chose columns other than the "
+                 "offline ones; every partial key equals the stored key at its columns\n",
+                 prompt_tokens, differ_from_offline, hk[layer], layer);
   }
 }
 

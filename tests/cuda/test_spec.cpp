@@ -18,6 +18,7 @@
 #include "core/half.h"
 #include "gpu_test_util.h"
 #include "policy/infinigen_select.h"
+#include "skew/skew_math.h"
 
 namespace kvtier::cuda::test {
 namespace {
@@ -257,6 +258,67 @@ TEST(CudaSpec, PartialRowsAndQueriesMatchTheHost) {
   EXPECT_LT(worst, 1e-5) << "partial queries";
   std::fprintf(stderr, "[spec] partial keys within %d half ulp, partial queries within %.2g\n", max_ulp,
                worst);
+}
+
+// The prompt's column scores (two passes added up) against skew::rotate_rows + add_abs_column_sums, and
+// the rebuild of partial keys from f16 rows against policy::partial_rows on the widened values.
+TEST(CudaSpec, ColumnScoresAndF16RowsMatchTheHost) {
+  KVTIER_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  const int64_t n = 70, hk = 2, G = 3, H = hk * G, d = 64, kstride = hk * d + 16;
+  const auto q = random_floats(static_cast<size_t>(n * H * d), rng);
+  const auto k = random_floats(static_cast<size_t>(n * kstride), rng);
+  const auto a = random_floats(static_cast<size_t>(hk * d * d), rng, 0.125f);
+  std::vector<double> ref(static_cast<size_t>(hk * d), 0.0);
+  std::vector<float> rot(static_cast<size_t>(d));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < H; ++j) {
+      skew::rotate_rows(q.data() + (t * H + j) * d, 1, d, a.data() + (j / G) * d * d, rot.data());
+      skew::add_abs_column_sums(rot.data(), 1, d, ref.data() + (j / G) * d);
+    }
+    for (int64_t g = 0; g < hk; ++g) {
+      skew::rotate_rows(k.data() + t * kstride + g * d, 1, d, a.data() + g * d * d, rot.data());
+      skew::add_abs_column_sums(rot.data(), 1, d, ref.data() + g * d);
+    }
+  }
+  DeviceBuffer<float> d_q(q), d_k(k), d_a(a);
+  DeviceBuffer<double> d_score(std::vector<double>(static_cast<size_t>(hk * d), 0.0));
+  const int64_t first = 33;  // two passes: tokens [0, 33) and [33, 70)
+  spec_column_scores(d_q.get(), H, d_k.get(), kstride, first, hk, d, d_a.get(), d_score.get(), nullptr);
+  spec_column_scores(d_q.get() + first * H * d, H, d_k.get() + first * kstride, kstride, n - first, hk, d,
+                     d_a.get(), d_score.get(), nullptr);
+  const auto got = d_score.download();
+  double worst = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - ref[i]) / ref[i]);
+  EXPECT_LT(worst, 1e-5) << "column scores";
+
+  // f16 rows: head g's rows at x + g * head_stride (a K plane of the host layout, V plane between).
+  const int64_t k_cols = 19, ld = spec_row_stride(k_cols), head_stride = 2 * n * d;
+  std::vector<uint16_t> rows(static_cast<size_t>(hk * head_stride));
+  for (auto& v : rows) v = f32_to_f16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+  const auto b = random_floats(static_cast<size_t>(hk * d * k_cols), rng, 0.2f);
+  DeviceBuffer<uint16_t> d_rows(rows), d_pk(static_cast<size_t>(hk * n * ld));
+  DeviceBuffer<float> d_b(b);
+  spec_partial_rows_f16(d_rows.get(), head_stride, n, hk, d, d_b.get(), k_cols, d_pk.get(), n * ld, ld, 0,
+                        nullptr);
+  const auto pk = d_pk.download();
+  int max_ulp = 0;
+  for (int64_t g = 0; g < hk; ++g) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<float> x(static_cast<size_t>(d)), r(static_cast<size_t>(k_cols));
+      for (int64_t i = 0; i < d; ++i) x[i] = f16_to_f32(rows[g * head_stride + t * d + i]);
+      policy::partial_rows(x.data(), 1, d, b.data() + g * d * k_cols, k_cols, r.data());
+      for (int64_t c = 0; c < k_cols; ++c) {
+        const int diff =
+            std::abs(static_cast<int>(pk[(g * n + t) * ld + c]) - static_cast<int>(f32_to_f16(r[c])));
+        max_ulp = std::max(max_ulp, diff);
+      }
+    }
+  }
+  EXPECT_LE(max_ulp, 1) << "partial keys of f16 rows";
+  std::fprintf(stderr,
+               "[spec] column scores within %.2g (relative), partial keys of f16 rows within %d half ulp\n",
+               worst, max_ulp);
 }
 
 TEST(CudaSpec, GatherCopiesTheChosenRowsFromPinnedHostPlanes) {

@@ -26,14 +26,22 @@ struct MaxOp {
   __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
 
-// x [d] (token t, head g) times b [d][k] -> out [k] rounded to f16 (pk) or kept f32 (qp).
-__global__ void partial_rows_kernel(const float* x, int64_t token_stride, int64_t d, const float* b,
-                                    int64_t k, uint16_t* pk, int64_t pk_head_stride, int64_t ld,
-                                    int64_t row0) {
+__device__ __forceinline__ float load_f32(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ float load_f32(const uint16_t* p) {
+  return __half2float(__ushort_as_half(*p));
+}
+
+// x [d] (token t at x + t * token_stride, head g at + g * head_stride) times b [d][k] -> pk row, f16.
+template <typename X>
+__global__ void partial_rows_kernel(const X* x, int64_t token_stride, int64_t head_stride, int64_t d,
+                                    const float* b, int64_t k, uint16_t* pk, int64_t pk_head_stride,
+                                    int64_t ld, int64_t row0) {
   extern __shared__ float xs[];  // [d]
   const int64_t t = blockIdx.x, g = blockIdx.y;
-  const float* xr = x + t * token_stride + g * d;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) xs[i] = xr[i];
+  const X* xr = x + t * token_stride + g * head_stride;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) xs[i] = load_f32(xr + i);
   __syncthreads();
   const float* bg = b + g * d * k;
   uint16_t* out = pk + g * pk_head_stride + (row0 + t) * ld;
@@ -45,6 +53,44 @@ __global__ void partial_rows_kernel(const float* x, int64_t token_stride, int64_
     float acc = 0.0f;
     for (int64_t i = 0; i < d; ++i) acc = __fmaf_rn(xs[i], bg[i * k + c], acc);
     out[c] = __half_as_ushort(__float2half_rn(acc));
+  }
+}
+
+// Column scores of KV head g (blockIdx.y), columns c0 .. c0 + 32 (blockIdx.x): thread (tx, ty) takes
+// column c0 + tx and the tokens ty, ty + 8, ...; A's 32 columns sit in shared memory. Each thread's
+// partial sum is f64; the 8 lanes are added in lane order at the end.
+constexpr int kColTile = 32;
+constexpr int kTokLanes = 8;
+__global__ void column_scores_kernel(const float* q, int64_t n_head, const float* k, int64_t k_token_stride,
+                                     int64_t n_tokens, int64_t G, int64_t d, const float* a, double* score) {
+  extern __shared__ float as[];  // [d][kColTile]
+  __shared__ double part[kTokLanes][kColTile];
+  const int64_t g = blockIdx.y;
+  const int64_t c0 = blockIdx.x * int64_t{kColTile};
+  const int tx = threadIdx.x % kColTile, ty = threadIdx.x / kColTile;
+  const float* ag = a + g * d * d;
+  for (int64_t i = threadIdx.x; i < d * kColTile; i += blockDim.x) {
+    const int64_t r = i / kColTile, c = c0 + i % kColTile;
+    as[i] = c < d ? ag[r * d + c] : 0.0f;
+  }
+  __syncthreads();
+  double acc = 0.0;
+  for (int64_t t = ty; t < n_tokens; t += kTokLanes) {
+    float tok = 0.0f;  // this token's terms, in a fixed order: the group's query heads, then the key
+    for (int64_t j = 0; j <= G; ++j) {
+      const float* x = j < G ? q + (t * n_head + g * G + j) * d : k + t * k_token_stride + g * d;
+      float dot = 0.0f;
+      for (int64_t i = 0; i < d; ++i) dot = __fmaf_rn(x[i], as[i * kColTile + tx], dot);
+      tok = __fadd_rn(tok, fabsf(dot));
+    }
+    acc += tok;
+  }
+  part[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && c0 + tx < d) {
+    double sum = 0.0;
+    for (int l = 0; l < kTokLanes; ++l) sum += part[l][tx];
+    score[g * d + c0 + tx] += sum;
   }
 }
 
@@ -280,9 +326,33 @@ void spec_partial_rows(const float* x, int64_t token_stride, int64_t n_tokens, i
   if (n_tokens <= 0 || n_heads <= 0) return;
   KVTIER_ASSERT(k > 0 && ld >= k && d > 0 && n_heads <= 65535);
   const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_heads));
-  partial_rows_kernel<<<grid, kRowThreads, static_cast<size_t>(d) * 4, stream>>>(x, token_stride, d, b, k, pk,
-                                                                                 pk_head_stride, ld, row0);
+  partial_rows_kernel<float><<<grid, kRowThreads, static_cast<size_t>(d) * 4, stream>>>(
+      x, token_stride, d, d, b, k, pk, pk_head_stride, ld, row0);
   KVTIER_CUDA_CHECK_LAUNCH("partial_rows_kernel");
+}
+
+void spec_partial_rows_f16(const uint16_t* x, int64_t head_stride, int64_t n_tokens, int64_t n_heads,
+                           int64_t d, const float* b, int64_t k, uint16_t* pk, int64_t pk_head_stride,
+                           int64_t ld, int64_t row0, cudaStream_t stream) {
+  if (n_tokens <= 0 || n_heads <= 0) return;
+  KVTIER_ASSERT(k > 0 && ld >= k && d > 0 && n_heads <= 65535);
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_heads));
+  partial_rows_kernel<uint16_t><<<grid, kRowThreads, static_cast<size_t>(d) * 4, stream>>>(
+      x, d, head_stride, d, b, k, pk, pk_head_stride, ld, row0);
+  KVTIER_CUDA_CHECK_LAUNCH("partial_rows_kernel");
+}
+
+void spec_column_scores(const float* q, int64_t n_head, const float* k, int64_t k_token_stride,
+                        int64_t n_tokens, int64_t n_head_kv, int64_t d, const float* a, double* score,
+                        cudaStream_t stream) {
+  if (n_tokens <= 0) return;
+  KVTIER_ASSERT(n_head_kv > 0 && n_head % n_head_kv == 0 && d > 0);
+  const size_t smem = static_cast<size_t>(d) * kColTile * 4;
+  KVTIER_ASSERT(smem <= 48 * 1024, "head size {} is too large for the column-score kernel", d);
+  const dim3 grid(static_cast<unsigned>((d + kColTile - 1) / kColTile), static_cast<unsigned>(n_head_kv));
+  column_scores_kernel<<<grid, kColTile * kTokLanes, smem, stream>>>(q, n_head, k, k_token_stride, n_tokens,
+                                                                     n_head / n_head_kv, d, a, score);
+  KVTIER_CUDA_CHECK_LAUNCH("column_scores_kernel");
 }
 
 void spec_partial_query(const float* q, int64_t n_head, int64_t G, int64_t d, const float* b, int64_t k,

@@ -32,6 +32,22 @@ void spec_partial_rows(const float* x, int64_t token_stride, int64_t n_tokens, i
                        const float* b, int64_t k, uint16_t* pk, int64_t pk_head_stride, int64_t ld,
                        int64_t row0, cudaStream_t stream);
 
+// The same for rows stored as f16 (the host planes' keys, device-addressable): row t of head g at
+// x + g * head_stride + t * d (f16 bits), t < n_tokens; written to pk rows [row0, row0 + n_tokens).
+void spec_partial_rows_f16(const uint16_t* x, int64_t head_stride, int64_t n_tokens, int64_t n_heads,
+                           int64_t d, const float* b, int64_t k, uint16_t* pk, int64_t pk_head_stride,
+                           int64_t ld, int64_t row0, cudaStream_t stream);
+
+// The prompt's column scores (§5.1: the per-sequence partial columns), accumulated pass by pass:
+//   score[g][c] += sum over tokens t of ( sum over g's query heads j of |(q[t][j] A_g)[c]|
+//                                         + |(k[t][g] A_g)[c]| )
+//   q: [n_tokens, n_head, d] f32, k: token t head g at k + t * k_token_stride + g * d (both after RoPE)
+//   a: [n_head_kv][d][d] f32 (A_g row-major), score: [n_head_kv][d] f64 (device)
+// Products in f32, each token's terms added in a fixed order: the same bits from run to run.
+void spec_column_scores(const float* q, int64_t n_head, const float* k, int64_t k_token_stride,
+                        int64_t n_tokens, int64_t n_head_kv, int64_t d, const float* a, double* score,
+                        cudaStream_t stream);
+
 // Partial queries of one token: qp[j][c] = sum_i q[j * d + i] * b[j / G][i][c]   (f32)
 //   q: [n_head, d] f32 device (after RoPE), b: [n_head / G][d][k] f32, qp: [n_head, k] f32
 void spec_partial_query(const float* q, int64_t n_head, int64_t G, int64_t d, const float* b, int64_t k,

@@ -7,8 +7,11 @@
 //   layer before runs): partial queries, scores, the chosen rows per KV head (device, read by the
 //   gather on the H2D stream after done(layer)) and their count (pinned host, read by the executor
 //   before it appends and attends).
-// The skew file's offline columns are used for every prompt (the CPU chooses each sequence's own
-// columns once its prompt has 64 tokens; §15.2): the GPU's selections are not the CPU's.
+// Columns (§5.1, §15.2, as the CPU's kv/partial_keys.h): the prompt's passes add each layer's column
+// scores (sum |q A| + |k A| per column, on the device); at the sequence's first one-token pass the top
+// k columns per (layer, KV head) are chosen on the host, B = A[:, cols] is uploaded and the prompt's
+// partial keys are rebuilt from the host planes' keys. A prompt of fewer than 64 tokens keeps the skew
+// file's offline columns (with which every partial key is written until then).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include "backend/cuda/context.h"
 #include "backend/cuda/stream.h"
 #include "kv/cuda/device_kv.h"
+#include "kv/cuda/kv_layout.h"
 #include "kv/ledger.h"
 #include "policy/infinigen_select.h"
 #include "skew/skew_file.h"
@@ -43,6 +47,22 @@ class DeviceSpeculator {
   static uint64_t pinned_bytes(const DeviceKvShape& shape);
 
   bool speculates(uint32_t layer) const { return speculates_[layer] != 0; }
+
+  // Whether the sequence's columns are still to be chosen (its prompt is being observed).
+  bool observing() const { return !columns_chosen_; }
+  // A prompt pass of n tokens (counts towards the 64 that per-sequence columns need).
+  void count_prompt(int64_t n) { observed_ += n; }
+  // Adds a prompt pass's column scores of `layer`: q [n, n_head, d] f32 and k (token t head g at
+  // k + t * k_stride + g * d), both after RoPE.
+  void observe(uint32_t layer, const float* q, int64_t n_head, const float* k, int64_t k_stride, int64_t n,
+               cudaStream_t stream);
+  // Chooses the sequence's columns (or keeps the offline ones for a short prompt) and rebuilds the partial
+  // keys of rows [0, n_rows) of every speculating layer from the host planes (device-addressable f16,
+  // `layout`; their writes must be ordered before `stream`). Waits for `stream` (once per sequence).
+  void choose_columns(const uint8_t* host_planes, const PlaneLayout& layout, int64_t n_rows,
+                      cudaStream_t stream);
+  // A new sequence: the offline columns again, no scores.
+  void reset(cudaStream_t stream);
   int64_t k_cols() const { return k_; }
 
   // Partial rows of a pass's new keys of `layer` (after RoPE, token t head g at k + t * token_stride +
@@ -61,11 +81,17 @@ class DeviceSpeculator {
   int64_t idx_stride() const { return shape_.max_positions; }
   int64_t max_rows(uint32_t layer) const { return max_rows_[layer]; }
   int64_t chosen(uint32_t layer);
+  // Inspection (tests): the columns of (layer, KV head g), and its first n partial-key rows ([n][ld] f16
+  // bits, ld = spec_row_stride(k_cols()); waits for the device).
+  std::vector<int32_t> columns(uint32_t layer, uint32_t g) const;
+  std::vector<uint16_t> download_rows(uint32_t layer, uint32_t g, int64_t n) const;
   // Folds the finished speculations' timings into the figures (call between passes).
   void collect();
   const SpeculatorStats& stats() const { return stats_; }
 
  private:
+  int64_t hk_max() const;
+
   cuda::Context& ctx_;
   DeviceKvShape shape_;
   policy::InfinigenParams params_;
@@ -79,6 +105,17 @@ class DeviceSpeculator {
   std::vector<int64_t> n_rows_;      // [n_layer] T of the last speculation
   std::vector<uint8_t> pending_;     // [n_layer] a speculation whose timing is not collected yet
   kv::Reservation reservation_;
+  const skew::SkewSet& skew_;
+  std::vector<uint64_t> a_offset_;      // [n_layer] floats into a_
+  std::vector<uint64_t> score_offset_;  // [n_layer] doubles into score_
+  std::vector<float> b_offline_;        // the projections of the offline columns (host copy of b_'s start)
+  std::vector<double> score_host_;      // scratch: the scores downloaded to choose columns
+  std::vector<float> b_host_;           // scratch: the chosen columns' projections
+  std::vector<int32_t> cols_host_;      // [n_layer][max_head_kv][k] the columns in use
+  bool columns_chosen_ = false;
+  int64_t observed_ = 0;            // prompt tokens observed
+  float* a_ = nullptr;              // [speculating layers][n_head_kv][d][d] f32: A per (layer, KV head)
+  double* score_ = nullptr;         // [speculating layers][n_head_kv][d] f64 column scores of the prompt
   uint16_t* pk_ = nullptr;          // partial keys (above)
   float* b_ = nullptr;              // projections (above)
   float* qp_ = nullptr;             // [n_head, k] f32

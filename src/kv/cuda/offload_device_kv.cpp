@@ -160,6 +160,15 @@ void OffloadDeviceKv::begin_pass(int64_t pos0, int64_t n) {
   if (spec_) {
     spec_->collect();
     std::fill(selected_.begin(), selected_.end(), uint8_t{0});
+    cudaStream_t compute = ctx_.streams().compute.get();
+    if (n == 1 && pos0 >= 1 && spec_->observing()) {
+      // The sequence's first one-token pass: its columns, from the prompt's rows in the host planes (every
+      // layer's write-backs must have landed).
+      for (const cuda::Event& e : layer_stored_) KVTIER_CUDA_CHECK(cudaStreamWaitEvent(compute, e.get(), 0));
+      spec_->choose_columns(host_device_, host_layout_, pos0, compute);
+    } else if (spec_->observing()) {
+      spec_->count_prompt(n);
+    }
   }
   plan_stream_ops(plan_, pos0, ops_);
   cursor_ = 0;
@@ -206,6 +215,8 @@ void OffloadDeviceKv::attend(uint32_t layer, const float* q, int64_t n_head, con
                              float* o) {
   const uint32_t hk = shape_.n_head_kv[layer];
   KVTIER_ASSERT(n_head % hk == 0, "{} query heads over {} KV heads", n_head, hk);
+  if (spec_ && spec_->observing())  // a prompt pass: its column scores
+    spec_->observe(layer, q, n_head, k_, kv_token_stride_, n_, ctx_.streams().compute.get());
   if (selected_[layer]) {  // the speculated rows' count: appends and attention start after them
     chosen_[layer] = spec_->chosen(layer);
     stats_.bytes_h2d +=
@@ -314,6 +325,7 @@ void OffloadDeviceKv::end_pass() {
 void OffloadDeviceKv::truncate(int64_t n_tokens) {
   KVTIER_ASSERT(n_tokens >= 0 && n_tokens <= length_ && pos0_ < 0);
   length_ = n_tokens;
+  if (spec_ && n_tokens == 0) spec_->reset(ctx_.streams().compute.get());  // a new sequence: new columns
 }
 
 }  // namespace kvtier::kv_cuda

@@ -46,6 +46,12 @@ class OffloadDeviceKv final : public DeviceKvCache {
   void truncate(int64_t n_tokens) override;
   DeviceKvStats stats() const override;
   bool wants_look_ahead(uint32_t layer) const override;
+  // Inspection (tests): the speculator (selection infinigen; else null) and the host plane of K of
+  // (layer, KV head g): [max_positions][head_dim] f16 bits, current once the device is idle.
+  const DeviceSpeculator* speculator() const { return spec_.get(); }
+  const uint16_t* host_keys(uint32_t layer, uint32_t g) const {
+    return reinterpret_cast<const uint16_t*>(host_ + host_layout_.plane(layer, g, 0));
+  }
   void look_ahead(uint32_t layer, const float* q, int64_t n_head, float scale) override;
 
  private:

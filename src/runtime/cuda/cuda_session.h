@@ -54,6 +54,8 @@ class CudaSession {
   const kv::MemoryLedger& ledger() const { return ledger_; }
   cuda::MemoryReport memory_report() const { return ctx_->memory_report(); }
   kv_cuda::DeviceKvStats kv_stats() const { return kv_->stats(); }
+  // The KV cache (tests inspect a placement's state between passes).
+  const kv_cuda::DeviceKvCache& kv_cache() const { return *kv_; }
   // The device context (streams, arena, pinned pool): for probes between passes, not during one.
   cuda::Context& context() { return *ctx_; }
 
