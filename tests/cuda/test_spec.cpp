@@ -302,20 +302,29 @@ TEST(CudaSpec, ColumnScoresAndF16RowsMatchTheHost) {
   spec_partial_rows_f16(d_rows.get(), head_stride, n, hk, d, d_b.get(), k_cols, d_pk.get(), n * ld, ld, 0,
                         nullptr);
   const auto pk = d_pk.download();
-  int max_ulp = 0;
+  // Both sums are f32 over d products in different orders (the device fuses multiply-adds): each is within
+  // d * 2^-24 * sum |x_i b_i| of the exact sum, so a small result may be a few half ulps off once rounded
+  // to f16 (seen: 3 on an H200). Allowed: one f16 ulp of the host's value (rounding, also across a binade
+  // edge) plus twice that bound; max_ulp is reported.
+  int max_ulp = 0, beyond = 0;
   for (int64_t g = 0; g < hk; ++g) {
     for (int64_t t = 0; t < n; ++t) {
       std::vector<float> x(static_cast<size_t>(d)), r(static_cast<size_t>(k_cols));
       for (int64_t i = 0; i < d; ++i) x[i] = f16_to_f32(rows[g * head_stride + t * d + i]);
       policy::partial_rows(x.data(), 1, d, b.data() + g * d * k_cols, k_cols, r.data());
       for (int64_t c = 0; c < k_cols; ++c) {
-        const int diff =
-            std::abs(static_cast<int>(pk[(g * n + t) * ld + c]) - static_cast<int>(f32_to_f16(r[c])));
-        max_ulp = std::max(max_ulp, diff);
+        const uint16_t got = pk[(g * n + t) * ld + c];
+        max_ulp = std::max(max_ulp, std::abs(static_cast<int>(got) - static_cast<int>(f32_to_f16(r[c]))));
+        double mag = 0.0;
+        for (int64_t i = 0; i < d; ++i)
+          mag += std::abs(static_cast<double>(x[i]) * b[(g * d + i) * k_cols + c]);
+        const double ulp = std::ldexp(1.0, std::max(std::ilogb(std::max(std::abs(r[c]), 6.1e-5f)), -14) - 10);
+        beyond +=
+            std::abs(static_cast<double>(f16_to_f32(got)) - r[c]) > ulp + 2.0 * d * std::ldexp(mag, -24);
       }
     }
   }
-  EXPECT_LE(max_ulp, 1) << "partial keys of f16 rows";
+  EXPECT_EQ(beyond, 0) << "partial keys of f16 rows beyond f16 rounding plus the f32 summation bound";
   std::fprintf(stderr,
                "[spec] column scores within %.2g (relative), partial keys of f16 rows within %d half ulp\n",
                worst, max_ulp);

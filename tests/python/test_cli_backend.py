@@ -30,6 +30,24 @@ def test_device_mem_needs_the_cuda_backend():
     assert "--device-mem applies to --backend cuda only" in p.stderr
 
 
+def test_kv_gather_needs_the_cuda_backend_and_a_known_kernel():
+    p = run("run", "-m", model("smollm2"), "--kv-gather", "flat", "-p", "hi", "-n", "2", check=False)
+    assert p.returncode == 1
+    assert "--kv-gather applies to --backend cuda only" in p.stderr
+    p = run("run", "-m", model("smollm2"), "--backend", "cuda", "--kv-gather", "zigzag", "-p", "hi", check=False)
+    assert p.returncode == 2
+    assert "--kv-gather" in p.stderr
+
+
+def test_cuda_infinigen_refuses_what_it_cannot_run():
+    # Checked before any device is touched: the policy a CUDA run cannot serve is named.
+    for spec, needle in (("headinfer+infinigen", "layer placement"), ("h2o", "needs the CPU backend")):
+        p = run("bench", "-m", "synthetic:tiny-llama", "--backend", "cuda", "--kv-policy", spec, "--kv-budget", "64",
+                "--prompt-tokens", "8", "--gen", "1", "--repeat", "1", check=False)
+        assert p.returncode != 0
+        assert needle in p.stderr or "built without the CUDA backend" in p.stderr, p.stderr
+
+
 def test_commands_without_a_cuda_path_say_so(tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("hello world, hello again")

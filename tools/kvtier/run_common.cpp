@@ -215,7 +215,7 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
          "--backend cuda, infinigen: the kernel that reads the chosen rows from host memory: persistent "
          "(about one block per SM beside the compute kernels) or flat (one thread per 16 bytes)")
       ->check(CLI::IsMember({"persistent", "flat"}))
-      ->capture_default_str();
+      ->default_str("persistent");
   // Hidden test hooks: fault injection and random copy delays (to flush out ordering races).
   cmd->add_option("--debug-kv-disk-fail-after", a.debug_disk_fail_after)->group("");
   cmd->add_option("--debug-copy-delay-us", a.debug_copy_delay_us)->group("");
@@ -254,6 +254,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   if (a.backend == Backend::kCuda)
     fail(ErrorKind::kUnsupported, "--backend cuda: only run and bench support it so far");
   if (!a.device_mem.empty()) fail(ErrorKind::kInvalidArgument, "--device-mem applies to --backend cuda only");
+  if (!a.kv_gather.empty()) fail(ErrorKind::kInvalidArgument, "--kv-gather applies to --backend cuda only");
   runtime::SessionOptions o;
   o.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!a.isa.empty()) {

@@ -43,7 +43,7 @@ struct EngineArgs {
   uint32_t debug_copy_delay_us = 0;
   Backend backend = Backend::kCpu;  // cuda: cuda_backend.h; --device-mem is its arena budget
   std::string device_mem;
-  std::string kv_gather = "persistent";  // --kv-gather: InfiniGen's gather kernel on the GPU
+  std::string kv_gather;  // --kv-gather: InfiniGen's gather kernel on the GPU (empty: persistent)
   // Weight placement (HybridServe): compute-local bytes for weights ("2GiB"; empty = all resident)
   // and where streamed layers come from.
   std::string weights_mem;
