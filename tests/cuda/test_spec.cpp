@@ -30,6 +30,37 @@ struct SpecCase {
   policy::InfinigenGroup group;
 };
 
+// The rule on device group scores gs ([hk][T], stride T): the chosen rows, counts, chosen count and n_sel.
+struct DeviceChoice {
+  std::vector<int32_t> idx, counts;  // [hk][T] (the first `chosen` of each head), [hk]
+  int32_t chosen = 0, n_sel = 0;
+};
+
+DeviceChoice choose_on_device(const float* gs, int64_t hk, int64_t T, int64_t cap, float alpha) {
+  DeviceBuffer<int32_t> d_idx(static_cast<size_t>(hk * T)), d_counts(static_cast<size_t>(hk)), d_one(2);
+  d_idx.fill_bytes(0xff);
+  SpecChooseArgs ca;
+  ca.gs = gs;
+  ca.gs_stride = T;
+  ca.n_head_kv = hk;
+  ca.n_rows = T;
+  ca.cap = cap;
+  ca.alpha = alpha;
+  ca.idx = d_idx.get();
+  ca.idx_stride = T;
+  ca.counts = d_counts.get();
+  ca.chosen = d_one.get();
+  ca.n_sel = d_one.get() + 1;
+  spec_choose_rows(ca, nullptr);
+  DeviceChoice r;
+  r.idx = d_idx.download();
+  r.counts = d_counts.download();
+  const auto one = d_one.download();
+  r.chosen = one[0];
+  r.n_sel = one[1];
+  return r;
+}
+
 // The device pipeline (group scores, then the rule) on qp [H, k] and pk per KV head [T, k] (f16 bits).
 struct DeviceSpec {
   std::vector<float> gs;  // [hk][T]
@@ -48,10 +79,6 @@ DeviceSpec run_device(const SpecCase& c, const std::vector<float>& qp,
   DeviceBuffer<uint16_t> d_pk(pk_dev);
   DeviceBuffer<float> d_gs(static_cast<size_t>(c.n_head_kv * c.T));
   DeviceBuffer<float> d_hs(static_cast<size_t>(c.n_head * c.T + c.n_head));
-  DeviceBuffer<int32_t> d_idx(static_cast<size_t>(c.n_head_kv * c.T));
-  DeviceBuffer<int32_t> d_counts(static_cast<size_t>(c.n_head_kv));
-  DeviceBuffer<int32_t> d_one(2);
-  d_idx.fill_bytes(0xff);
   SpecScoresArgs sa;
   sa.qp = d_qp.get();
   sa.pk = d_pk.get();
@@ -67,26 +94,13 @@ DeviceSpec run_device(const SpecCase& c, const std::vector<float>& qp,
   sa.gs_stride = c.T;
   sa.head_scratch = d_hs.get();
   spec_group_scores(sa, nullptr);
-  SpecChooseArgs ca;
-  ca.gs = d_gs.get();
-  ca.gs_stride = c.T;
-  ca.n_head_kv = c.n_head_kv;
-  ca.n_rows = c.T;
-  ca.cap = cap;
-  ca.alpha = c.alpha;
-  ca.idx = d_idx.get();
-  ca.idx_stride = c.T;
-  ca.counts = d_counts.get();
-  ca.chosen = d_one.get();
-  ca.n_sel = d_one.get() + 1;
-  spec_choose_rows(ca, nullptr);
+  const DeviceChoice ch = choose_on_device(d_gs.get(), c.n_head_kv, c.T, cap, c.alpha);
   DeviceSpec r;
   r.gs = d_gs.download();
-  r.counts = d_counts.download();
-  r.idx = d_idx.download();
-  const auto one = d_one.download();
-  r.chosen = one[0];
-  r.n_sel = one[1];
+  r.counts = ch.counts;
+  r.idx = ch.idx;
+  r.chosen = ch.chosen;
+  r.n_sel = ch.n_sel;
   return r;
 }
 
@@ -171,24 +185,10 @@ TEST(CudaSpec, ChosenRowsOfGivenScoresWithTies) {
     std::vector<float> gs(static_cast<size_t>(r.hk * r.T));
     for (float& v : gs) v = 0.75f * static_cast<float>(lvl(rng)) - 2.0f;  // negative, zero and positive
     DeviceBuffer<float> d_gs(gs);
-    DeviceBuffer<int32_t> d_idx(static_cast<size_t>(r.hk * r.T)), d_counts(static_cast<size_t>(r.hk)),
-        d_one(2);
-    SpecChooseArgs ca;
-    ca.gs = d_gs.get();
-    ca.gs_stride = r.T;
-    ca.n_head_kv = r.hk;
-    ca.n_rows = r.T;
-    ca.cap = r.cap;
-    ca.alpha = r.alpha;
-    ca.idx = d_idx.get();
-    ca.idx_stride = r.T;
-    ca.counts = d_counts.get();
-    ca.chosen = d_one.get();
-    ca.n_sel = d_one.get() + 1;
-    spec_choose_rows(ca, nullptr);
-    const auto idx = d_idx.download();
-    const auto counts = d_counts.download();
-    const auto one = d_one.download();
+    const DeviceChoice ch = choose_on_device(d_gs.get(), r.hk, r.T, r.cap, r.alpha);
+    const auto& idx = ch.idx;
+    const auto& counts = ch.counts;
+    const int32_t one[2] = {ch.chosen, ch.n_sel};
     int64_t sum = 0;
     for (int64_t g = 0; g < r.hk; ++g) {
       const float* s = gs.data() + g * r.T;

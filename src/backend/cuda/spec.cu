@@ -292,26 +292,38 @@ __global__ void gather_persistent_kernel(const uint8_t* src, size_t src_plane_by
   for (int64_t base = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; base < total;
        base += stride * kUnroll) {
     uint4 v[kUnroll];
+    uint4* to[kUnroll];  // each load's destination, found with its source
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = base + u * stride;
+      to[u] = nullptr;
       if (i < total) {
         const int64_t plane = i / per_plane;
         const int64_t r = i % per_plane;
-        const int64_t from = idx[(plane / 2) * idx_stride + r / chunks];
-        v[u] = reinterpret_cast<const uint4*>(src + plane * src_plane_bytes + from * row_bytes)[r % chunks];
+        const int64_t row = r / chunks, c = r % chunks;
+        const int64_t from = idx[(plane / 2) * idx_stride + row];
+        v[u] = reinterpret_cast<const uint4*>(src + plane * src_plane_bytes + from * row_bytes)[c];
+        to[u] = reinterpret_cast<uint4*>(dst + plane * dst_plane_bytes + row * row_bytes) + c;
       }
     }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = base + u * stride;
-      if (i < total) {
-        const int64_t plane = i / per_plane;
-        const int64_t r = i % per_plane;
-        reinterpret_cast<uint4*>(dst + plane * dst_plane_bytes + (r / chunks) * row_bytes)[r % chunks] = v[u];
-      }
+      if (to[u] != nullptr) *to[u] = v[u];
     }
   }
+}
+
+// One block per (token, head) of partial_rows_kernel: f32 rows (a pass's keys) or f16 rows (host planes).
+template <typename X>
+void launch_partial_rows(const X* x, int64_t token_stride, int64_t head_stride, int64_t n_tokens,
+                         int64_t n_heads, int64_t d, const float* b, int64_t k, uint16_t* pk,
+                         int64_t pk_head_stride, int64_t ld, int64_t row0, cudaStream_t stream) {
+  if (n_tokens <= 0 || n_heads <= 0) return;
+  KVTIER_ASSERT(k > 0 && ld >= k && d > 0 && n_heads <= 65535);
+  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_heads));
+  partial_rows_kernel<X><<<grid, kRowThreads, static_cast<size_t>(d) * 4, stream>>>(
+      x, token_stride, head_stride, d, b, k, pk, pk_head_stride, ld, row0);
+  KVTIER_CUDA_CHECK_LAUNCH("partial_rows_kernel");
 }
 
 }  // namespace
@@ -323,23 +335,13 @@ int64_t spec_row_stride(int64_t k) {
 void spec_partial_rows(const float* x, int64_t token_stride, int64_t n_tokens, int64_t n_heads, int64_t d,
                        const float* b, int64_t k, uint16_t* pk, int64_t pk_head_stride, int64_t ld,
                        int64_t row0, cudaStream_t stream) {
-  if (n_tokens <= 0 || n_heads <= 0) return;
-  KVTIER_ASSERT(k > 0 && ld >= k && d > 0 && n_heads <= 65535);
-  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_heads));
-  partial_rows_kernel<float><<<grid, kRowThreads, static_cast<size_t>(d) * 4, stream>>>(
-      x, token_stride, d, d, b, k, pk, pk_head_stride, ld, row0);
-  KVTIER_CUDA_CHECK_LAUNCH("partial_rows_kernel");
+  launch_partial_rows(x, token_stride, d, n_tokens, n_heads, d, b, k, pk, pk_head_stride, ld, row0, stream);
 }
 
 void spec_partial_rows_f16(const uint16_t* x, int64_t head_stride, int64_t n_tokens, int64_t n_heads,
                            int64_t d, const float* b, int64_t k, uint16_t* pk, int64_t pk_head_stride,
                            int64_t ld, int64_t row0, cudaStream_t stream) {
-  if (n_tokens <= 0 || n_heads <= 0) return;
-  KVTIER_ASSERT(k > 0 && ld >= k && d > 0 && n_heads <= 65535);
-  const dim3 grid(static_cast<unsigned>(n_tokens), static_cast<unsigned>(n_heads));
-  partial_rows_kernel<uint16_t><<<grid, kRowThreads, static_cast<size_t>(d) * 4, stream>>>(
-      x, d, head_stride, d, b, k, pk, pk_head_stride, ld, row0);
-  KVTIER_CUDA_CHECK_LAUNCH("partial_rows_kernel");
+  launch_partial_rows(x, d, head_stride, n_tokens, n_heads, d, b, k, pk, pk_head_stride, ld, row0, stream);
 }
 
 void spec_column_scores(const float* q, int64_t n_head, const float* k, int64_t k_token_stride,

@@ -133,13 +133,9 @@ DeviceSpeculator::DeviceSpeculator(cuda::Context& ctx, const DeviceKvShape& shap
     KVTIER_CUDA_CHECK(cudaMemcpy(a_, a_host.data(), a_host.size() * 4, cudaMemcpyHostToDevice));
   KVTIER_CUDA_CHECK(cudaMemset(score_, 0, std::max<uint64_t>(scores, 1) * 8));
   score_host_.resize(scores);
+  hk_max_ = static_cast<int64_t>(widest);
   cols_host_.assign(L * widest * static_cast<uint64_t>(k_), 0);
-  for (size_t l = 0; l < L; ++l) {
-    for (uint32_t g = 0; g < shape.n_head_kv[l]; ++g) {
-      const int32_t* c = skew.layers[l].head_cols(g, k_);
-      std::copy(c, c + k_, cols_host_.begin() + static_cast<std::ptrdiff_t>((l * widest + g) * k_));
-    }
-  }
+  use_offline_columns();
   for (size_t l = 0; l < L; ++l) {
     start_.emplace_back(cuda::EventTiming::kOn);
     done_.emplace_back(cuda::EventTiming::kOn);
@@ -180,7 +176,7 @@ void DeviceSpeculator::choose_columns(const uint8_t* host_planes, const PlaneLay
       const double* sc = score_host_.data() + score_offset_[l] + uint64_t{g} * d_;
       const std::vector<int32_t> cols = skew::top_columns({sc, static_cast<size_t>(d_)}, k_);
       std::copy(cols.begin(), cols.end(),
-                cols_host_.begin() + static_cast<std::ptrdiff_t>((l * hk_max() + g) * k_));
+                cols_host_.begin() + static_cast<std::ptrdiff_t>((l * hk_max_ + g) * k_));
       const std::vector<float> bg = policy::partial_matrix(ls.head_a(g, d_), d_, cols);
       std::copy(bg.begin(), bg.end(),
                 b_host_.begin() + static_cast<std::ptrdiff_t>(b_offset_[l] + uint64_t{g} * d_ * k_));
@@ -200,12 +196,17 @@ void DeviceSpeculator::choose_columns(const uint8_t* host_planes, const PlaneLay
   KVTIER_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
-int64_t DeviceSpeculator::hk_max() const {
-  return *std::max_element(shape_.n_head_kv.begin(), shape_.n_head_kv.end());
+void DeviceSpeculator::use_offline_columns() {
+  for (size_t l = 0; l < speculates_.size(); ++l) {
+    for (uint32_t g = 0; g < shape_.n_head_kv[l]; ++g) {
+      const int32_t* c = skew_.layers[l].head_cols(g, k_);
+      std::copy(c, c + k_, cols_host_.begin() + static_cast<std::ptrdiff_t>((l * hk_max_ + g) * k_));
+    }
+  }
 }
 
 std::vector<int32_t> DeviceSpeculator::columns(uint32_t layer, uint32_t g) const {
-  const auto* c = cols_host_.data() + (layer * hk_max() + g) * k_;
+  const auto* c = cols_host_.data() + (layer * hk_max_ + g) * k_;
   return {c, c + k_};
 }
 
@@ -219,12 +220,7 @@ std::vector<uint16_t> DeviceSpeculator::download_rows(uint32_t layer, uint32_t g
 }
 
 void DeviceSpeculator::reset(cudaStream_t stream) {
-  for (size_t l = 0; l < speculates_.size(); ++l) {  // the offline columns again
-    for (uint32_t g = 0; g < shape_.n_head_kv[l]; ++g) {
-      const int32_t* c = skew_.layers[l].head_cols(g, k_);
-      std::copy(c, c + k_, cols_host_.begin() + static_cast<std::ptrdiff_t>((l * hk_max() + g) * k_));
-    }
-  }
+  use_offline_columns();
   if (columns_chosen_ && !b_offline_.empty()) {
     KVTIER_CUDA_CHECK(
         cudaMemcpyAsync(b_, b_offline_.data(), b_offline_.size() * 4, cudaMemcpyHostToDevice, stream));
@@ -234,8 +230,8 @@ void DeviceSpeculator::reset(cudaStream_t stream) {
   observed_ = 0;
 }
 
-const int32_t* DeviceSpeculator::idx(uint32_t layer) const {
-  return idx_ + (layer % 2) * hk_max() * shape_.max_positions;
+int32_t* DeviceSpeculator::idx_block(uint32_t layer) const {
+  return idx_ + (layer % 2) * hk_max_ * shape_.max_positions;
 }
 
 void DeviceSpeculator::speculate(uint32_t layer, const float* q, int64_t n_head, float scale, int64_t n_rows,
@@ -268,7 +264,7 @@ void DeviceSpeculator::speculate(uint32_t layer, const float* q, int64_t n_head,
   ca.n_rows = n_rows;
   ca.cap = cap;
   ca.alpha = std::isinf(params_.alpha) ? INFINITY : params_.alpha;
-  ca.idx = idx_ + (layer % 2) * hk_max() * shape_.max_positions;
+  ca.idx = idx_block(layer);
   ca.idx_stride = idx_stride();
   ca.counts = counts_;
   ca.chosen = chosen_dev_ + layer;

@@ -76,7 +76,7 @@ class DeviceSpeculator {
   cudaEvent_t done(uint32_t layer) const { return done_[layer].get(); }
   // After speculate(layer): the chosen rows of KV head g at idx(layer) + g * idx_stride() (device),
   // at most max_rows(layer) of them; chosen(layer) waits for done(layer) and gives their count.
-  const int32_t* idx(uint32_t layer) const;
+  const int32_t* idx(uint32_t layer) const { return idx_block(layer); }
   const int32_t* chosen_device(uint32_t layer) const { return chosen_dev_ + layer; }
   int64_t idx_stride() const { return shape_.max_positions; }
   int64_t max_rows(uint32_t layer) const { return max_rows_[layer]; }
@@ -90,7 +90,8 @@ class DeviceSpeculator {
   const SpeculatorStats& stats() const { return stats_; }
 
  private:
-  int64_t hk_max() const;
+  void use_offline_columns();                // cols_host_ = the skew file's columns
+  int32_t* idx_block(uint32_t layer) const;  // the chosen rows' block of `layer`'s parity
 
   cuda::Context& ctx_;
   DeviceKvShape shape_;
@@ -98,6 +99,7 @@ class DeviceSpeculator {
   int64_t d_ = 0;
   int64_t k_ = 0;
   int64_t ld_ = 0;
+  int64_t hk_max_ = 0;               // KV heads of the widest layer (the row blocks of idx_, gs_, cols_host_)
   std::vector<uint8_t> speculates_;  // [n_layer]
   std::vector<uint64_t> pk_offset_;  // [n_layer] halves into pk_ (speculating layers)
   std::vector<uint64_t> b_offset_;   // [n_layer] floats into b_
