@@ -35,7 +35,7 @@ void BoundedRows::put(int64_t h, int64_t r, const float* k_row, const float* kpr
 }
 
 int64_t BoundedRows::compact(int64_t h, int64_t n, std::span<const uint8_t> keep,
-                             const std::function<void(int64_t)>& moved) {
+                             const std::function<void(int64_t, int64_t)>& moved) {
   KVTIER_ASSERT(n <= cap && static_cast<size_t>(n) <= keep.size(), "compact of {} rows in {}", n, cap);
   const bool rerotate = !kpre.empty();
   int64_t w = 0;
@@ -51,7 +51,7 @@ int64_t BoundedRows::compact(int64_t h, int64_t n, std::span<const uint8_t> keep
       std::memmove(v.data() + dst * rv, v.data() + src * rv, rv);
       pos[dst] = pos[src];
       score[dst] = score[src];
-      if (moved) moved(w);
+      if (moved) moved(w, r);
     }
     ++w;
   }

@@ -38,10 +38,10 @@ struct BoundedRows {
            int64_t position, float row_score);
   // Keeps rows [0, n) of KV head h whose keep[r] is set, in order, and returns how many. K before
   // RoPE, V, positions and scores move; K after RoPE moves too unless the rows keep pre-RoPE keys (a
-  // moved row then changes position and the caller re-rotates its key: `moved(new_row)` is called for
-  // each row that moved, in order).
+  // moved row changes position, so a caller with compact positions re-rotates its key:
+  // `moved(new_row, old_row)` is called for each row that moved, in order, after its bytes moved).
   int64_t compact(int64_t h, int64_t n, std::span<const uint8_t> keep,
-                  const std::function<void(int64_t)>& moved = {});
+                  const std::function<void(int64_t, int64_t)>& moved = {});
   // The rows of every KV head as one attention span: row i at position pos0 + i, n_tokens rows.
   cpu::KvSpan span(const KvGeometry& geo, int64_t pos0, int64_t n_tokens) const;
 };

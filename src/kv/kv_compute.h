@@ -31,8 +31,10 @@ class KvCompute {
   virtual void project_q(uint32_t layer, const float* x, std::span<const int64_t> positions, float* q);
   // Single KV-head key rows of `layer` rotated each to its own position: out[t] = RoPE(k_pre[t],
   // positions[t]) with the model's RoPE of that layer (Locret renumbers retained keys compactly after
-  // an eviction), n = positions.size() <= max_rows():
-  //   k_pre, out: [n, head_dim_k] f32 (k_pre: rows of LayerRows::k_pre, one KV head each)
+  // an eviction), n = positions.size() <= max_rows(). A position may be negative: RoPE turns each
+  // pair by an angle linear in the position, so RoPE(RoPE(k, p), d) = RoPE(k, p + d) up to rounding,
+  // which locret's --locret-keys rerotate uses to move a key from row p to row p + d:
+  //   k_pre, out: [n, head_dim_k] f32 (k_pre: rows of LayerRows::k_pre, or keys after RoPE, one KV head each)
   // The default refuses.
   virtual void rope_k_rows(uint32_t layer, const float* k_pre, std::span<const int64_t> positions,
                            float* out);

@@ -24,11 +24,12 @@ BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_
   const auto rows = static_cast<uint64_t>(locret_rows(capacity, o));
   BoundedLayout r;
   for (uint32_t l = 0; l < geo.n_layer(); ++l)
-    r.kv_bytes += uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * bounded_row_bytes(geo, true, 1);
+    r.kv_bytes +=
+        uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * bounded_row_bytes(geo, locret_pre_rope(o), 1);
   r.scratch_bytes = geo.attention_scratch_bytes(n_head, threads) +
                     static_cast<uint64_t>(max_new_rows(capacity, o) * geo.max_head_kv()) * sizeof(float) +
                     rows * (1 + sizeof(int64_t)) +
-                    rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + sizeof(int64_t));
+                    rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + 2 * sizeof(int64_t));
   return r;
 }
 
@@ -66,12 +67,13 @@ void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protec
 
 uint64_t locret_side_bytes(const KvGeometry& geo, int64_t capacity, const KvOptions& o) {
   const auto rows = static_cast<uint64_t>(locret_rows(capacity, o));
-  const uint64_t rk = static_cast<uint64_t>(geo.head_dim_k) * cpu::kv_dtype_bytes(geo.dtype);
+  const uint64_t rk =
+      locret_pre_rope(o) ? static_cast<uint64_t>(geo.head_dim_k) * cpu::kv_dtype_bytes(geo.dtype) : 0;
   const uint64_t heads = uint64_t{geo.n_layer()} * geo.max_head_kv();  // [n_layer][h_max] cells
   return uint64_t{std::max<uint32_t>(o.max_seqs, 1)} * heads * rows * (sizeof(float) + rk) +
          static_cast<uint64_t>(max_new_rows(capacity, o)) * geo.max_head_kv() * sizeof(float) +
          rows * (1 + sizeof(int64_t)) +
-         rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + sizeof(int64_t));
+         rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + 2 * sizeof(int64_t));
 }
 
 LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head, MemoryLedger& ledger,
@@ -103,7 +105,7 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay.scratch_bytes);
   stores_.reserve(static_cast<size_t>(n_seqs_) * geo_.n_layer());
   for (uint32_t s = 0; s < n_seqs_; ++s) {
-    for (uint32_t l = 0; l < geo_.n_layer(); ++l) stores_.emplace_back(geo_, l, cap_, true);
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l) stores_.emplace_back(geo_, l, cap_, locret_pre_rope(opt_));
   }
   length_.assign(n_seqs_, 0);
   held_.assign(n_seqs_, 0);
@@ -116,6 +118,7 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   rot_in_.resize(static_cast<size_t>(cap_ * geo_.head_dim_k));
   rot_out_.resize(rot_in_.size());
   rot_pos_.resize(static_cast<size_t>(cap_));
+  rot_row_.resize(static_cast<size_t>(cap_));
 }
 
 int64_t LocretKv::positions(SeqId seq) const {
@@ -213,7 +216,8 @@ void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
 
 void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
   locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, n_protect, opt_.knobs.locret_pool, order_, keep_);
-  // Compact in place (kept rows in position order) and re-rotate every moved key to its new row.
+  // Compact in place (kept rows in position order) and re-rotate every moved key to its new row: from
+  // its pre-RoPE copy to the new row's position, or (rerotate) the moved key by new row - old row.
   const int64_t dk = geo_.head_dim_k;
   int64_t n_rot = 0;
   const int64_t batch = compute_ != nullptr ? std::min<int64_t>(compute_->max_rows(), cap_) : cap_;
@@ -223,14 +227,17 @@ void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_
     compute_->rope_k_rows(layer, rot_in_.data(), std::span(rot_pos_.data(), static_cast<size_t>(n_rot)),
                           rot_out_.data());
     for (int64_t i = 0; i < n_rot; ++i) {
-      const size_t dst = s.cell(h, rot_pos_[static_cast<size_t>(i)]);
+      const size_t dst = s.cell(h, rot_row_[static_cast<size_t>(i)]);
       store_kv_row(geo_.dtype, rot_out_.data() + i * dk, dk, s.k.data() + dst * s.rk);
     }
     n_rot = 0;
   };
-  const int64_t kept = s.compact(h, n, keep_, [&](int64_t w) {
-    load_kv_row(geo_.dtype, s.kpre.data() + s.cell(h, w) * s.rk, dk, rot_in_.data() + n_rot * dk);
-    rot_pos_[static_cast<size_t>(n_rot)] = w;
+  const bool pre_rope = locret_pre_rope(opt_);
+  const int64_t kept = s.compact(h, n, keep_, [&](int64_t w, int64_t r) {
+    const uint8_t* src = (pre_rope ? s.kpre.data() : s.k.data()) + s.cell(h, w) * s.rk;
+    load_kv_row(geo_.dtype, src, dk, rot_in_.data() + n_rot * dk);
+    rot_pos_[static_cast<size_t>(n_rot)] = pre_rope ? w : w - r;
+    rot_row_[static_cast<size_t>(n_rot)] = w;
     if (++n_rot == batch) flush();
   });
   flush();

@@ -8,8 +8,9 @@
 //
 // Positions are compact (spec §8.1): row i of every (layer, KV head) sits at position i and a pass's
 // tokens continue from the rows held, so a 128K prompt never sees positions past b + B + n_loc + ...
-// Keys are stored after RoPE at their row's position and, pre-RoPE, beside them; a row moved by an
-// eviction is re-rotated to its new position from its pre-RoPE key (KvCompute::rope_k_rows). Nothing
+// Keys are stored after RoPE at their row's position and (--locret-keys prerope, the default) pre-RoPE
+// beside them; a row moved by an eviction is re-rotated to its new position from its pre-RoPE key
+// (KvCompute::rope_k_rows), or (rerotate) its stored key is turned by the distance it moved. Nothing
 // moves while nothing is evicted, so with --kv-budget >= the context every row is the bits the
 // forward pass wrote at its true position and the result is bit-identical to `resident`.
 //
@@ -39,7 +40,12 @@ namespace kvtier::kv {
 
 // Rows one (sequence, layer, KV head) holds at most: b + n_loc + B, never more than the capacity.
 int64_t locret_rows(int64_t capacity, const KvOptions& o);
-// Compute-local bytes of a LocretKv: rows (K after RoPE, K before RoPE, V), positions and scores (kv);
+// Whether every row keeps a copy of its key before RoPE (--locret-keys prerope).
+inline bool locret_pre_rope(const KvOptions& o) {
+  return o.knobs.locret_keys == policy::LocretKeys::kPreRope;
+}
+// Compute-local bytes of a LocretKv: rows (K after RoPE, K before RoPE unless --locret-keys rerotate,
+// V), positions and scores (kv);
 // attention scratch, the pass's scores and the eviction's and re-rotation's work rows (scratch).
 BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_head, int threads,
                             const KvOptions& o);
@@ -54,8 +60,8 @@ std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max
 void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect, int64_t pool,
                       std::span<int64_t> order, std::span<uint8_t> keep_mask);
 // Host bytes locret keeps beside an offloaded placement's home tier (TieredKv): per (sequence, layer,
-// KV head) locret_rows() scores (f32) and pre-RoPE keys (KV dtype), the pass's scores and the
-// eviction's work rows.
+// KV head) locret_rows() scores (f32) and pre-RoPE keys (KV dtype; none with --locret-keys rerotate),
+// the pass's scores and the eviction's work rows.
 uint64_t locret_side_bytes(const KvGeometry& geo, int64_t capacity, const KvOptions& o);
 
 class LocretKv final : public KvCache {
@@ -121,7 +127,9 @@ class LocretKv final : public KvCache {
   std::vector<uint8_t> keep_;            // [cap] rows an eviction keeps
   std::vector<int64_t> order_;           // [cap] candidate rows
   std::vector<float> rot_in_, rot_out_;  // [max rows, head_dim_k] f32: keys being re-rotated
-  std::vector<int64_t> rot_pos_;         // [max rows] their new positions
+  std::vector<int64_t> rot_pos_;         // [max rows] the angle's position: prerope the new row, rerotate
+                                         // new row - old row
+  std::vector<int64_t> rot_row_;         // [max rows] their new rows
   uint64_t evictions_ = 0;
   PassState pass_;
 };

@@ -361,7 +361,8 @@ class TieredKv final : public KvCache {
   // each (layer, KV head) holds, at compact positions (row i at position i) as in LocretKv; the home
   // tier holds their K (after RoPE) and V and moves them like any rows. Eviction decisions are
   // LocretKv's (locret_mark_keep) over scores kept in host memory beside the home tier, with each
-  // row's pre-RoPE key, from which a moved row's key is re-rotated (KvCompute::rope_k_rows). An
+  // row's pre-RoPE key, from which a moved row's key is re-rotated (KvCompute::rope_k_rows; with
+  // --locret-keys rerotate no copy: the moved key itself is turned by the distance it moved). An
   // eviction (after a chunk of the prefill plan, or before a pass that would overflow the rows) loads
   // each unit's rows, compacts them in the staging buffer and stores the rows that changed.
   bool locret() const { return opt_.retention == policy::Retention::kLocret; }
@@ -522,6 +523,7 @@ class TieredKv final : public KvCache {
   Reservation lr_reservation_;          // everything below (host: locret_side_bytes)
   std::vector<float> lr_score_;         // [n_seqs][n_layer][h_max][cap] f32 each row's score
   std::vector<uint8_t> lr_kpre_;        // [n_seqs][n_layer][h_max][cap][head_dim_k] KV dtype, before RoPE
+                                        // (empty with --locret-keys rerotate)
   std::vector<int64_t> lr_len_;         // [n_seqs] tokens each sequence has seen
   std::vector<int64_t> lr_plan_end_;    // [n_seqs] true position where the evicting prefill ends (0: none)
   std::vector<int64_t> lr_evicted_at_;  // [n_seqs] length when the sequence last evicted
@@ -529,7 +531,8 @@ class TieredKv final : public KvCache {
   std::vector<uint8_t> lr_keep_;        // [cap]
   std::vector<int64_t> lr_order_;       // [cap]
   std::vector<float> lr_rot_in_, lr_rot_out_;  // [cap, head_dim_k] f32 keys being re-rotated
-  std::vector<int64_t> lr_rot_pos_;            // [cap] their rows
+  std::vector<int64_t> lr_rot_pos_;            // [cap] the angle's position (prerope: row; rerotate: w - r)
+  std::vector<int64_t> lr_rot_row_;            // [cap] their new rows
   uint64_t lr_evictions_ = 0;
 };
 

@@ -28,7 +28,7 @@ void TieredKv::locret_init(MemoryLedger& ledger) {
   lr_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, locret_side_bytes(geo_, capacity_, opt_));
   const size_t cells = static_cast<size_t>(pages_.n_seqs()) * geo_.n_layer() * lay_.h_max * lr_cap_;
   lr_score_.assign(cells, 0.0f);
-  lr_kpre_.assign(cells * geo_.head_dim_k * esz_, 0);
+  if (locret_pre_rope(opt_)) lr_kpre_.assign(cells * geo_.head_dim_k * esz_, 0);
   lr_len_.assign(pages_.n_seqs(), 0);
   lr_plan_end_.assign(pages_.n_seqs(), 0);
   lr_evicted_at_.assign(pages_.n_seqs(), 0);
@@ -38,6 +38,7 @@ void TieredKv::locret_init(MemoryLedger& ledger) {
   lr_rot_in_.resize(static_cast<size_t>(lr_cap_ * geo_.head_dim_k));
   lr_rot_out_.resize(lr_rot_in_.size());
   lr_rot_pos_.resize(static_cast<size_t>(lr_cap_));
+  lr_rot_row_.resize(static_cast<size_t>(lr_cap_));
 }
 
 std::vector<int64_t> TieredKv::plan_prefill(SeqId seq, int64_t n, int64_t chunk) {
@@ -81,7 +82,8 @@ void TieredKv::locret_write(uint32_t layer, const LayerRows& rows) {
       const size_t c = lr_cell(sp.seq, layer, h) + static_cast<size_t>(sp.pos0);
       for (int64_t t = 0; t < sp.n; ++t) {
         lr_score_[c + t] = sc[t * hk + h];
-        store_kv_row(geo_.dtype, kpre + (t * hk + h) * dk, dk, lr_kpre_.data() + (c + t) * rk);
+        if (!lr_kpre_.empty())
+          store_kv_row(geo_.dtype, kpre + (t * hk + h) * dk, dk, lr_kpre_.data() + (c + t) * rk);
       }
     }
   }
@@ -115,11 +117,12 @@ int64_t TieredKv::locret_compact_unit(uint8_t* base, uint64_t pitch, const polic
   const int64_t dk = geo_.head_dim_k;
   const uint64_t rk = dk * esz_, rv = geo_.head_dim_v * esz_;
   const int64_t batch = std::min<int64_t>(compute_ != nullptr ? compute_->max_rows() : lr_cap_, lr_cap_);
+  const bool pre_rope = locret_pre_rope(opt_);
   int64_t first_changed = keep;
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     const size_t c = lr_cell(seq, u.layer, u.head0 + h);
     float* sc = lr_score_.data() + c;
-    uint8_t* kpre = lr_kpre_.data() + c * rk;
+    uint8_t* kpre = pre_rope ? lr_kpre_.data() + c * rk : nullptr;
     uint8_t* kplane = base + 2ull * h * pitch;
     uint8_t* vplane = base + (2ull * h + 1) * pitch;
     locret_mark_keep(sc, n, keep, n_protect, opt_.knobs.locret_pool, lr_order_, lr_keep_);
@@ -131,22 +134,28 @@ int64_t TieredKv::locret_compact_unit(uint8_t* base, uint64_t pitch, const polic
                             std::span(lr_rot_pos_.data(), static_cast<size_t>(n_rot)), lr_rot_out_.data());
       for (int64_t i = 0; i < n_rot; ++i) {
         store_kv_row(geo_.dtype, lr_rot_out_.data() + i * dk, dk,
-                     kplane + static_cast<uint64_t>(lr_rot_pos_[static_cast<size_t>(i)]) * rk);
+                     kplane + static_cast<uint64_t>(lr_rot_row_[static_cast<size_t>(i)]) * rk);
       }
       n_rot = 0;
     };
     // Kept rows move down in position order: V, the pre-RoPE key and the score move; the key after
-    // RoPE is re-rotated to its new row from the pre-RoPE key (LocretKv's bits).
+    // RoPE is re-rotated to its new row from the pre-RoPE key, or (rerotate) the key of row r, not yet
+    // overwritten (rows are written at w <= r only), is turned by w - r (LocretKv's bits either way).
     int64_t w = 0;
     for (int64_t r = 0; r < n; ++r) {
       if (!lr_keep_[static_cast<size_t>(r)]) continue;
       if (w != r) {
         first_changed = std::min(first_changed, w);
         std::memmove(vplane + static_cast<uint64_t>(w) * rv, vplane + static_cast<uint64_t>(r) * rv, rv);
-        std::memmove(kpre + static_cast<uint64_t>(w) * rk, kpre + static_cast<uint64_t>(r) * rk, rk);
         sc[w] = sc[r];
-        load_kv_row(geo_.dtype, kpre + static_cast<uint64_t>(w) * rk, dk, lr_rot_in_.data() + n_rot * dk);
-        lr_rot_pos_[static_cast<size_t>(n_rot)] = w;
+        if (pre_rope) {
+          std::memmove(kpre + static_cast<uint64_t>(w) * rk, kpre + static_cast<uint64_t>(r) * rk, rk);
+          load_kv_row(geo_.dtype, kpre + static_cast<uint64_t>(w) * rk, dk, lr_rot_in_.data() + n_rot * dk);
+        } else {
+          load_kv_row(geo_.dtype, kplane + static_cast<uint64_t>(r) * rk, dk, lr_rot_in_.data() + n_rot * dk);
+        }
+        lr_rot_pos_[static_cast<size_t>(n_rot)] = pre_rope ? w : w - r;
+        lr_rot_row_[static_cast<size_t>(n_rot)] = w;
         if (++n_rot == batch) flush();
       }
       ++w;

@@ -16,6 +16,16 @@ InfinigenGroup parse_infinigen_group(std::string_view name) {
   fail(ErrorKind::kInvalidArgument, "--infinigen-group {}: expected max or relative", name);
 }
 
+std::string_view locret_keys_name(LocretKeys k) {
+  return k == LocretKeys::kRerotate ? "rerotate" : "prerope";
+}
+
+LocretKeys parse_locret_keys(std::string_view name) {
+  for (const LocretKeys k : {LocretKeys::kPreRope, LocretKeys::kRerotate})
+    if (locret_keys_name(k) == name) return k;
+  fail(ErrorKind::kInvalidArgument, "--locret-keys {}: expected prerope or rerotate", name);
+}
+
 namespace {
 
 constexpr AxisValue kValues[] = {

@@ -88,6 +88,16 @@ enum class InfinigenGroup { kMax, kRelative };
 std::string_view infinigen_group_name(InfinigenGroup g);
 InfinigenGroup parse_infinigen_group(std::string_view name);  // Error(kInvalidArgument) naming the choices
 
+// Locret renumbers the retained keys compactly after an eviction (spec locret.md §8.1), so a kept key
+// that moves from row r to row w is rotated anew. kPreRope: from a copy of the key before RoPE kept
+// beside every row (the spec's reference cache: K after RoPE, K before RoPE and V per row); kRerotate:
+// the key after RoPE is turned by the angle of w - r (RoPE composes; spec §3.5 "an equivalent
+// alternative, exact up to rounding"), so no copy is kept: a third less memory per row with f16 KV,
+// at one more rounding of the key per move.
+enum class LocretKeys { kPreRope, kRerotate };
+std::string_view locret_keys_name(LocretKeys k);
+LocretKeys parse_locret_keys(std::string_view name);  // Error(kInvalidArgument) naming the choices
+
 struct PolicyKnobs {
   int64_t budget = 0;           // --kv-budget: tokens per (sequence, layer) kept (h2o) or attended
                                 // (quest); 0 = not given
@@ -115,7 +125,8 @@ struct PolicyKnobs {
   int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
   int64_t locret_pool = 1;   // --locret-pool: locret ranks a unit by the best score within this many
                              // neighbouring units (odd; 1: its own score, the paper)
-  uint64_t pool_limit = 0;   // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
+  LocretKeys locret_keys = LocretKeys::kPreRope;  // --locret-keys
+  uint64_t pool_limit = 0;  // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   PoolPrefill pool_prefill = PoolPrefill::kOrder;       // --kv-pool-prefill
   bool operator==(const PolicyKnobs&) const = default;

@@ -151,6 +151,10 @@ def degenerate_configs(n_kv_heads):
                         True))
             out.append((["--kv-policy", f"headinfer+{bits}+kvpr", "--group", "1", "--kivi-residual", "1024",
                          "--recompute", "300"], True))
+    # locret without pre-RoPE copies (--locret-keys rerotate): with nothing evicted no key moves, so
+    # the keys are the forward's own (test_locret_offloaded.py checks the mode through evictions).
+    if "locret" in approximate_values():
+        out.append((["--kv-policy", "locret", *DEGENERATE["locret"][0], "--locret-keys", "rerotate"], False))
     return out
 
 

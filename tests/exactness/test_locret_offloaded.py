@@ -110,3 +110,32 @@ def test_pooled_scores_evict_alike_on_every_placement(heads, tmp_path):
         p = run("run", "-m", model("smollm2"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
                 "--locret-heads", heads, "--locret-pool", bad, check=False)
         assert p.returncode == 1 and "--locret-pool" in p.stderr, p.stderr
+
+
+def test_rerotated_keys_evict_alike_on_every_placement(heads, tmp_path):
+    """--locret-keys rerotate keeps no key before RoPE: a kept key that an eviction moves from row r to
+    row w is its stored key turned by w - r. Every placement gives resident+locret's bits in that mode;
+    the mode changes the bits (one more rounding of a moved key) but not the prompt's tokens kept; and the
+    KV memory shrinks by exactly the pre-RoPE copies: b + n_loc + B = 117 rows x 30 layers x 3 KV heads
+    x 64 f16."""
+    rr = ["--locret-keys", "rerotate"]
+    ref = generate("resident+locret", heads, extra=rr)
+    pre = generate("resident+locret", heads)
+    assert ref["state_digest"] != pre["state_digest"]
+    copies = (BUDGET + TAIL + CHUNK) * 30 * 3 * 64 * 2
+    assert pre["kv"]["kv_bytes_peak"] - ref["kv"]["kv_bytes_peak"] == copies
+    disk = tmp_path / "kvdisk"
+    disk.mkdir()
+    for r in (["layer+locret"], ["layer+locret", "--kv-disk", disk],
+              ["headinfer+locret", "--group", 1, "--static-heads", 1, "--kv-disk", disk]):
+        got = generate(r[0], heads, extra=[*r[1:], *rr])
+        what = " ".join(map(str, r))
+        assert got["tokens"] == ref["tokens"], what
+        assert got["state_digest"] == ref["state_digest"], what
+        assert got["logits_digest"] == ref["logits_digest"], what
+        # the offloaded placements keep the copies (or none) beside the home tier, in host memory
+        assert generate(r[0], heads, n_gen=1, extra=r[1:])["kv"]["kv_bytes_peak"] - \
+            generate(r[0], heads, n_gen=1, extra=[*r[1:], *rr])["kv"]["kv_bytes_peak"] == copies, what
+    p = run("run", "-m", model("smollm2"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
+            "--locret-heads", heads, "--locret-keys", "postrope", check=False)
+    assert p.returncode == 2 and "--locret-keys postrope: expected prerope or rerotate" in p.stderr, p.stderr  # usage

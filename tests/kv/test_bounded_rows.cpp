@@ -52,9 +52,15 @@ TEST(BoundedRows, CompactKeepsOrderAndMovesEveryField) {
       rows.put(h, r, k.data(), nullptr, v.data(), 100 + r, x / 2);
     }
   }
-  std::vector<int64_t> moved;
-  EXPECT_EQ(rows.compact(1, 5, keep_of(5, {0, 2, 4}), [&](int64_t w) { moved.push_back(w); }), 3);
+  std::vector<int64_t> moved, from;
+  EXPECT_EQ(rows.compact(1, 5, keep_of(5, {0, 2, 4}),
+                         [&](int64_t w, int64_t r) {
+                           moved.push_back(w);
+                           from.push_back(r);
+                         }),
+            3);
   EXPECT_EQ(moved, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(from, (std::vector<int64_t>{2, 4}));
   const auto* k = reinterpret_cast<const float*>(rows.k.data());
   const auto* v = reinterpret_cast<const float*>(rows.v.data());
   const int64_t want[] = {0, 2, 4};

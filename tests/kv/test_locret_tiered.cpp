@@ -108,41 +108,46 @@ TEST(LocretTiered, OffloadedPlacementsGiveTheResidentBitsThroughEvictionsAndOver
       {policy::Placement::kLayer, 0, 3, 0, false, 100},  {policy::Placement::kHeadInfer, 1, 1, 0, false, 0},
       {policy::Placement::kHeadInfer, 1, 2, 1, true, 0}, {policy::Placement::kHeadInfer, 2, 1, 0, true, 50},
   };
-  for (cpu::KvDtype dt : {cpu::KvDtype::kF32, cpu::KvDtype::kF16}) {
-    for (const Case& c : cases) {
-      auto sc = std::make_shared<HashScorer>(4);  // 4 score levels: ties decided by position
-      ToyCompute tc;
-      MemoryLedger l0;
-      LocretKv ref(geometry(dt), 4096, kHead, l0, pool, isa, options(c, sc));
-      ref.set_compute(&tc);
-      const Trace want = drive(ref, c, [](int64_t) {});
-      for (const Placement& pl : placements) {
-        KvOptions o = options(c, sc);
-        o.placement.placement = pl.p;
-        o.placement.group = pl.group;
-        o.placement.prefetch_depth = pl.depth;
-        o.placement.static_heads = pl.statics;
-        o.disk_dir = pl.disk ? disk_dir() : "";
-        o.copy_delay_us = pl.delay_us;
-        MemoryLedger l1;
-        TieredKv tiered(geometry(dt), 4096, kHead, l1, pool, isa, o);
-        tiered.set_compute(&tc);
-        const Trace got = drive(tiered, c, [](int64_t) {});
-        const std::string what = std::string(policy::placement_name(pl.p)) +
-                                 " g=" + std::to_string(pl.group) + " depth=" + std::to_string(pl.depth) +
-                                 " static=" + std::to_string(pl.statics) + (pl.disk ? " disk" : " host") +
-                                 " b=" + std::to_string(c.budget) +
-                                 (dt == cpu::KvDtype::kF16 ? " f16" : " f32");
-        EXPECT_EQ(got.pos0, want.pos0) << what;
-        EXPECT_EQ(got.after, want.after) << what;
-        ASSERT_EQ(got.out.size(), want.out.size()) << what;
-        EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), got.out.size() * sizeof(float)), 0) << what;
-        EXPECT_EQ(tiered.locret_evictions(), ref.evictions()) << what;
-      }
-      if (c.budget < c.prompt) {
-        EXPECT_GT(ref.evictions(), 1u);
-      } else {
-        EXPECT_EQ(ref.evictions(), 0u);
+  for (const policy::LocretKeys keys : {policy::LocretKeys::kPreRope, policy::LocretKeys::kRerotate}) {
+    for (cpu::KvDtype dt : {cpu::KvDtype::kF32, cpu::KvDtype::kF16}) {
+      for (const Case& c : cases) {
+        auto sc = std::make_shared<HashScorer>(4);  // 4 score levels: ties decided by position
+        ToyCompute tc;
+        MemoryLedger l0;
+        KvOptions ro = options(c, sc);
+        ro.knobs.locret_keys = keys;
+        LocretKv ref(geometry(dt), 4096, kHead, l0, pool, isa, ro);
+        ref.set_compute(&tc);
+        const Trace want = drive(ref, c, [](int64_t) {});
+        for (const Placement& pl : placements) {
+          KvOptions o = ro;
+          o.placement.placement = pl.p;
+          o.placement.group = pl.group;
+          o.placement.prefetch_depth = pl.depth;
+          o.placement.static_heads = pl.statics;
+          o.disk_dir = pl.disk ? disk_dir() : "";
+          o.copy_delay_us = pl.delay_us;
+          MemoryLedger l1;
+          TieredKv tiered(geometry(dt), 4096, kHead, l1, pool, isa, o);
+          tiered.set_compute(&tc);
+          const Trace got = drive(tiered, c, [](int64_t) {});
+          const std::string what = std::string(policy::placement_name(pl.p)) +
+                                   " g=" + std::to_string(pl.group) + " depth=" + std::to_string(pl.depth) +
+                                   " static=" + std::to_string(pl.statics) + (pl.disk ? " disk" : " host") +
+                                   " b=" + std::to_string(c.budget) +
+                                   (dt == cpu::KvDtype::kF16 ? " f16" : " f32") + " " +
+                                   std::string(policy::locret_keys_name(keys));
+          EXPECT_EQ(got.pos0, want.pos0) << what;
+          EXPECT_EQ(got.after, want.after) << what;
+          ASSERT_EQ(got.out.size(), want.out.size()) << what;
+          EXPECT_EQ(std::memcmp(got.out.data(), want.out.data(), got.out.size() * sizeof(float)), 0) << what;
+          EXPECT_EQ(tiered.locret_evictions(), ref.evictions()) << what;
+        }
+        if (c.budget < c.prompt) {
+          EXPECT_GT(ref.evictions(), 1u);
+        } else {
+          EXPECT_EQ(ref.evictions(), 0u);
+        }
       }
     }
   }

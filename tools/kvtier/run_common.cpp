@@ -47,6 +47,14 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "locret: rank each unit by the best score among this many neighbouring units (odd), so that a "
          "span such as a number is kept or evicted whole; 1: each unit's own score (the paper)")
       ->default_val(k.locret_pool);
+  cmd->add_option_function<std::string>(
+         "--locret-keys",
+         [&knobs](const std::string& v) { knobs.locret_keys = policy::parse_locret_keys(v); },
+         "locret: how a kept key is turned to its new position after an eviction: prerope (from a copy "
+         "of the key before RoPE kept beside every row, the spec's cache) or rerotate (the stored key "
+         "turned by the distance it moved: no copy, a third less KV memory per row with f16 KV, one more "
+         "rounding per move; docs/locret.md)")
+      ->default_str(std::string(policy::locret_keys_name(k.locret_keys)));
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
       ->default_val(k.kivi_group);
@@ -133,6 +141,7 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
   add(k.stabilizers != d.stabilizers, "--stabilizers", k.stabilizers);
   add(k.local_tail != d.local_tail, "--local-tail", k.local_tail);
   add(k.locret_pool != d.locret_pool, "--locret-pool", k.locret_pool);
+  add(k.locret_keys != d.locret_keys, "--locret-keys", policy::locret_keys_name(k.locret_keys));
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
   add(k.pool_eviction != d.pool_eviction, "--kv-pool-eviction", policy::pool_eviction_name(k.pool_eviction));
   add(k.pool_prefill != d.pool_prefill, "--kv-pool-prefill", policy::pool_prefill_name(k.pool_prefill));
