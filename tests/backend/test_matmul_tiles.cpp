@@ -125,7 +125,7 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
           for (float& v : x) v = normal(rng);
           quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
         }
-        const size_t group_bytes = act_panel_bytes(f, k, kPanelTokens);
+        const size_t group_bytes = act_panel_bytes(f, panel.layout, k, kPanelTokens);
         std::vector<uint8_t> packed(group_bytes * static_cast<size_t>(groups));  // [groups] panels
         for (int g = 0; g < groups; ++g)
           pack_act_panel(f, panel.layout, act.data() + g * kPanelTokens * act_bytes, act_bytes, k,

@@ -1,5 +1,5 @@
-// SIMD kernels of the 4- and 5-bit legacy quants (q4_0, q4_1, q5_0, q5_1) built on one scalar
-// chain per output: for each block b,
+// SIMD kernels of the legacy quants (q4_0, q4_1, q5_0, q5_1; on AVX2 also q8_0's vec_dot and one-token
+// tile, whose panel tile is in matmul_avx2.cpp) built on one scalar chain per output: for each block b,
 //     s = fma(float(isum_b), dw_b * da_b, s)          (isum_b: the block's exact integer dot)
 // and, for q4_1 / q5_1, a second chain m = m + (mw_b * da_b) * float(asum_b), the result s + m.
 // The integer isum_b is exact whichever lanes compute it, so the matmul tile may place tokens in
@@ -9,6 +9,8 @@
 // Weights are unpacked to unsigned bytes (q4: 0..15, q5: 0..31) so that one VPMADDUBSW multiplies
 // them with signed activations directly; the signed types take their offset out afterwards
 // (isum = dot(u, a) - offset * sum(a), with the block sums quantisation already keeps).
+// q8_0's quants are signed bytes, whose offset form (q + 128) would overflow VPMADDUBSW's int16 pair
+// sums: its block dot multiplies |q| by the activations carrying q's sign (VPSIGNB).
 // Against the 8-lane per-token chains of the other legacy kernels, a panel tile converts, scales
 // and accumulates once per 8 tokens and needs no VPSIGNB. bench_matmul_cputime avx2 (2-vCPU AMD
 // EPYC Zen 4, 3 interleaved rounds with the previous 1 x 8 tiles, a busy machine, so per CPU second):
@@ -29,7 +31,11 @@ namespace {
 
 using namespace avx2;
 
-enum class Chain { kQ4_0, kQ4_1, kQ5_0, kQ5_1 };
+enum class Chain { kQ4_0, kQ4_1, kQ5_0, kQ5_1, kQ8_0 };
+
+// q8_0: signed quants (no offset, no min).
+template <Chain kType>
+constexpr bool kSigned = kType == Chain::kQ8_0;
 
 template <Chain kType>
 constexpr bool kHasMin = kType == Chain::kQ4_1 || kType == Chain::kQ5_1;
@@ -61,9 +67,13 @@ float min_of(const Block& blk) {
 // Exact integer dot of one block: sum of (quant) * (activation) over its 32 elements.
 template <Chain kType, typename Block>
 int block_isum(const Block& blk, const ActQ8_32& a) {
-  const int u = hsum_i32(dot_u8s8(unpack_unsigned<kType>(blk), load256(a.qs)));
-  if constexpr (kOffsetShift<kType> != 0) return u - (a.sum << kOffsetShift<kType>);
-  return u;
+  if constexpr (kSigned<kType>) {
+    return hsum_i32(dot_s8s8(load256(blk.qs), load256(a.qs)));
+  } else {
+    const int u = hsum_i32(dot_u8s8(unpack_unsigned<kType>(blk), load256(a.qs)));
+    if constexpr (kOffsetShift<kType> != 0) return u - (a.sum << kOffsetShift<kType>);
+    return u;
+  }
 }
 
 template <Chain kType, typename Block>
@@ -97,11 +107,14 @@ void narrow_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64
     const __m256i av = load256(a[b].qs);
     __m256i p[R];  // [row] 8 x i32 partial dots
     for (int r = 0; r < R; ++r) {
-      const __m256i u = unpack_unsigned<kType>(x[r][b]);
-      if constexpr (kVnni)
-        p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, av);
-      else
-        p[r] = dot_u8s8(u, av);
+      if constexpr (kSigned<kType>) {
+        static_assert(!kVnni, "q8_0's chain has no VNNI instance");
+        p[r] = dot_s8s8(load256(x[r][b].qs), av);
+      } else if constexpr (kVnni) {
+        p[r] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), unpack_unsigned<kType>(x[r][b]), av);
+      } else {
+        p[r] = dot_u8s8(unpack_unsigned<kType>(x[r][b]), av);
+      }
     }
     const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     __m128i isum = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));  // [row]

@@ -33,7 +33,7 @@ size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens) {
          ggml_type_name(type));
   }
   if (f == ActFormat::kF32) return 0;  // f32 activations are used in place
-  const size_t panels = act_panel_bytes(f, k, n_tokens);
+  const size_t panels = act_panel_bytes_max(f, k, n_tokens);
   return act_row_bytes(f, k) * static_cast<size_t>(n_tokens) + panels;
 }
 
@@ -114,7 +114,7 @@ void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
   std::vector<uint8_t> panels;  // only for types with panel tiles
   const PanelKernel panel = kernel_table(isa).panel[static_cast<size_t>(w.type)];
   if (panel.fn != nullptr && n_tokens >= kPanelTokens)
-    panels.resize(act_panel_bytes(act_format_for(w.type), w.k, n_tokens));
+    panels.resize(act_panel_bytes(act_format_for(w.type), panel.layout, w.k, n_tokens));
   matmul_acts(pool, isa, w, act, n_tokens, y, panels);
 }
 
@@ -162,7 +162,7 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
     // the remaining tokens and rows one token at a time.
     const int64_t n_groups = n_tokens / kPanelTokens;
     const ActFormat fmt = act_format_for(w.type);
-    const size_t group_bytes = act_panel_bytes(fmt, w.k, kPanelTokens);
+    const size_t group_bytes = act_panel_bytes(fmt, panel.layout, w.k, kPanelTokens);
     KVTIER_ASSERT(panel_scratch.size() >= group_bytes * static_cast<size_t>(n_groups),
                   "panel scratch of {} bytes", panel_scratch.size());
     uint8_t* panels = panel_scratch.data();

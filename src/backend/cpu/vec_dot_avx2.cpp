@@ -1,5 +1,5 @@
-// AVX2 dot products for the float types, q8_0 and the K-quants (q4_0, q4_1, q5_0 and q5_1 are in
-// matmul_avx2_panel.cpp). q8_0 accumulates per-block float terms in 8 lanes (FMA); K-quants reduce each
+// AVX2 dot products for the float types and the K-quants (q4_0, q4_1, q5_0, q5_1 and q8_0 are in
+// matmul_avx2_panel.cpp, one float chain per output over exact block integers). K-quants reduce each
 // super-block to the same integers as the reference and combine them with the reference's float expression,
 // so they equal the scalar result exactly.
 #include "backend/cpu/block_unpack.h"
@@ -58,19 +58,6 @@ float dot_half(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   float s = hsum_f32(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
   for (; i < k; ++i) s += (kBf16 ? unpack_bf16(w[i]) : unpack_f16(w[i])) * a[i];
   return s;
-}
-
-// q8_0: per block acc (8 lanes) += isum * (dw * da), one FMA chain over the blocks.
-float dot_q8_0(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  const BlockQ8_0* x = as<BlockQ8_0>(w8);
-  const ActQ8_32* a = as<ActQ8_32>(a8);
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t b = 0; b < k / kQK; ++b) {
-    const __m256i av = load256(a[b].qs);
-    const __m256i isum = dot_s8s8(load256(x[b].qs), av);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[b].d) * a[b].d), acc);
-  }
-  return hsum_f32(acc);
 }
 
 // Multiplies int16 pair sums by per-half scales: lanes 0..7 (elements 0..15) by s0, 8..15 by s1.
@@ -199,8 +186,7 @@ void fill_avx2_kernels(KernelTable& t) {
   set(GgmlType::kF32, dot_f32);
   set(GgmlType::kF16, dot_half<false>);
   set(GgmlType::kBF16, dot_half<true>);
-  // q4_0, q4_1, q5_0, q5_1: matmul_avx2_panel.cpp (one float chain per output, for its panel tiles).
-  set(GgmlType::kQ8_0, dot_q8_0);
+  // q4_0, q4_1, q5_0, q5_1, q8_0: matmul_avx2_panel.cpp (one float chain per output, for its panel tiles).
   set(GgmlType::kQ2_K, dot_q2_k);
   set(GgmlType::kQ3_K, dot_q3_k);
   set(GgmlType::kQ4_K, dot_q45_k<false, BlockQ4_K>);
