@@ -1,5 +1,5 @@
 // SIMD kernels of the legacy quants (q4_0, q4_1, q5_0, q5_1; on AVX2 also q8_0's vec_dot and one-token
-// tile, whose panel tile is in matmul_avx2.cpp) built on one scalar chain per output: for each block b,
+// tile; its panel tile is in matmul_avx2_panel.cpp) built on one scalar chain per output: for each block b,
 //     s = fma(float(isum_b), dw_b * da_b, s)          (isum_b: the block's exact integer dot)
 // and, for q4_1 / q5_1, a second chain m = m + (mw_b * da_b) * float(asum_b), the result s + m.
 // The integer isum_b is exact whichever lanes compute it, so the matmul tile may place tokens in

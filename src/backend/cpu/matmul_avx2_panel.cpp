@@ -36,9 +36,8 @@ void panel_q8_0_pairs(const uint8_t* w, int64_t row_bytes, const uint8_t* panel,
     __m256i acc[R][G];  // [row][group] lane t: token t's block dot so far
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < G; ++g) acc[r][g] = _mm256_setzero_si256();
-        // Not unrolled whole: GCC then issued all 16 x R x G products first and spilled them to the stack.
 #pragma GCC unroll 4
-    for (int j = 0; j < kQK / 2; ++j) {
+    for (int j = 0; j < kQK / 2; ++j) {  // unrolled whole, GCC issued all products first and spilled them
       __m256i av[G];
       for (int g = 0; g < G; ++g) av[g] = load256(p[g][b].qs[j]);
       for (int r = 0; r < R; ++r) {
