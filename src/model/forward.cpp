@@ -156,8 +156,8 @@ void Forward::project_kv(uint32_t l, const float* x, std::span<const int64_t> po
   const LayerWeights& L = lw(l);
   const LayerConfig& lc = cfg_.layers[l];
   const int64_t half = cfg_.n_rot / 2;
-  matmul(L.wk, x, n, k);
-  matmul(L.wv, x, n, v);
+  const cpu::MatmulOut kv_out[] = {{&L.wk, k}, {&L.wv, v}};
+  cpu::matmul_same_input(pool_, isa_, kv_out, x, n, mm_scratch_);
   for_tokens(n, [&](int64_t t) {
     float* c = hook_cos_.data() + t * half;
     float* sn = hook_sin_.data() + t * half;
@@ -302,9 +302,8 @@ void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
 
   // Attention block.
   for_tokens(n, [&](int64_t t) { norm(x_.data() + t * E, L.attn_norm, L.attn_norm_b, xn_.data() + t * E); });
-  matmul(L.wq, xn_.data(), n, q_.data());
-  matmul(L.wk, xn_.data(), n, k_.data());
-  matmul(L.wv, xn_.data(), n, v_.data());
+  const cpu::MatmulOut qkv[] = {{&L.wq, q_.data()}, {&L.wk, k_.data()}, {&L.wv, v_.data()}};
+  cpu::matmul_same_input(pool_, isa_, qkv, xn_.data(), n, mm_scratch_);
   const float* cos = cos_.data() + lc.rope_table * T * half;
   const float* sin = sin_.data() + lc.rope_table * T * half;
   for_tokens(n, [&](int64_t t) {
@@ -344,8 +343,8 @@ void Forward::layer(uint32_t l, int64_t n, kv::KvCache& kv) {
       cpu::relu(isa_, g, F, g);
     });
   } else {
-    matmul(L.gate, xn_.data(), n, gate_.data());
-    matmul(L.up, xn_.data(), n, up_.data());
+    const cpu::MatmulOut gate_up[] = {{&L.gate, gate_.data()}, {&L.up, up_.data()}};
+    cpu::matmul_same_input(pool_, isa_, gate_up, xn_.data(), n, mm_scratch_);
     for_tokens(n, [&](int64_t t) {
       float* g = gate_.data() + t * F;
       if (cfg_.act == FfnActivation::kSilu) {

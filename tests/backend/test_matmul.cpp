@@ -61,6 +61,65 @@ TEST(Matmul, EqualsVecDotForEveryThreadCountAndTokenCount) {
   }
 }
 
+// matmul_same_input (a layer's Q/K/V, its gate/up) gives each matrix matmul's bits: matrices of one
+// activation format (decode: one pool run) and of several (one matmul each), row counts that split
+// unevenly over the threads, and token counts with and without panel tiles.
+TEST(Matmul, SeveralMatricesOverOneInputGiveEachMatmulsBits) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t k = 512;  // a multiple of every block size
+  const std::vector<std::vector<GgmlType>> mixes = {
+      {GgmlType::kQ4_1, GgmlType::kQ4_1, GgmlType::kQ8_0},  // SmolLM2-like: one format
+      {GgmlType::kQ4_K, GgmlType::kQ4_K, GgmlType::kQ6_K},  // Gemma-3-like: one format
+      {GgmlType::kQ4_0, GgmlType::kF16, GgmlType::kQ5_K},   // three formats
+      {GgmlType::kF32, GgmlType::kBF16},
+  };
+  const std::vector<int64_t> rows = {37, 5, 70};
+  for (const auto& types : mixes) {
+    std::vector<std::vector<uint8_t>> data;
+    std::vector<WeightMatrix> ws;
+    size_t scratch_bytes = 0;
+    for (size_t i = 0; i < types.size(); ++i) data.push_back(test::random_weights(types[i], rows[i], k, rng));
+    for (size_t i = 0; i < types.size(); ++i) ws.push_back({types[i], data[i].data(), rows[i], k});
+    for (int64_t n_tokens : {1, 2, 9, 21}) {
+      for (GgmlType t : types) scratch_bytes = std::max(scratch_bytes, matmul_scratch_bytes(t, k, n_tokens));
+      std::vector<float> x(static_cast<size_t>(n_tokens * k));  // [n_tokens, k]
+      for (float& v : x) v = normal(rng);
+      for (Isa isa : supported_isas()) {
+        for (int threads = 1; threads <= 3; ++threads) {
+          ThreadPool pool(threads);
+          std::vector<uint8_t> scratch(scratch_bytes);
+          std::vector<std::vector<float>> expected, got;  // [matrix][n_tokens, rows]
+          std::vector<MatmulOut> outs;
+          for (const WeightMatrix& w : ws) {
+            expected.emplace_back(static_cast<size_t>(n_tokens * w.n_rows));
+            matmul(pool, isa, w, x.data(), n_tokens, expected.back().data(), scratch);
+            got.emplace_back(static_cast<size_t>(n_tokens * w.n_rows), -7.0f);
+          }
+          for (size_t i = 0; i < ws.size(); ++i) outs.push_back({&ws[i], got[i].data()});
+          matmul_same_input(pool, isa, outs, x.data(), n_tokens, scratch);
+          for (size_t i = 0; i < ws.size(); ++i) {
+            for (size_t j = 0; j < got[i].size(); ++j) {
+              ASSERT_EQ(std::bit_cast<uint32_t>(got[i][j]), std::bit_cast<uint32_t>(expected[i][j]))
+                  << ggml_type_name(types[i]) << " isa=" << isa_name(isa) << " threads=" << threads
+                  << " tokens=" << n_tokens << " j=" << j;
+            }
+          }
+        }
+      }
+    }
+  }
+  ThreadPool pool(1);
+  std::vector<float> x(k), y(8);
+  std::vector<uint8_t> scratch(matmul_scratch_bytes(GgmlType::kQ4_0, k, 1));
+  const auto w4 = test::random_weights(GgmlType::kQ4_0, 1, k, rng);
+  const auto w8 = test::random_weights(GgmlType::kQ4_0, 1, 256, rng);
+  const WeightMatrix a{GgmlType::kQ4_0, w4.data(), 1, k}, b{GgmlType::kQ4_0, w8.data(), 1, 256};
+  const MatmulOut mixed[] = {{&a, y.data()}, {&b, y.data() + 1}};
+  EXPECT_DEATH_IF_SUPPORTED(matmul_same_input(pool, Isa::kScalar, mixed, x.data(), 1, scratch),
+                            "inner sizes");
+}
+
 TEST(Matmul, UnsupportedTypeAndBadShapeAreErrors) {
   ThreadPool pool(1);
   std::vector<uint8_t> w(1024);

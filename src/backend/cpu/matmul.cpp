@@ -91,6 +91,9 @@ void quantize_rows(ThreadPool& pool, Isa isa, GgmlType type, const float* x, int
 namespace {
 void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
                  float* y, std::span<uint8_t> panel_scratch);
+void matmuls_one_run(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs, const uint8_t* act,
+                     int64_t n_tokens);
+bool uses_panels(const KernelTable& table, GgmlType type, int64_t n_tokens);
 }  // namespace
 
 void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
@@ -109,6 +112,45 @@ void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, in
   matmul_acts(pool, isa, w, act, n_tokens, y, panels);
 }
 
+void matmul_same_input(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs, const float* x,
+                       int64_t n_tokens, std::span<uint8_t> scratch) {
+  KVTIER_ASSERT(!outs.empty(), "matmul_same_input of no matrices");
+  const int64_t k = outs.front().w->k;
+  const ActFormat fmt = act_format_for(outs.front().w->type);
+  bool shared = true;
+  for (const MatmulOut& o : outs) {
+    KVTIER_ASSERT(o.w->k == k, "matmul_same_input over inner sizes {} and {}", k, o.w->k);
+    shared = shared && act_format_for(o.w->type) == fmt;
+  }
+  if (!shared) {  // the matrices quantise x differently: one matmul each
+    for (const MatmulOut& o : outs) matmul(pool, isa, *o.w, x, n_tokens, o.y, scratch);
+    return;
+  }
+  int64_t weight_bytes = 0;
+  for (const MatmulOut& o : outs) {
+    KVTIER_ASSERT(scratch.size() >= matmul_scratch_bytes(o.w->type, k, n_tokens),
+                  "matmul scratch of {} bytes", scratch.size());
+    weight_bytes += weight_row_bytes(*o.w) * o.w->n_rows;
+  }
+  if (n_tokens == 0 || weight_bytes == 0) return;
+  const uint8_t* act = reinterpret_cast<const uint8_t*>(x);
+  std::span<uint8_t> panels;
+  if (fmt != ActFormat::kF32) {
+    const int threads = pool.threads_for(weight_bytes * n_tokens, kSleepingPoolMinBytes);
+    quantize_rows_on(pool, threads, isa, outs.front().w->type, x, n_tokens, k, scratch.data());
+    act = scratch.data();
+    panels = scratch.subspan(act_row_bytes_for(outs.front().w->type, k) * static_cast<size_t>(n_tokens));
+  }
+  const KernelTable& table = kernel_table(isa);
+  bool any_panels = false;
+  for (const MatmulOut& o : outs) any_panels = any_panels || uses_panels(table, o.w->type, n_tokens);
+  if (any_panels) {  // prefill: long runs, so one matrix at a time (panels packed per matrix)
+    for (const MatmulOut& o : outs) matmul_acts(pool, isa, *o.w, act, n_tokens, o.y, panels);
+    return;
+  }
+  matmuls_one_run(pool, isa, outs, act, n_tokens);
+}
+
 void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
                  float* y) {
   std::vector<uint8_t> panels;  // only for types with panel tiles
@@ -120,108 +162,163 @@ void matmul_rows(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
 
 namespace {
 
-void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
-                 float* y, std::span<uint8_t> panel_scratch) {
-  const KernelTable& table = kernel_table(isa);
-  const VecDotFn dot = dot_fn(table, w.type);
-  const int64_t row_bytes = weight_row_bytes(w);
-  const int threads = pool.threads_for(row_bytes * w.n_rows * n_tokens, kSleepingPoolMinBytes);
-  if (n_tokens == 0 || w.n_rows == 0) return;
-  // Activation rows in the dot products' format: [n_tokens, act_bytes].
-  const auto act_bytes = static_cast<int64_t>(act_row_bytes_for(w.type, w.k));
-
-  // Output rows split over threads in kRowAlign units; within a unit, 32-token tiles; within those,
-  // register tiles (wide.rows x wide.tokens where the type has them, then tile.rows x tile.tokens),
-  // and on the edges (decode included) narrow tiles of one token, then single vec_dots. Every path gives
-  // vec_dot's bits (kernels.h TileFn), so the split and the tiling never change a result.
-  const TileKernel tile = table.tile[static_cast<size_t>(w.type)];
-  const TileKernel wide = table.tile_wide[static_cast<size_t>(w.type)];
-  const TileKernel narrow = table.tile_narrow[static_cast<size_t>(w.type)];
-  const PanelKernel panel = table.panel[static_cast<size_t>(w.type)];
-  KVTIER_ASSERT(
-      wide.fn == nullptr || (tile.fn != nullptr && wide.rows == tile.rows && wide.tokens % tile.tokens == 0),
-      "wide tile of {} rows", wide.rows);
-  KVTIER_ASSERT(narrow.fn == nullptr || narrow.tokens == 1, "narrow tile of {} tokens", narrow.tokens);
-  KVTIER_ASSERT(panel.fn == nullptr || panel.groups >= 1, "panel tile of {} token groups", panel.groups);
-  // Outputs of rows [rb, re) x tokens [tb, te) one token at a time: narrow tiles, then vec_dots.
-  auto edge = [&](int64_t rb, int64_t re, int64_t tb, int64_t te) {
-    for (int64_t t = tb; t < te; ++t) {
-      const uint8_t* at = act + t * act_bytes;
-      float* yt = y + t * w.n_rows;
-      int64_t r = rb;
-      if (narrow.fn != nullptr) {
-        for (; r + narrow.rows <= re; r += narrow.rows)
-          narrow.fn(w.data + r * row_bytes, row_bytes, at, act_bytes, w.k, yt + r, w.n_rows);
-      }
-      for (; r < re; ++r) yt[r] = dot(w.data + r * row_bytes, at, w.k);
-    }
-  };
-  const int n_parts = static_cast<int>(std::min<int64_t>(threads, (w.n_rows + kRowAlign - 1) / kRowAlign));
-  if (panel.fn != nullptr && n_tokens >= kPanelTokens) {
-    // Whole groups of kPanelTokens tokens go through panels (packed once, shared by every row),
-    // the remaining tokens and rows one token at a time.
-    const int64_t n_groups = n_tokens / kPanelTokens;
-    const ActFormat fmt = act_format_for(w.type);
-    const size_t group_bytes = act_panel_bytes(fmt, panel.layout, w.k, kPanelTokens);
-    KVTIER_ASSERT(panel_scratch.size() >= group_bytes * static_cast<size_t>(n_groups),
-                  "panel scratch of {} bytes", panel_scratch.size());
-    uint8_t* panels = panel_scratch.data();
-    const int n_pack = static_cast<int>(std::min<int64_t>(threads, n_groups));
-    pool.run(n_pack, [&](int part) {
-      const Range g = split_range(n_groups, n_pack, part);
-      for (int64_t i = g.begin; i < g.end; ++i)
-        pack_act_panel(fmt, panel.layout, act + i * kPanelTokens * act_bytes, act_bytes, w.k,
-                       panels + i * group_bytes);
-    });
-    const int64_t t_end = n_groups * kPanelTokens;
-    pool.run(n_parts, [&](int part) {
-      const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
-      const int64_t r_end = rows.begin + (rows.end - rows.begin) / panel.rows * panel.rows;
-      // Row blocks of kRowAlign rows outer, token groups inner: a row block's weights stay in L1/L2
-      // while every group passes over them.
-      for (int64_t r0 = rows.begin; r0 < r_end; r0 += kRowAlign) {
-        const int64_t r1 = std::min(r_end, r0 + kRowAlign);
-        for (int64_t g = 0; g < n_groups; g += panel.groups) {
-          const int ng = static_cast<int>(std::min<int64_t>(panel.groups, n_groups - g));
-          for (int64_t r = r0; r < r1; r += panel.rows)
-            panel.fn(w.data + r * row_bytes, row_bytes, panels + g * group_bytes,
-                     static_cast<int64_t>(group_bytes), ng, w.k, y + g * kPanelTokens * w.n_rows + r,
-                     w.n_rows);
-        }
-      }
-      edge(r_end, rows.end, 0, t_end);
-      edge(rows.begin, rows.end, t_end, n_tokens);
-    });
-    return;
+// One matrix's outputs for the activation rows act ([n_tokens, act_bytes] in its format) without
+// panels: rows split in kRowAlign units; within a unit, 32-token tiles; within those, register tiles
+// (wide.rows x wide.tokens where the type has them, then tile.rows x tile.tokens), and on the edges
+// (decode included) narrow tiles of one token, then single vec_dots. Every path gives vec_dot's bits
+// (kernels.h TileFn), so the split and the tiling never change a result.
+class TileWalk {
+ public:
+  TileWalk(const KernelTable& table, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens, float* y)
+      : w_(w),
+        act_(act),
+        n_tokens_(n_tokens),
+        y_(y),
+        row_bytes_(weight_row_bytes(w)),
+        act_bytes_(static_cast<int64_t>(act_row_bytes_for(w.type, w.k))),
+        dot_(dot_fn(table, w.type)),
+        tile_(table.tile[static_cast<size_t>(w.type)]),
+        wide_(table.tile_wide[static_cast<size_t>(w.type)]),
+        narrow_(table.tile_narrow[static_cast<size_t>(w.type)]) {
+    KVTIER_ASSERT(wide_.fn == nullptr ||
+                      (tile_.fn != nullptr && wide_.rows == tile_.rows && wide_.tokens % tile_.tokens == 0),
+                  "wide tile of {} rows", wide_.rows);
+    KVTIER_ASSERT(narrow_.fn == nullptr || narrow_.tokens == 1, "narrow tile of {} tokens", narrow_.tokens);
   }
-  pool.run(n_parts, [&](int part) {
-    const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
+
+  int64_t row_bytes() const { return row_bytes_; }
+
+  // Outputs of rows [rb, re) x tokens [tb, te) one token at a time: narrow tiles, then vec_dots.
+  void edge(int64_t rb, int64_t re, int64_t tb, int64_t te) const {
+    for (int64_t t = tb; t < te; ++t) {
+      const uint8_t* at = act_ + t * act_bytes_;
+      float* yt = y_ + t * w_.n_rows;
+      int64_t r = rb;
+      if (narrow_.fn != nullptr) {
+        for (; r + narrow_.rows <= re; r += narrow_.rows)
+          narrow_.fn(w_.data + r * row_bytes_, row_bytes_, at, act_bytes_, w_.k, yt + r, w_.n_rows);
+      }
+      for (; r < re; ++r) yt[r] = dot_(w_.data + r * row_bytes_, at, w_.k);
+    }
+  }
+
+  // Every token's outputs of the rows in `rows`.
+  void rows(Range rows) const {
     for (int64_t r0 = rows.begin; r0 < rows.end; r0 += kRowAlign) {
       const int64_t r1 = std::min(rows.end, r0 + kRowAlign);
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kTokenTile) {
-        const int64_t t1 = std::min(n_tokens, t0 + kTokenTile);
-        if (tile.fn == nullptr) {
+      for (int64_t t0 = 0; t0 < n_tokens_; t0 += kTokenTile) {
+        const int64_t t1 = std::min(n_tokens_, t0 + kTokenTile);
+        if (tile_.fn == nullptr) {
           edge(r0, r1, t0, t1);
           continue;
         }
         // Rows [r0, r_end) x tokens [t0, t_end) in register tiles (wide ones first), the rest
         // one token at a time.
-        const int64_t r_end = r0 + (r1 - r0) / tile.rows * tile.rows;
-        const int64_t t_end = t0 + (t1 - t0) / tile.tokens * tile.tokens;
-        for (int64_t r = r0; r < r_end; r += tile.rows) {
-          const uint8_t* wr = w.data + r * row_bytes;
+        const int64_t r_end = r0 + (r1 - r0) / tile_.rows * tile_.rows;
+        const int64_t t_end = t0 + (t1 - t0) / tile_.tokens * tile_.tokens;
+        for (int64_t r = r0; r < r_end; r += tile_.rows) {
+          const uint8_t* wr = w_.data + r * row_bytes_;
           int64_t t = t0;
-          if (wide.fn != nullptr) {
-            for (; t + wide.tokens <= t_end; t += wide.tokens)
-              wide.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
+          if (wide_.fn != nullptr) {
+            for (; t + wide_.tokens <= t_end; t += wide_.tokens)
+              wide_.fn(wr, row_bytes_, act_ + t * act_bytes_, act_bytes_, w_.k, y_ + t * w_.n_rows + r,
+                       w_.n_rows);
           }
-          for (; t < t_end; t += tile.tokens)
-            tile.fn(wr, row_bytes, act + t * act_bytes, act_bytes, w.k, y + t * w.n_rows + r, w.n_rows);
+          for (; t < t_end; t += tile_.tokens)
+            tile_.fn(wr, row_bytes_, act_ + t * act_bytes_, act_bytes_, w_.k, y_ + t * w_.n_rows + r,
+                     w_.n_rows);
         }
         edge(r0, r1, t_end, t1);
         edge(r_end, r1, t0, t_end);
       }
     }
+  }
+
+ private:
+  const WeightMatrix& w_;
+  const uint8_t* act_;  // [n_tokens, act_bytes_]
+  int64_t n_tokens_;
+  float* y_;  // [n_tokens, w.n_rows]
+  int64_t row_bytes_;
+  int64_t act_bytes_;
+  VecDotFn dot_;
+  TileKernel tile_, wide_, narrow_;
+};
+
+bool uses_panels(const KernelTable& table, GgmlType type, int64_t n_tokens) {
+  return table.panel[static_cast<size_t>(type)].fn != nullptr && n_tokens >= kPanelTokens;
+}
+
+// Several matrices over the same activation rows in one pool run: part p computes its split_range
+// share of every matrix's rows (so each matrix is balanced over the parts as if alone).
+void matmuls_one_run(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs, const uint8_t* act,
+                     int64_t n_tokens) {
+  const KernelTable& table = kernel_table(isa);
+  std::vector<TileWalk> walks;
+  walks.reserve(outs.size());
+  int64_t bytes = 0, units = 0;
+  for (const MatmulOut& o : outs) {
+    walks.emplace_back(table, *o.w, act, n_tokens, o.y);
+    bytes += walks.back().row_bytes() * o.w->n_rows;
+    units = std::max(units, (o.w->n_rows + kRowAlign - 1) / kRowAlign);
+  }
+  const int threads = pool.threads_for(bytes * n_tokens, kSleepingPoolMinBytes);
+  const int n_parts = static_cast<int>(std::min<int64_t>(threads, units));
+  if (n_parts == 0) return;
+  pool.run(n_parts, [&](int part) {
+    for (size_t i = 0; i < outs.size(); ++i)
+      walks[i].rows(split_range(outs[i].w->n_rows, n_parts, part, kRowAlign));
+  });
+}
+
+void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens,
+                 float* y, std::span<uint8_t> panel_scratch) {
+  if (n_tokens == 0 || w.n_rows == 0) return;
+  const KernelTable& table = kernel_table(isa);
+  if (!uses_panels(table, w.type, n_tokens)) {
+    const MatmulOut out{&w, y};
+    matmuls_one_run(pool, isa, {&out, 1}, act, n_tokens);
+    return;
+  }
+  // Whole groups of kPanelTokens tokens go through panels (packed once, shared by every row), the
+  // remaining tokens and rows one token at a time.
+  const TileWalk walk(table, w, act, n_tokens, y);
+  const PanelKernel panel = table.panel[static_cast<size_t>(w.type)];
+  KVTIER_ASSERT(panel.groups >= 1, "panel tile of {} token groups", panel.groups);
+  const int64_t row_bytes = walk.row_bytes();
+  const int threads = pool.threads_for(row_bytes * w.n_rows * n_tokens, kSleepingPoolMinBytes);
+  const int n_parts = static_cast<int>(std::min<int64_t>(threads, (w.n_rows + kRowAlign - 1) / kRowAlign));
+  const auto act_bytes = static_cast<int64_t>(act_row_bytes_for(w.type, w.k));
+  const int64_t n_groups = n_tokens / kPanelTokens;
+  const ActFormat fmt = act_format_for(w.type);
+  const size_t group_bytes = act_panel_bytes(fmt, panel.layout, w.k, kPanelTokens);
+  KVTIER_ASSERT(panel_scratch.size() >= group_bytes * static_cast<size_t>(n_groups),
+                "panel scratch of {} bytes", panel_scratch.size());
+  uint8_t* panels = panel_scratch.data();
+  const int n_pack = static_cast<int>(std::min<int64_t>(threads, n_groups));
+  pool.run(n_pack, [&](int part) {
+    const Range g = split_range(n_groups, n_pack, part);
+    for (int64_t i = g.begin; i < g.end; ++i)
+      pack_act_panel(fmt, panel.layout, act + i * kPanelTokens * act_bytes, act_bytes, w.k,
+                     panels + i * group_bytes);
+  });
+  const int64_t t_end = n_groups * kPanelTokens;
+  pool.run(n_parts, [&](int part) {
+    const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);
+    const int64_t r_end = rows.begin + (rows.end - rows.begin) / panel.rows * panel.rows;
+    // Row blocks of kRowAlign rows outer, token groups inner: a row block's weights stay in L1/L2
+    // while every group passes over them.
+    for (int64_t r0 = rows.begin; r0 < r_end; r0 += kRowAlign) {
+      const int64_t r1 = std::min(r_end, r0 + kRowAlign);
+      for (int64_t g = 0; g < n_groups; g += panel.groups) {
+        const int ng = static_cast<int>(std::min<int64_t>(panel.groups, n_groups - g));
+        for (int64_t r = r0; r < r1; r += panel.rows)
+          panel.fn(w.data + r * row_bytes, row_bytes, panels + g * group_bytes,
+                   static_cast<int64_t>(group_bytes), ng, w.k, y + g * kPanelTokens * w.n_rows + r, w.n_rows);
+      }
+    }
+    walk.edge(r_end, rows.end, 0, t_end);
+    walk.edge(rows.begin, rows.end, t_end, n_tokens);
   });
 }
 

@@ -35,6 +35,18 @@ size_t matmul_scratch_bytes(GgmlType type, int64_t k, int64_t n_tokens);
 void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
             std::span<uint8_t> scratch);
 
+// Several matrices over the same x (a layer's Q, K and V projections; its FFN gate and up):
+//   x: [n_tokens, k] f32 -> outs[i].y: [n_tokens, outs[i].w->n_rows] f32, each with matmul's bits.
+// When the matrices quantise x alike, x is quantised once, and without panel tiles (decode) every
+// matrix's rows go to the pool in one run: fewer hand-offs per token than one matmul each. `scratch`
+// as matmul's for the largest of them.
+struct MatmulOut {
+  const WeightMatrix* w = nullptr;
+  float* y = nullptr;
+};
+void matmul_same_input(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs, const float* x,
+                       int64_t n_tokens, std::span<uint8_t> scratch);
+
 // The activation rows matmul computes from x, stored apart (KVPR keeps a layer's K/V-projection inputs
 // in this form, so that a later matmul_rows over them gives matmul's bits):
 //   x: [n_tokens, k] f32 -> out: [n_tokens, act_row_bytes_for(type, k)] bytes (f32 rows for float weights)
