@@ -45,15 +45,15 @@ std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max
   return out;
 }
 
-void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protect, int64_t pool,
-                      std::span<int64_t> order, std::span<uint8_t> keep_mask) {
+void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protect, int64_t n_sink,
+                      int64_t pool, std::span<int64_t> order, std::span<uint8_t> keep_mask) {
   // Candidates by (score, protected first, later row first: rows are in position order); the
   // stabilizers' +INF and the pooled maxima live only in this ordering, the stored scores stay the real
   // ones (a pooled key is recomputed per comparison: pool is a few rows).
   const int64_t first_protected = n - n_protect;
   const int64_t half = pool / 2;
   auto key = [&](int64_t r) {
-    if (r >= first_protected) return std::numeric_limits<float>::infinity();
+    if (r >= first_protected || r < n_sink) return std::numeric_limits<float>::infinity();
     float m = sc[r];
     for (int64_t j = std::max<int64_t>(0, r - half); j <= std::min(first_protected - 1, r + half); ++j)
       m = std::max(m, sc[j]);
@@ -63,6 +63,12 @@ void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protec
     const float ka = key(a), kb = key(b);
     return ka != kb ? ka > kb : a > b;
   });
+}
+
+LocretProtected locret_protected(const KvGeometry& geo, const policy::PolicyKnobs& k, uint32_t layer,
+                                 int64_t keep, int64_t n_protect) {
+  if (geo.window_of(layer) > 0 && k.locret_sliding == policy::LocretSliding::kRecent) return {keep, 0};
+  return {n_protect, k.locret_sinks};
 }
 
 uint64_t locret_side_bytes(const KvGeometry& geo, int64_t capacity, const KvOptions& o) {
@@ -99,6 +105,7 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
     fail(ErrorKind::kInvalidArgument, "--stabilizers {} must be smaller than --kv-budget {}", n_protect_,
          opt_.knobs.budget);
   }
+  policy::check_locret_sinks(opt_.knobs);
   const BoundedLayout lay = locret_layout(geo_, capacity_, n_head, pool.size(), opt_);
   check_bounded_budget("locret", lay, opt_, "--kv-budget, --local-tail or --chunk");
   reservation_ = Reservation(ledger, Tier::kDevice, Category::kKv, lay.kv_bytes);
@@ -215,7 +222,9 @@ void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
 }
 
 void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
-  locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, n_protect, opt_.knobs.locret_pool, order_, keep_);
+  const LocretProtected prot = locret_protected(geo_, opt_.knobs, layer, keep, n_protect);
+  locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, prot.last, prot.first, opt_.knobs.locret_pool,
+                   order_, keep_);
   // Compact in place (kept rows in position order) and re-rotate every moved key to its new row: from
   // its pre-RoPE copy to the new row's position, or (rerotate) the moved key by new row - old row.
   const int64_t dk = geo_.head_dim_k;

@@ -18,7 +18,10 @@
 // (decoding, perplexity's passes, batched steps) that would overflow them first evicts down to b as
 // after a non-final chunk (the spec's optional decode-time eviction, §8.10, only when memory runs
 // out). Every layer holds the same number of rows; which positions differs per (layer, KV head).
-// Layers with a sliding window apply it over compact positions.
+// A layer with a sliding window of its own keeps its most recent rows (--locret-sliding recent, the
+// default: contiguous, so its window sees what the model's would, at the true relative positions) or
+// is scored like a global layer (scored: its window then applies over compact positions).
+// --locret-sinks N protects the prompt's first N rows on every other layer.
 #pragma once
 
 #include <cstdint>
@@ -55,10 +58,21 @@ std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max
                                            int64_t* evicting_tokens);
 // The eviction decision of one (layer, KV head) holding rows [0, n) in position order: keep[r] = 1 for
 // the `keep` rows with the largest key, where the key is +inf for the last n_protect rows
-// (stabilizers) and otherwise the largest score[j] over the unprotected rows j within pool / 2 rows of r
-// (pool 1: score[r]); ties go to the later row (the later position). order: work space of n entries.
-void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect, int64_t pool,
-                      std::span<int64_t> order, std::span<uint8_t> keep_mask);
+// (stabilizers) and for the first n_sink rows (--locret-sinks: the prompt's first tokens, which stay
+// rows 0.. since they are never evicted), and otherwise the largest score[j] over the unprotected rows j
+// within pool / 2 rows of r (pool 1: score[r]); ties go to the later row (the later position).
+// order: work space of n entries.
+void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect, int64_t n_sink,
+                      int64_t pool, std::span<int64_t> order, std::span<uint8_t> keep_mask);
+// The rows an eviction of `layer` to `keep` rows protects: the last n_protect (stabilizers) and the
+// first --locret-sinks; on a layer with a sliding window of its own under --locret-sliding recent, the
+// last `keep` (its most recent rows) and no sinks, which its window would hide anyway.
+struct LocretProtected {
+  int64_t last = 0;
+  int64_t first = 0;
+};
+LocretProtected locret_protected(const KvGeometry& geo, const policy::PolicyKnobs& k, uint32_t layer,
+                                 int64_t keep, int64_t n_protect);
 // Host bytes locret keeps beside an offloaded placement's home tier (TieredKv): per (sequence, layer,
 // KV head) locret_rows() scores (f32) and pre-RoPE keys (KV dtype; none with --locret-keys rerotate),
 // the pass's scores and the eviction's work rows.

@@ -24,6 +24,7 @@ void TieredKv::locret_init(MemoryLedger& ledger) {
     fail(ErrorKind::kInvalidArgument, "--stabilizers {} must be smaller than --kv-budget {}", lr_protect_,
          opt_.knobs.budget);
   }
+  policy::check_locret_sinks(opt_.knobs);
   lr_cap_ = locret_rows(capacity_, opt_);
   lr_reservation_ = Reservation(ledger, Tier::kHost, Category::kKv, locret_side_bytes(geo_, capacity_, opt_));
   const size_t cells = static_cast<size_t>(pages_.n_seqs()) * geo_.n_layer() * lay_.h_max * lr_cap_;
@@ -125,7 +126,8 @@ int64_t TieredKv::locret_compact_unit(uint8_t* base, uint64_t pitch, const polic
     uint8_t* kpre = pre_rope ? lr_kpre_.data() + c * rk : nullptr;
     uint8_t* kplane = base + 2ull * h * pitch;
     uint8_t* vplane = base + (2ull * h + 1) * pitch;
-    locret_mark_keep(sc, n, keep, n_protect, opt_.knobs.locret_pool, lr_order_, lr_keep_);
+    const LocretProtected prot = locret_protected(geo_, opt_.knobs, u.layer, keep, n_protect);
+    locret_mark_keep(sc, n, keep, prot.last, prot.first, opt_.knobs.locret_pool, lr_order_, lr_keep_);
     int64_t n_rot = 0;
     auto flush = [&]() {
       if (n_rot == 0) return;

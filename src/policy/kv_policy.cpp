@@ -26,6 +26,16 @@ LocretKeys parse_locret_keys(std::string_view name) {
   fail(ErrorKind::kInvalidArgument, "--locret-keys {}: expected prerope or rerotate", name);
 }
 
+std::string_view locret_sliding_name(LocretSliding s) {
+  return s == LocretSliding::kScored ? "scored" : "recent";
+}
+
+LocretSliding parse_locret_sliding(std::string_view name) {
+  for (const LocretSliding s : {LocretSliding::kRecent, LocretSliding::kScored})
+    if (locret_sliding_name(s) == name) return s;
+  fail(ErrorKind::kInvalidArgument, "--locret-sliding {}: expected recent or scored", name);
+}
+
 namespace {
 
 constexpr AxisValue kValues[] = {
@@ -85,10 +95,12 @@ constexpr AxisValue kValues[] = {
     {Axis::kRetention, "locret", false,
      "Locret: prefill in chunks of --chunk; trained retaining heads (--locret-heads FILE) score every new "
      "KV unit once, and after each chunk each (layer, KV head) keeps the --kv-budget best-scored units, "
-     "the last --stabilizers always among them; the prompt's last --local-tail tokens and decoded tokens "
+     "the last --stabilizers always among them (a layer with a sliding window of its own: its most recent, "
+     "--locret-sliding); the prompt's last --local-tail tokens and decoded tokens "
      "are not evicted; positions are renumbered compactly; resident, layer or headinfer placement (host "
      "or --kv-disk home)",
-     "--kv-budget --locret-heads --stabilizers --local-tail --locret-pool"},
+     "--kv-budget --locret-heads --stabilizers --local-tail --locret-pool --locret-sinks --locret-keys "
+     "--locret-sliding"},
     {Axis::kRetention, "pool", false,
      "InfiniGen's bounded KV pool: the layers that speculate hold at most --kv-pool-limit bytes of K/V rows "
      "(slots per layer, sequence and KV head); past that each new token takes a victim's slot, chosen by "
@@ -247,6 +259,18 @@ int64_t locret_stabilizers(const PolicyKnobs& k) {
   return k.stabilizers >= 0 ? k.stabilizers : k.budget / 4;
 }
 
+void check_locret_sinks(const PolicyKnobs& k) {
+  if (k.locret_sinks < 0)
+    fail(ErrorKind::kInvalidArgument, "--locret-sinks {}: must be >= 0", k.locret_sinks);
+  if (k.locret_sinks > 0 && k.locret_sinks + locret_stabilizers(k) >= k.budget) {
+    fail(
+        ErrorKind::kInvalidArgument,
+        "--locret-sinks {} and --stabilizers {} leave no room to choose in --kv-budget {}: their sum must be "
+        "smaller",
+        k.locret_sinks, locret_stabilizers(k), k.budget);
+  }
+}
+
 void check_knobs(const KvPolicy& p) {
   const PolicyKnobs& k = p.knobs;
   const std::string spec = p.spec();
@@ -279,6 +303,7 @@ void check_knobs(const KvPolicy& p) {
     if (k.local_tail < 0) fail(ErrorKind::kInvalidArgument, "--local-tail {}: must be >= 0", k.local_tail);
     if (k.locret_pool < 1 || k.locret_pool % 2 == 0)
       fail(ErrorKind::kInvalidArgument, "--locret-pool {}: must be an odd number >= 1", k.locret_pool);
+    check_locret_sinks(k);
   }
   if (p.retention == Retention::kH2o && !(k.h2o_recent > 0.0 && k.h2o_recent < 1.0))
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);

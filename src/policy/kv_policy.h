@@ -98,6 +98,15 @@ enum class LocretKeys { kPreRope, kRerotate };
 std::string_view locret_keys_name(LocretKeys k);
 LocretKeys parse_locret_keys(std::string_view name);  // Error(kInvalidArgument) naming the choices
 
+// What locret keeps on a layer with a sliding window of its own (Gemma-3's local layers; the paper's
+// models have none). kRecent: its most recent rows, as the window itself does and as h2o and
+// streaming keep such layers; the kept rows are then contiguous, so their relative positions are the
+// true ones. kScored: the retaining heads' best rows, as on a global layer; the window then applies
+// over compact positions and the layer sees far tokens the model never shows it.
+enum class LocretSliding { kRecent, kScored };
+std::string_view locret_sliding_name(LocretSliding s);
+LocretSliding parse_locret_sliding(std::string_view name);  // Error(kInvalidArgument) naming the choices
+
 struct PolicyKnobs {
   int64_t budget = 0;           // --kv-budget: tokens per (sequence, layer) kept (h2o) or attended
                                 // (quest); 0 = not given
@@ -125,7 +134,10 @@ struct PolicyKnobs {
   int64_t local_tail = 100;  // --local-tail: locret's n_loc, the prompt's last tokens never evicted
   int64_t locret_pool = 1;   // --locret-pool: locret ranks a unit by the best score within this many
                              // neighbouring units (odd; 1: its own score, the paper)
-  LocretKeys locret_keys = LocretKeys::kPreRope;  // --locret-keys
+  int64_t locret_sinks = 0;  // --locret-sinks: locret never evicts the prompt's first this many tokens
+                             // (an instruction, a system prompt; 0: none, the paper)
+  LocretKeys locret_keys = LocretKeys::kPreRope;          // --locret-keys
+  LocretSliding locret_sliding = LocretSliding::kRecent;  // --locret-sliding
   uint64_t pool_limit = 0;  // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   PoolPrefill pool_prefill = PoolPrefill::kOrder;       // --kv-pool-prefill
@@ -186,6 +198,8 @@ std::vector<KvPolicy> parse_kv_policy_list(std::string_view list, const KvPolicy
 // needs --window or --kv-budget), sizes that cannot work. Throws Error(kInvalidArgument) naming the
 // flag. Knobs of values the policy does not use are ignored.
 void check_knobs(const KvPolicy& p);
+// --locret-sinks >= 0, and with the stabilizers below --kv-budget (LocretKv and TieredKv check it too).
+void check_locret_sinks(const PolicyKnobs& k);
 // Tokens of streaming's recent window under these knobs (--window, else --kv-budget - --sinks).
 int64_t streaming_window(const PolicyKnobs& k);
 // Locret's stabilizer length n_s under these knobs (--stabilizers, else --kv-budget / 4).

@@ -139,3 +139,37 @@ def test_rerotated_keys_evict_alike_on_every_placement(heads, tmp_path):
     p = run("run", "-m", model("smollm2"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
             "--locret-heads", heads, "--locret-keys", "postrope", check=False)
     assert p.returncode == 2 and "--locret-keys postrope: expected prerope or rerotate" in p.stderr, p.stderr  # usage
+
+
+def test_sinks_and_sliding_layers_evict_alike_on_every_placement(tmp_path):
+    """Gemma-3 (15 of its 18 layers have a sliding window of their own): --locret-sliding recent (the
+    default; those layers keep their most recent rows) and scored (the heads' best, as a global layer)
+    give different bits, and --locret-sinks 8 (the prompt's first 8 tokens never evicted) changes them
+    again; the offloaded placements give resident+locret's bits under each rule."""
+    heads = tmp_path / "gemma3.locret.gguf"
+    run("train-locret", "-m", model("gemma3"), "-o", heads, "--steps", 0, "--d-m", 16)
+
+    def gen(policy, extra=()):
+        p = run("run", "-m", model("gemma3"), "-p", PROMPT, "-n", 24, "--ctx", 1024, "-t", 2, "--ignore-eos",
+                "--json", "--state-digest", "--kv-policy", policy, *LOCRET, "--locret-heads", heads, *extra)
+        return json.loads(p.stdout)
+
+    recent = gen("resident+locret")
+    assert recent["n_prompt"] > 4 * BUDGET
+    scored = gen("resident+locret", ["--locret-sliding", "scored"])
+    sinks = gen("resident+locret", ["--locret-sinks", 8])
+    assert len({json.dumps(d["state_digest"]) for d in (recent, scored, sinks)}) == 3
+    disk = tmp_path / "kvdisk"
+    disk.mkdir()
+    for ref, extra in ((scored, ["--locret-sliding", "scored"]), (sinks, ["--locret-sinks", 8])):
+        for r in (["layer+locret"], ["headinfer+locret", "--group", 1, "--kv-disk", disk]):
+            got = gen(r[0], [*r[1:], *extra])
+            what = " ".join(map(str, [*r, *extra]))
+            assert got["state_digest"] == ref["state_digest"], what
+            assert got["tokens"] == ref["tokens"], what
+    p = run("run", "-m", model("gemma3"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
+            "--locret-heads", heads, "--locret-sliding", "window", check=False)
+    assert p.returncode == 2 and "--locret-sliding window: expected recent or scored" in p.stderr, p.stderr
+    p = run("run", "-m", model("gemma3"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
+            "--locret-heads", heads, "--locret-sinks", 60, check=False)
+    assert p.returncode == 1 and "--locret-sinks 60 and --stabilizers 16" in p.stderr, p.stderr

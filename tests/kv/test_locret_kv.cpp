@@ -24,9 +24,10 @@
 namespace kvtier::kv {
 namespace {
 
-KvGeometry geometry(cpu::KvDtype dt = cpu::KvDtype::kF32) {
+KvGeometry geometry(cpu::KvDtype dt = cpu::KvDtype::kF32, int64_t window0 = 0) {
   KvGeometry g;
   g.n_head_kv = {2, 2};
+  if (window0 > 0) g.window = {window0, 0};  // layer 0 with a sliding window of its own
   g.head_dim_k = kDk;
   g.head_dim_v = kDv;
   g.block_tokens = 32;
@@ -52,14 +53,14 @@ struct SimHead {
   std::vector<std::vector<float>> kpre, v;
 };
 
-// The spec's eviction (§3.4) of one head: the last n_protect rows at +INF, the keep best by (key,
-// later position), in position order.
-void sim_evict(SimHead& s, int64_t keep, int64_t n_protect) {
+// The spec's eviction (§3.4) of one head: the last n_protect rows (and the first n_sink rows,
+// --locret-sinks) at +INF, the keep best by (key, later position), in position order.
+void sim_evict(SimHead& s, int64_t keep, int64_t n_protect, int64_t n_sink = 0) {
   const auto n = static_cast<int64_t>(s.pos.size());
   if (n <= keep) return;
   std::vector<int64_t> idx(n);
   for (int64_t i = 0; i < n; ++i) idx[i] = i;
-  auto key = [&](int64_t i) { return i >= n - n_protect ? INFINITY : s.score[i]; };
+  auto key = [&](int64_t i) { return i >= n - n_protect || i < n_sink ? INFINITY : s.score[i]; };
   std::sort(idx.begin(), idx.end(),
             [&](int64_t a, int64_t b) { return key(a) != key(b) ? key(a) > key(b) : s.pos[a] > s.pos[b]; });
   idx.resize(keep);
@@ -88,7 +89,7 @@ struct Driver {
     if (static_cast<int64_t>(sim[0][0].pos.size()) + n > cap) {  // out of room: evict as a non-final chunk
       const int64_t keep = std::min(b, cap - n);
       for (auto& layer : sim) {
-        for (SimHead& s : layer) sim_evict(s, keep, std::min(n_s, keep));
+        for (SimHead& s : layer) sim_evict(s, keep, std::min(n_s, keep), n_sink);
       }
     }
     const PassPositions pp = kv.begin_pass({0, n});
@@ -140,7 +141,7 @@ struct Driver {
     if (length <= plan_end) {  // a chunk of the planned prefill evicts
       const bool final_chunk = length == plan_end;
       for (auto& layer : sim) {
-        for (SimHead& s : layer) sim_evict(s, b, final_chunk ? 0 : n_s);
+        for (SimHead& s : layer) sim_evict(s, b, final_chunk ? 0 : n_s, n_sink);
       }
     }
   }
@@ -150,6 +151,7 @@ struct Driver {
     for (int64_t m : plan) pass(m);
   }
   int64_t kv_local_tail = 0;
+  int64_t n_sink = 0;              // --locret-sinks
   int64_t cap = int64_t{1} << 40;  // rows per (layer, KV head): b + n_loc + B
   // The cache holds exactly the simulated rows (positions and scores) in every (layer, KV head).
   void expect_same_rows() {
@@ -276,6 +278,93 @@ TEST(LocretKv, KeepsWhatADirectSimulationOfTheSpecKeeps) {
       EXPECT_GT(kv.evictions(), 0u);
     }
   }
+}
+
+// --locret-sinks: the prompt's first positions stay through every eviction, the final chunk's and a
+// decode overflow's included, and the rest is what the spec's simulation keeps with them at +INF
+// (hash scores evict some of those positions without sinks, so the check can fail).
+TEST(LocretKv, SinksStayThroughEveryEviction) {
+  ThreadPool pool(2);
+  for (int64_t n_sink : {0, 5}) {
+    const int64_t b = 20, chunk = 16, n_s = 6, n_loc = 9;
+    auto sc = std::make_shared<HashScorer>(3);
+    ToyCompute tc;
+    MemoryLedger ledger;
+    KvOptions o = locret(b, chunk, n_s, n_loc, sc);
+    o.knobs.locret_sinks = n_sink;
+    LocretKv kv(geometry(), 4096, kHead, ledger, pool, cpu::best_isa(), o);
+    kv.set_compute(&tc);
+    Driver d{kv, *sc, b, n_s};
+    d.kv_local_tail = n_loc;
+    d.n_sink = n_sink;
+    d.cap = b + n_loc + chunk;
+    d.prefill(131, chunk);
+    d.expect_same_rows();
+    for (int i = 0; i < 2 * chunk; ++i) d.pass(1);  // past b + n_loc + B rows: evicts before a step
+    d.expect_same_rows();
+    if (HasFatalFailure()) return;
+    bool all_first = true;
+    for (uint32_t l = 0; l < 2; ++l)
+      for (uint32_t h = 0; h < 2; ++h)
+        for (int64_t r = 0; r < 5; ++r) all_first = all_first && kv.position(0, l, h, r) == r;
+    EXPECT_EQ(all_first, n_sink == 5) << "sinks " << n_sink;
+    EXPECT_LT(d.max_err, 2e-4);
+    EXPECT_GT(kv.evictions(), 4u);
+  }
+  MemoryLedger ledger;
+  KvOptions o = locret(20, 16, 6, 9, std::make_shared<HashScorer>(3));
+  o.knobs.locret_sinks = 14;  // 14 + 6 stabilizers leave nothing to choose in a budget of 20
+  EXPECT_THROW(
+      policy::check_knobs(policy::KvPolicy{policy::Placement::kResident, policy::Representation::kF16,
+                                           policy::Selection::kAll, policy::Retention::kLocret, o.knobs}),
+      Error);
+}
+
+// --locret-sliding: a layer with a sliding window of its own keeps its most recent rows after every
+// eviction (recent, the default: the positions held are the last ones, contiguous) or the heads' best
+// like a global layer (scored); the global layer is scored either way.
+TEST(LocretKv, ASlidingWindowLayerKeepsItsMostRecentRowsUnlessScored) {
+  ThreadPool pool(2);
+  for (const policy::LocretSliding mode : {policy::LocretSliding::kRecent, policy::LocretSliding::kScored}) {
+    auto sc = std::make_shared<HashScorer>(3);
+    ToyCompute tc;
+    MemoryLedger ledger;
+    KvOptions o = locret(20, 16, 6, 9, sc);
+    o.knobs.locret_sinks = 2;  // not kept on the sliding layer under recent: its window hides them
+    o.knobs.locret_sliding = mode;
+    LocretKv kv(geometry(cpu::KvDtype::kF32, 12), 4096, kHead, ledger, pool, cpu::best_isa(), o);
+    kv.set_compute(&tc);
+    std::mt19937 rng(3);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    int64_t length = 0;
+    bool contiguous[2] = {true, true};  // [layer] the positions held were the last ones after every pass
+    std::vector<int64_t> plan = kv.plan_prefill(0, 131, 16);
+    plan.insert(plan.end(), 40, 1);  // decode steps past b + n_loc + B rows: evictions before a step
+    for (int64_t n : plan) {
+      const PassPositions pp = kv.begin_pass({0, n});
+      for (uint32_t l = 0; l < 2; ++l) {
+        ToyLayerRows tl = toy_layer_rows(n, pp.pos0, rng, nd);
+        LayerRows rows;
+        rows.k = tl.k.data(), rows.v = tl.v.data(), rows.q_pre = tl.q_pre.data(),
+        rows.k_pre = tl.k_pre.data();
+        std::vector<float> out(n * kHead * kDv);
+        kv.write(l, rows);
+        kv.attend(l, tl.q.data(), kHead, {0.25f, 0.0f, l == 0 ? 12 : 0}, out.data());
+      }
+      kv.end_pass();
+      length += n;
+      const int64_t held = kv.rows(0);
+      for (uint32_t l = 0; l < 2; ++l)
+        for (uint32_t h = 0; h < 2; ++h)
+          for (int64_t r = 0; r < held; ++r)
+            contiguous[l] = contiguous[l] && kv.position(0, l, h, r) == length - held + r;
+    }
+    EXPECT_GT(kv.evictions(), 5u);
+    EXPECT_EQ(contiguous[0], mode == policy::LocretSliding::kRecent) << policy::locret_sliding_name(mode);
+    EXPECT_FALSE(contiguous[1]) << policy::locret_sliding_name(mode);
+  }
+  EXPECT_EQ(policy::parse_locret_sliding("scored"), policy::LocretSliding::kScored);
+  EXPECT_THROW(policy::parse_locret_sliding("window"), Error);
 }
 
 TEST(LocretKv, TheFinalChunkMayEvictTheStabilizersButNotTheLocalTail) {
@@ -418,11 +507,12 @@ TEST(LocretKv, NeedsAScorerAndStabilizersBelowTheBudget) {
 namespace kvtier::kv {
 namespace {
 
-std::vector<int64_t> kept_rows(const std::vector<float>& sc, int64_t keep, int64_t n_protect, int64_t pool) {
+std::vector<int64_t> kept_rows(const std::vector<float>& sc, int64_t keep, int64_t n_protect, int64_t pool,
+                               int64_t n_sink = 0) {
   const auto n = static_cast<int64_t>(sc.size());
   std::vector<int64_t> order(sc.size());
   std::vector<uint8_t> mask(sc.size());
-  locret_mark_keep(sc.data(), n, keep, n_protect, pool, order, mask);
+  locret_mark_keep(sc.data(), n, keep, n_protect, n_sink, pool, order, mask);
   std::vector<int64_t> out;
   for (int64_t r = 0; r < n; ++r)
     if (mask[static_cast<size_t>(r)]) out.push_back(r);
@@ -443,6 +533,17 @@ TEST(LocretMarkKeep, PooledScoresKeepTheNeighboursOfAHighScoringUnit) {
   EXPECT_EQ(kept_rows(sc, 5, 2, 3), (std::vector<int64_t>{2, 3, 4, 8, 9}));
   // pool 5 around row 3: rows 1-5
   EXPECT_EQ(kept_rows(sc, 5, 0, 5), (std::vector<int64_t>{1, 2, 3, 4, 5}));
+}
+
+// --locret-sinks: the first rows are kept whatever their scores, beside the stabilizers, and the rest
+// of the budget goes by score as before.
+TEST(LocretMarkKeep, SinksKeepTheFirstRowsWhateverTheirScores) {
+  //                              0     1     2     3    4     5     6     7     8     9
+  const std::vector<float> sc = {0.1f, 0.2f, 0.0f, 9.0f, 0.0f, 0.3f, 0.4f, 0.5f, 8.0f, 0.6f};
+  EXPECT_EQ(kept_rows(sc, 4, 0, 1, 2), (std::vector<int64_t>{0, 1, 3, 8}));
+  EXPECT_EQ(kept_rows(sc, 4, 1, 1, 2), (std::vector<int64_t>{0, 1, 3, 9}));     // row 9 a stabilizer
+  EXPECT_EQ(kept_rows(sc, 5, 0, 3, 1), (std::vector<int64_t>{0, 2, 3, 4, 9}));  // pooled: 2-4, then 7-9 ties
+  EXPECT_EQ(kept_rows(sc, 3, 0, 1, 0), (std::vector<int64_t>{3, 8, 9}));        // none: the paper's rule
 }
 
 }  // namespace

@@ -20,9 +20,11 @@
 namespace kvtier::kv {
 namespace {
 
-KvGeometry geometry(cpu::KvDtype dt) {
+// window0 > 0: layer 0 has a sliding window of its own (Gemma-3's local layers), layer 1 is global.
+KvGeometry geometry(cpu::KvDtype dt, int64_t window0 = 0) {
   KvGeometry g;
   g.n_head_kv = {2, 2};
+  if (window0 > 0) g.window = {window0, 0};
   g.head_dim_k = kDk;
   g.head_dim_v = kDv;
   g.block_tokens = 128;  // whole 4 KiB pages of the home tier
@@ -60,7 +62,7 @@ struct Trace {
 // A prompt prefilled by the cache's own plan, then decode steps; keys rotated at the pass's positions.
 // on_step(step) runs after each decode step.
 template <class OnStep>
-Trace drive(KvCache& kv, const Case& c, OnStep on_step) {
+Trace drive(KvCache& kv, const Case& c, OnStep on_step, int64_t window0 = 0) {
   Trace tr;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -78,7 +80,7 @@ Trace drive(KvCache& kv, const Case& c, OnStep on_step) {
       rows.k = k.data(), rows.v = v.data(), rows.q_pre = q_pre.data(), rows.k_pre = k_pre.data();
       std::vector<float> o(n * kHead * kDv);
       kv.write(l, rows);
-      kv.attend(l, q.data(), kHead, {0.25f, 0.0f, 0}, o.data());
+      kv.attend(l, q.data(), kHead, {0.25f, 0.0f, l == 0 ? window0 : 0}, o.data());
       tr.out.insert(tr.out.end(), o.begin(), o.end());
     }
     kv.end_pass();
@@ -116,9 +118,14 @@ TEST(LocretTiered, OffloadedPlacementsGiveTheResidentBitsThroughEvictionsAndOver
         MemoryLedger l0;
         KvOptions ro = options(c, sc);
         ro.knobs.locret_keys = keys;
-        LocretKv ref(geometry(dt), 4096, kHead, l0, pool, isa, ro);
+        // --locret-sinks with rerotate (its first rows never move), none with prerope; with f16 rows a
+        // sliding window of its own on layer 0 (--locret-sliding recent: its most recent rows kept)
+        ro.knobs.locret_sinks = keys == policy::LocretKeys::kRerotate ? 3 : 0;
+        const int64_t window0 = dt == cpu::KvDtype::kF16 ? 40 : 0;
+        LocretKv ref(geometry(dt, window0), 4096, kHead, l0, pool, isa, ro);
         ref.set_compute(&tc);
-        const Trace want = drive(ref, c, [](int64_t) {});
+        const Trace want = drive(
+            ref, c, [](int64_t) {}, window0);
         for (const Placement& pl : placements) {
           KvOptions o = ro;
           o.placement.placement = pl.p;
@@ -128,15 +135,17 @@ TEST(LocretTiered, OffloadedPlacementsGiveTheResidentBitsThroughEvictionsAndOver
           o.disk_dir = pl.disk ? disk_dir() : "";
           o.copy_delay_us = pl.delay_us;
           MemoryLedger l1;
-          TieredKv tiered(geometry(dt), 4096, kHead, l1, pool, isa, o);
+          TieredKv tiered(geometry(dt, window0), 4096, kHead, l1, pool, isa, o);
           tiered.set_compute(&tc);
-          const Trace got = drive(tiered, c, [](int64_t) {});
-          const std::string what = std::string(policy::placement_name(pl.p)) +
-                                   " g=" + std::to_string(pl.group) + " depth=" + std::to_string(pl.depth) +
-                                   " static=" + std::to_string(pl.statics) + (pl.disk ? " disk" : " host") +
-                                   " b=" + std::to_string(c.budget) +
-                                   (dt == cpu::KvDtype::kF16 ? " f16" : " f32") + " " +
-                                   std::string(policy::locret_keys_name(keys));
+          const Trace got = drive(
+              tiered, c, [](int64_t) {}, window0);
+          const std::string what =
+              std::string(policy::placement_name(pl.p)) + " g=" + std::to_string(pl.group) +
+              " depth=" + std::to_string(pl.depth) + " static=" + std::to_string(pl.statics) +
+              (pl.disk ? " disk" : " host") + " b=" + std::to_string(c.budget) +
+              (dt == cpu::KvDtype::kF16 ? " f16" : " f32") + " " +
+              std::string(policy::locret_keys_name(keys)) +
+              " sinks=" + std::to_string(ro.knobs.locret_sinks) + " window0=" + std::to_string(window0);
           EXPECT_EQ(got.pos0, want.pos0) << what;
           EXPECT_EQ(got.after, want.after) << what;
           ASSERT_EQ(got.out.size(), want.out.size()) << what;

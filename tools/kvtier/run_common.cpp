@@ -47,6 +47,11 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "locret: rank each unit by the best score among this many neighbouring units (odd), so that a "
          "span such as a number is kept or evicted whole; 1: each unit's own score (the paper)")
       ->default_val(k.locret_pool);
+  cmd->add_option("--locret-sinks", knobs.locret_sinks,
+                  "locret: the prompt's first tokens (an instruction, a system prompt) are never evicted; 0: "
+                  "none (the paper)")
+      ->default_val(k.locret_sinks)
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option_function<std::string>(
          "--locret-keys",
          [&knobs](const std::string& v) { knobs.locret_keys = policy::parse_locret_keys(v); },
@@ -55,6 +60,12 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "turned by the distance it moved: no copy, a third less KV memory per row with f16 KV, one more "
          "rounding per move; docs/locret.md)")
       ->default_str(std::string(policy::locret_keys_name(k.locret_keys)));
+  cmd->add_option_function<std::string>(
+         "--locret-sliding",
+         [&knobs](const std::string& v) { knobs.locret_sliding = policy::parse_locret_sliding(v); },
+         "locret: what a layer with a sliding window of its own (Gemma-3's local layers) keeps: recent (its "
+         "most recent rows, as its window does) or scored (the retaining heads' best, as a global layer)")
+      ->default_str(std::string(policy::locret_sliding_name(k.locret_sliding)));
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
       ->default_val(k.kivi_group);
@@ -141,7 +152,10 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
   add(k.stabilizers != d.stabilizers, "--stabilizers", k.stabilizers);
   add(k.local_tail != d.local_tail, "--local-tail", k.local_tail);
   add(k.locret_pool != d.locret_pool, "--locret-pool", k.locret_pool);
+  add(k.locret_sinks != d.locret_sinks, "--locret-sinks", k.locret_sinks);
   add(k.locret_keys != d.locret_keys, "--locret-keys", policy::locret_keys_name(k.locret_keys));
+  add(k.locret_sliding != d.locret_sliding, "--locret-sliding",
+      policy::locret_sliding_name(k.locret_sliding));
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
   add(k.pool_eviction != d.pool_eviction, "--kv-pool-eviction", policy::pool_eviction_name(k.pool_eviction));
   add(k.pool_prefill != d.pool_prefill, "--kv-pool-prefill", policy::pool_prefill_name(k.pool_prefill));
