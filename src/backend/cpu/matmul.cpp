@@ -254,20 +254,18 @@ bool uses_panels(const KernelTable& table, GgmlType type, int64_t n_tokens) {
 void matmuls_one_run(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs, const uint8_t* act,
                      int64_t n_tokens) {
   const KernelTable& table = kernel_table(isa);
-  std::vector<TileWalk> walks;
-  walks.reserve(outs.size());
   int64_t bytes = 0, units = 0;
   for (const MatmulOut& o : outs) {
-    walks.emplace_back(table, *o.w, act, n_tokens, o.y);
-    bytes += walks.back().row_bytes() * o.w->n_rows;
+    bytes += weight_row_bytes(*o.w) * o.w->n_rows;
     units = std::max(units, (o.w->n_rows + kRowAlign - 1) / kRowAlign);
   }
   const int threads = pool.threads_for(bytes * n_tokens, kSleepingPoolMinBytes);
   const int n_parts = static_cast<int>(std::min<int64_t>(threads, units));
   if (n_parts == 0) return;
+  // Each part sets up its own walks (a few table loads): no allocation per call on the decode path.
   pool.run(n_parts, [&](int part) {
-    for (size_t i = 0; i < outs.size(); ++i)
-      walks[i].rows(split_range(outs[i].w->n_rows, n_parts, part, kRowAlign));
+    for (const MatmulOut& o : outs)
+      TileWalk(table, *o.w, act, n_tokens, o.y).rows(split_range(o.w->n_rows, n_parts, part, kRowAlign));
   });
 }
 
