@@ -219,7 +219,8 @@ void set_chain(KernelTable& t, GgmlType type) {
   // AVX2: 1 row x 2 token groups (bench_matmul_cputime 3 avx2, 3 interleaved rounds on a 2-vCPU AMD
   // EPYC, AVX2 only, GFLOP per CPU second: q5_0 640 -> 2048 85.5 -> 96, q4_1 576 -> 1536 83 -> 97.5
   // against 2 rows x 1 group; 1 x 3, 1 x 4 and 2 x 2 were slower than 1 x 2). VNNI (not measured with
-  // several groups here: no AVX-512 machine): 2 rows x 1 group as before.
+  // several groups): 2 rows x 1 group, which the AVX-512 table keeps for the groups left over at a
+  // matmul's end (its full calls take matmul_avx512.cpp's 512-bit panel_chain512, 16 tokens per vector).
   constexpr int R = kVnni ? 2 : 1, G = kVnni ? 1 : 2;
   t.panel[i] = PanelKernel{
       panel_in_groups<panel_chain<kVnni, kType, Block, R, G>, panel_chain<kVnni, kType, Block, R, 1>, G>, R,

@@ -1,8 +1,8 @@
 // AVX-512 (+VNNI) matmul tiles (kernels.h TileFn) for f32, f16 and q8_0 (fill_avx512_tiles also sets
-// legacy_chain.h's kernels for q4_0, q4_1, q5_0 and q5_1, and the K-quant tiles of
-// matmul_avx512_kquants.cpp). R weight rows x T tokens per pass; per output the
-// arithmetic is exactly vec_dot_avx512.cpp's (same 16-lane integer sums by VPDPBUSD, same per-lane
-// scale products, same FMA chains and reductions), so every output is bit-identical to vec_dot.
+// legacy_chain.h's kernels for q4_0, q4_1, q5_0 and q5_1 with this file's 512-bit panel tile of
+// theirs, and the K-quant tiles of matmul_avx512_kquants.cpp). R weight rows x T tokens per pass; per output
+// the arithmetic is exactly vec_dot_avx512.cpp's (same 16-lane integer sums by VPDPBUSD, same per-lane scale
+// products, same FMA chains and reductions), so every output is bit-identical to vec_dot.
 #include <algorithm>
 
 #include "backend/cpu/block_unpack.h"
@@ -127,6 +127,75 @@ void tile_q8_0(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t 
   }
 }
 
+// legacy_chain.h's panel tile on 512 bits: R rows x 2 GP token groups, two groups (16 tokens) per
+// vector. Lanes 0..7 are group 2 gp's tokens, lanes 8..15 group 2 gp + 1's, so one VPDPBUSD of a
+// broadcast 4-byte weight group takes 64 products (16 tokens x 4 elements) and the per-block float
+// work (convert, scale product, FMA) runs 16 tokens at a time. Per token lane the integers are
+// exact and the float chain is panel_chain's, so every output has vec_dot's bits.
+template <Chain kType, typename Block, int R, int GP>
+void panel_chain512(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes, int64_t k,
+                    float* y, int64_t ldy) {
+  const Block* x[R];
+  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const Block*>(w + r * row_bytes);
+  const PanelQ8_32* p[2 * GP];
+  for (int g = 0; g < 2 * GP; ++g) p[g] = reinterpret_cast<const PanelQ8_32*>(panel + g * group_bytes);
+  __m512 s[R][GP], m[R][GP];  // [row][group pair] lane 8 h + t: token t of group 2 gp + h
+  for (int r = 0; r < R; ++r)
+    for (int gp = 0; gp < GP; ++gp) s[r][gp] = m[r][gp] = _mm512_setzero_ps();
+  alignas(32) uint8_t u[R][kQK];  // [row] the block's unsigned quants
+  for (int64_t b = 0; b < k / kQK; ++b) {
+    for (int r = 0; r < R; ++r)
+      _mm256_store_si256(reinterpret_cast<__m256i*>(u[r]), unpack_unsigned<kType>(x[r][b]));
+    __m512i isum[R][GP];  // [row][group pair] the i32 block dots
+    for (int r = 0; r < R; ++r)
+      for (int gp = 0; gp < GP; ++gp) isum[r][gp] = _mm512_setzero_si512();
+    for (int j = 0; j < kQK / 4; ++j) {
+      __m512i av[GP];
+      for (int gp = 0; gp < GP; ++gp)
+        av[gp] = join(load256(p[2 * gp][b].qs[j]), load256(p[2 * gp + 1][b].qs[j]));
+      for (int r = 0; r < R; ++r) {
+        const __m512i wb = _mm512_set1_epi32(static_cast<int>(load_u32(u[r] + 4 * j)));
+        for (int gp = 0; gp < GP; ++gp) isum[r][gp] = _mm512_dpbusd_epi32(isum[r][gp], wb, av[gp]);
+      }
+    }
+    for (int gp = 0; gp < GP; ++gp) {
+      const __m512 da = _mm512_castsi512_ps(join(_mm256_castps_si256(_mm256_loadu_ps(p[2 * gp][b].d)),
+                                                 _mm256_castps_si256(_mm256_loadu_ps(p[2 * gp + 1][b].d))));
+      const __m512i asum = join(load256(p[2 * gp][b].sum), load256(p[2 * gp + 1][b].sum));
+      for (int r = 0; r < R; ++r) {
+        __m512i is = isum[r][gp];
+        if constexpr (kOffsetShift<kType> != 0)
+          is = _mm512_sub_epi32(is, _mm512_slli_epi32(asum, kOffsetShift<kType>));
+        const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(scale_of(x[r][b])), da);
+        s[r][gp] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), scale, s[r][gp]);
+        if constexpr (kHasMin<kType>) {
+          const __m512 mw_da = _mm512_mul_ps(_mm512_set1_ps(min_of(x[r][b])), da);
+          m[r][gp] = _mm512_add_ps(m[r][gp], _mm512_mul_ps(mw_da, _mm512_cvtepi32_ps(asum)));
+        }
+      }
+    }
+  }
+  static_assert(kPanelTokens == 8, "one lane per token, two groups per vector");
+  for (int r = 0; r < R; ++r) {
+    for (int gp = 0; gp < GP; ++gp) {
+      const __m512 v = kHasMin<kType> ? _mm512_add_ps(s[r][gp], m[r][gp]) : s[r][gp];
+      store_token_lanes(_mm512_castps512_ps256(v), y + 2 * gp * kPanelTokens * ldy, ldy, r);
+      store_token_lanes(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)),
+                        y + (2 * gp + 1) * kPanelTokens * ldy, ldy, r);
+    }
+  }
+}
+
+// Panel tiles of the 4- and 5-bit legacy types on 512 bits: R rows x 2 GP groups per call; a call
+// with fewer groups (a matmul's last ones) runs them one at a time through legacy_chain.h's 256-bit
+// VNNI tile.
+template <Chain kType, typename Block, int R, int GP>
+void set_chain512(KernelTable& t, GgmlType type) {
+  t.panel[static_cast<size_t>(type)] = PanelKernel{
+      panel_in_groups<panel_chain512<kType, Block, R, GP>, panel_chain<true, kType, Block, R, 1>, 2 * GP>, R,
+      PanelLayout::kGroups, 2 * GP};
+}
+
 }  // namespace
 
 void fill_avx512_tiles(KernelTable& t) {
@@ -141,6 +210,15 @@ void fill_avx512_tiles(KernelTable& t) {
   // with them, replacing vec_dot_avx512.cpp's for those types).
   set(GgmlType::kQ8_0, TileKernel{tile_q8_0<4, 1>, 4, 4}, TileKernel{tile_q8_0<4, 4>, 4, 16});
   fill_legacy_chain<true>(t);
+  // 2 rows x 4 token groups (two 16-token vectors) per call: bench_matmul_cputime 3 avx512, 2-vCPU
+  // Intel Xeon (Sapphire Rapids family, AVX-512 VNNI), 3 rounds beside builds, GFLOP per CPU second:
+  // the 256-bit tile (2 x 1 groups) q5_0 82-87, q4_1 70-86; 2 x 2 groups on 512 bits 118-135, 98-138.
+  // 1 x 2, 4 x 2, 1 x 3, 2 x 3 and 2 x 4 group pairs were no faster; 1 x 4 was slower.
+  constexpr int R = 2, GP = 2;
+  set_chain512<Chain::kQ4_0, BlockQ4_0, R, GP>(t, GgmlType::kQ4_0);
+  set_chain512<Chain::kQ4_1, BlockQ4_1, R, GP>(t, GgmlType::kQ4_1);
+  set_chain512<Chain::kQ5_0, BlockQ5_0, R, GP>(t, GgmlType::kQ5_0);
+  set_chain512<Chain::kQ5_1, BlockQ5_1, R, GP>(t, GgmlType::kQ5_1);
   fill_avx512_ktiles(t);
 }
 
