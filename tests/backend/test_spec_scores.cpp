@@ -48,7 +48,7 @@ TEST(SpecScores, EveryIsaGivesTheScalarBits) {
   std::uniform_int_distribution<int> small(-2, 2);
   for (int64_t G : {1, 3, 4, 5, 9}) {
     for (int64_t K : {1, 7, 8, 9, 16, 19, 38, 76}) {  // 19, 76: SmolLM2, Gemma-3 (r = 0.3)
-      for (int64_t T : {1, 15, 16, 17, 100, 257}) {
+      for (int64_t T : {1, 15, 16, 17, 31, 33, 100, 257}) {
         for (bool ties : {false, true}) {
           // pk exactly T x K halves (under ASan a read past the last row is caught).
           std::vector<float> q(static_cast<size_t>(G * K));

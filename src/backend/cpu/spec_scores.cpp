@@ -36,7 +36,15 @@ void spec_head_scores_ref(const float* q, int64_t G, int64_t K, const uint16_t* 
 }
 
 SpecHeadScoresFn spec_head_scores_kernel(Isa isa) {
-  return isa == Isa::kScalar ? spec_head_scores_ref : spec_head_scores_avx2;
+  switch (isa) {
+    case Isa::kScalar:
+      return spec_head_scores_ref;
+    case Isa::kAvx2:
+      return spec_head_scores_avx2;
+    case Isa::kAvx512:
+      return spec_head_scores_avx512;
+  }
+  return spec_head_scores_ref;
 }
 
 SpecScoresFn spec_scores_kernel(Isa isa) {
@@ -44,8 +52,9 @@ SpecScoresFn spec_scores_kernel(Isa isa) {
     case Isa::kScalar:
       return spec_scores_ref;
     case Isa::kAvx2:
-    case Isa::kAvx512:
       return spec_scores_avx2;
+    case Isa::kAvx512:
+      return spec_scores_avx512;
   }
   return spec_scores_ref;
 }

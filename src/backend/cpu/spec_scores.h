@@ -5,7 +5,7 @@
 //
 // with every product and sum rounded to f32 (no FMA), the dot starting at 0 and the max taken as
 // std::max(best, v) from -inf. f16 -> f32 is exact, so every ISA path gives exactly these bits (the SIMD
-// path runs 8 rows per vector, each lane in the scalar order), and the selection does not depend on the
+// paths run 8 or 16 rows per vector, each lane in the scalar order), and the selection does not depend on the
 // CPU.
 #pragma once
 
@@ -19,9 +19,7 @@ namespace kvtier::cpu {
 using SpecScoresFn = void (*)(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T,
                               float scale, float* out);
 
-// The kernel of an ISA (the scalar loop for Isa::kScalar; the AVX2 kernel on AVX-512 machines too: the
-// AVX-512 gather kernel of the f32 keys could not be run where the keys became f16, and the AVX2 kernel
-// is tested on every x86-64 machine the project runs on).
+// The kernel of an ISA (the scalar loop for Isa::kScalar, 8 rows per vector for kAvx2, 16 for kAvx512).
 SpecScoresFn spec_scores_kernel(Isa isa);
 
 void spec_scores_ref(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
@@ -39,5 +37,9 @@ void spec_head_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t*
                            float* out, int64_t ld);
 void spec_scores_avx2(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
                       float* out);
+void spec_head_scores_avx512(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                             float* out, int64_t ld);
+void spec_scores_avx512(const float* q, int64_t G, int64_t K, const uint16_t* pk, int64_t T, float scale,
+                        float* out);
 
 }  // namespace kvtier::cpu
