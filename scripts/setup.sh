@@ -89,14 +89,34 @@ else
   say "xxhash: present"
 fi
 
-# llama-cpp-python (optional): PyPI has only the sdist, so pip compiles llama.cpp (CPU only).
+# llama-cpp-python (optional): PyPI has only the sdist, so pip compiles llama.cpp (CPU only), for this
+# CPU. On CPUs with AMX (Intel Sapphire Rapids and later) it is built without its AMX kernels: in this
+# version they give wrong results for Q4_0/Q4_1 weights (SmolLM2's perplexity 510 instead of 21.27 on a
+# 2-vCPU Xeon with amx_int8; upstream ggml-org/llama.cpp#16315, fixed after this release), so the build
+# takes every other SIMD extension the CPU has by name instead of -march=native.
 llama_cpp_version="0.3.16"
 if [[ $do_llama_cpp == 1 ]]; then
-  if "$vpy" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_cpp_version')" 2>/dev/null; then
+  cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  has_flag() { [[ "$cpu_flags" == *" $1 "* ]]; }
+  llama_cmake_args=""
+  if has_flag amx_int8; then
+    on_off() { if has_flag "$1"; then echo ON; else echo OFF; fi; }
+    llama_cmake_args="-DGGML_NATIVE=OFF -DGGML_AVX=$(on_off avx) -DGGML_AVX2=$(on_off avx2) -DGGML_FMA=$(on_off fma)"
+    llama_cmake_args+=" -DGGML_F16C=$(on_off f16c) -DGGML_BMI2=$(on_off bmi2) -DGGML_AVX_VNNI=$(on_off avx_vnni)"
+    llama_cmake_args+=" -DGGML_AVX512=$(on_off avx512f) -DGGML_AVX512_VBMI=$(on_off avx512vbmi)"
+    llama_cmake_args+=" -DGGML_AVX512_VNNI=$(on_off avx512_vnni) -DGGML_AVX512_BF16=$(on_off avx512_bf16)"
+    llama_cmake_args+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
+  fi
+  if "$vpy" -c "import llama_cpp, sys; sys.exit(llama_cpp.__version__ != '$llama_cpp_version'
+      or b'AMX_INT8 = 1' in llama_cpp.llama_print_system_info())" 2>/dev/null; then
     say "llama-cpp-python $llama_cpp_version: present"
   else
-    say "building llama-cpp-python $llama_cpp_version from source (several minutes)"
-    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" pip_install "llama-cpp-python==$llama_cpp_version"
+    say "building llama-cpp-python $llama_cpp_version from source (several minutes)${llama_cmake_args:+, AMX off}"
+    # Its dependencies first; then the package itself rebuilt even where this version is installed (an
+    # AMX build) and never taken from pip's wheel cache (which may hold one built with other flags).
+    pip_install numpy typing-extensions diskcache jinja2
+    CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$llama_cmake_args" \
+      pip_install --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==$llama_cpp_version"
   fi
 fi
 

@@ -109,19 +109,22 @@ def run_llama(a, path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--prompt-tokens", default="512,4096")
-    ap.add_argument("--gen", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", "--repeat", type=int, default=3, dest="rounds")
-    ap.add_argument("--models", default="smollm2,gemma3")
-    ap.add_argument("--kvtier", default=str(kt.SOURCE_DIR / "build" / "cpu" / "bin" / "kvtier"))
+    ap = argparse.ArgumentParser(description="kvtier bench against llama.cpp (llama-cpp-python) on the same GGUF "
+                                 "files: prefill and decode tok/s, medians of interleaved rounds, ratios.")
+    ap.add_argument("--prompt-tokens", default="512,4096", help="comma-separated prompt lengths (default 512,4096)")
+    ap.add_argument("--gen", type=int, default=64, help="decode steps timed per prompt (default 64)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of both engines (default 2)")
+    ap.add_argument("--rounds", "--repeat", type=int, default=3, dest="rounds",
+                    help="interleaved rounds; medians are over them (default 3)")
+    ap.add_argument("--models", default="smollm2,gemma3", help="comma-separated default models (default smollm2,gemma3)")
+    ap.add_argument("--kvtier", default=str(kt.SOURCE_DIR / "build" / "cpu" / "bin" / "kvtier"),
+                    help="kvtier binary (default build/cpu/bin/kvtier)")
     ap.add_argument("--isa", default="", help="kvtier's kernel path (default: the best the CPU has)")
     ap.add_argument("--llama-python", default=sys.executable,
                     help="python interpreter whose llama_cpp is compared (default: this one)")
     ap.add_argument("--copy-bench", default=str(kt.SOURCE_DIR / "build" / "cpu" / "bench" / "bench_cpu_kernels"),
                     help="bench_cpu_kernels binary for the copy bandwidth ('' to skip)")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON object instead of tables")
     ap.add_argument("--llama-worker", default="", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.llama_worker:
