@@ -210,10 +210,11 @@ void fill_avx512_tiles(KernelTable& t) {
   // with them, replacing vec_dot_avx512.cpp's for those types).
   set(GgmlType::kQ8_0, TileKernel{tile_q8_0<4, 1>, 4, 4}, TileKernel{tile_q8_0<4, 4>, 4, 16});
   fill_legacy_chain<true>(t);
-  // 2 rows x 4 token groups (two 16-token vectors) per call: bench_matmul_cputime 3 avx512, 2-vCPU
-  // Intel Xeon (Sapphire Rapids family, AVX-512 VNNI), 3 rounds beside builds, GFLOP per CPU second:
-  // the 256-bit tile (2 x 1 groups) q5_0 82-87, q4_1 70-86; 2 x 2 groups on 512 bits 118-135, 98-138.
-  // 1 x 2, 4 x 2, 1 x 3, 2 x 3 and 2 x 4 group pairs were no faster; 1 x 4 was slower.
+  // 2 rows x 2 group pairs (4 token groups, two 16-token vectors) per call: bench_matmul_cputime 3
+  // avx512 on a 2-vCPU Intel Xeon (family 6 model 207, AVX-512 VNNI), 3 rounds beside builds, GFLOP
+  // per CPU second: the 256-bit tile (2 rows x 1 group) q5_0 82-87, q4_1 70-86; 2 x 2 group pairs
+  // 118-135 and 98-138. Rows x pairs of 1 x 2, 4 x 2, 1 x 3, 2 x 3 and 2 x 4 were no faster; 1 x 4
+  // was slower.
   constexpr int R = 2, GP = 2;
   set_chain512<Chain::kQ4_0, BlockQ4_0, R, GP>(t, GgmlType::kQ4_0);
   set_chain512<Chain::kQ4_1, BlockQ4_1, R, GP>(t, GgmlType::kQ4_1);
