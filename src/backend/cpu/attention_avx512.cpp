@@ -85,10 +85,26 @@ void scores(const float* q, int64_t q_stride, int64_t rows, const float* k, int6
   if (r < rows) attn_tile_ops_avx2().scores(q + r * q_stride, q_stride, 1, k, n, d, s + r * n);
 }
 
+// 16 values of a V row as f32 (f16 converted in registers, exact); the masked forms read only the
+// lanes of m and zero the others.
+__m512 load16(const float* x) {
+  return _mm512_loadu_ps(x);
+}
+__m512 load16(const uint16_t* x) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
+}
+__m512 load16(const float* x, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, x);
+}
+__m512 load16(const uint16_t* x, __mmask16 m) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, x));
+}
+
 // acc[r * dv + i] = fma(p[r * n + j], v[j * dv + i], acc[r * dv + i]) for j in order (per element
-// the AVX2 kernel's chain); NR rows share each V load, NV registers of 16 elements per row.
-template <int NR, int NV>
-void accumulate_rows(const float* p, int64_t n, const float* v, int64_t dv, float* acc) {
+// the AVX2 kernel's chain); NR rows share each V load, NV registers of 16 elements per row. V rows
+// are f32 or f16 (T).
+template <int NR, int NV, typename T>
+void accumulate_rows(const float* p, int64_t n, const T* v, int64_t dv, float* acc) {
   int64_t i0 = 0;
   for (; i0 + 16 * NV <= dv; i0 += 16 * NV) {
     __m512 a[NR][NV];
@@ -96,7 +112,7 @@ void accumulate_rows(const float* p, int64_t n, const float* v, int64_t dv, floa
       for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dv + i0 + 16 * c);
     for (int64_t j = 0; j < n; ++j) {
       __m512 vv[NV];
-      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(v + j * dv + i0 + 16 * c);
+      for (int c = 0; c < NV; ++c) vv[c] = load16(v + j * dv + i0 + 16 * c);
       for (int r = 0; r < NR; ++r) {
         const __m512 vp = _mm512_set1_ps(p[r * n + j]);
         for (int c = 0; c < NV; ++c) a[r][c] = _mm512_fmadd_ps(vp, vv[c], a[r][c]);
@@ -110,7 +126,7 @@ void accumulate_rows(const float* p, int64_t n, const float* v, int64_t dv, floa
     for (int r = 0; r < NR; ++r) {
       __m512 a0 = _mm512_maskz_loadu_ps(m, acc + r * dv + i0);
       for (int64_t j = 0; j < n; ++j)
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[r * n + j]), _mm512_maskz_loadu_ps(m, v + j * dv + i0), a0);
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[r * n + j]), load16(v + j * dv + i0, m), a0);
       _mm512_mask_storeu_ps(acc + r * dv + i0, m, a0);
     }
   }
@@ -198,50 +214,15 @@ void scores_f16(const float* q, int64_t q_stride, int64_t rows, const uint16_t* 
   }
 }
 
-// f16 values: accumulate_rows's element-wise chains with each V element converted in registers.
-template <int NR, int NV>
-void accumulate_f16_rows(const float* p, int64_t n, const uint16_t* v, int64_t dv, float* acc) {
-  auto load16 = [](const uint16_t* x) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x)));
-  };
-  int64_t i0 = 0;
-  for (; i0 + 16 * NV <= dv; i0 += 16 * NV) {
-    __m512 a[NR][NV];
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < NV; ++c) a[r][c] = _mm512_loadu_ps(acc + r * dv + i0 + 16 * c);
-    for (int64_t j = 0; j < n; ++j) {
-      __m512 vv[NV];
-      for (int c = 0; c < NV; ++c) vv[c] = load16(v + j * dv + i0 + 16 * c);
-      for (int r = 0; r < NR; ++r) {
-        const __m512 vp = _mm512_set1_ps(p[r * n + j]);
-        for (int c = 0; c < NV; ++c) a[r][c] = _mm512_fmadd_ps(vp, vv[c], a[r][c]);
-      }
-    }
-    for (int r = 0; r < NR; ++r)
-      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(acc + r * dv + i0 + 16 * c, a[r][c]);
-  }
-  for (; i0 < dv; i0 += 16) {  // 16 or fewer elements (masked: lanes past dv are neither read nor written)
-    const __mmask16 m = dv - i0 >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << (dv - i0)) - 1);
-    for (int r = 0; r < NR; ++r) {
-      __m512 a0 = _mm512_maskz_loadu_ps(m, acc + r * dv + i0);
-      for (int64_t j = 0; j < n; ++j) {
-        const __m512 vv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + j * dv + i0));
-        a0 = _mm512_fmadd_ps(_mm512_set1_ps(p[r * n + j]), vv, a0);
-      }
-      _mm512_mask_storeu_ps(acc + r * dv + i0, m, a0);
-    }
-  }
-}
-
 void accumulate_f16(const float* p, int64_t rows, const uint16_t* v, int64_t n, int64_t dv, float* acc) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) accumulate_f16_rows<4, 4>(p + r * n, n, v, dv, acc + r * dv);
+  for (; r + 4 <= rows; r += 4) accumulate_rows<4, 4>(p + r * n, n, v, dv, acc + r * dv);
   if (rows - r == 3) {
-    accumulate_f16_rows<3, 4>(p + r * n, n, v, dv, acc + r * dv);
+    accumulate_rows<3, 4>(p + r * n, n, v, dv, acc + r * dv);
     return;
   }
-  for (; r + 2 <= rows; r += 2) accumulate_f16_rows<2, 4>(p + r * n, n, v, dv, acc + r * dv);
-  if (r < rows) accumulate_f16_rows<1, 4>(p + r * n, n, v, dv, acc + r * dv);
+  for (; r + 2 <= rows; r += 2) accumulate_rows<2, 4>(p + r * n, n, v, dv, acc + r * dv);
+  if (r < rows) accumulate_rows<1, 4>(p + r * n, n, v, dv, acc + r * dv);
 }
 
 void f16_to_f32_row(const uint16_t* src, int64_t n, float* dst) {
