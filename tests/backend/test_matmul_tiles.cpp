@@ -106,7 +106,7 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
     if (!isa_supported(isa)) continue;
     const KernelTable& table = kernel_table(isa);
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
-                          GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+                          GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
       const TileKernel regular = table.tile[static_cast<size_t>(type)];
       const PanelKernel panel = table.panel[static_cast<size_t>(type)];
       ASSERT_TRUE(regular.fn != nullptr || panel.fn != nullptr)

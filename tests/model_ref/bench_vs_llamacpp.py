@@ -13,10 +13,12 @@ gets busier or quieter during the run does not favour one side. Reported: the me
 for each side, the ratio of the medians, and the smallest and largest per-round ratio (how noisy the
 machine was). With --copy-bench (default: build/cpu/bench/bench_cpu_kernels when it exists) every
 round also measures the copy bandwidth at the same thread count (`copy/threads:T`, bytes read +
-written), and each decode row gets kvtier's bytes read per token (all weights, the tied output
-matrix included, plus the f16 KV of prompt + gen / 2 positions: exact for full-attention layers, an
-upper bound for sliding-window ones) times its decode rate, as a fraction of the median copy
-bandwidth: how close decode runs to the memory-bandwidth bound. The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
+written) and the read-only sweep (`read/threads:T`, bytes read), and each decode row gets kvtier's
+bytes read per token (all weights, the tied output matrix included, plus the f16 KV of prompt +
+gen / 2 positions: exact for full-attention layers, an upper bound for sliding-window ones) times
+its decode rate, as a fraction of the median copy bandwidth (how close decode runs to the
+memory-bandwidth bound) and of the median read sweep (what reading alone reaches on this machine;
+on some CPUs well below the copy figure). The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
 version and system info line, and the load average before and after.
 
 Both sides warm up before timing: kvtier bench runs one unrecorded round, the llama.cpp pass first
@@ -93,13 +95,14 @@ def run_kvtier(a, path):
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
 
 
-def copy_bandwidth(a):
-    """GB/s of bench_cpu_kernels' STREAM-like copy at the benchmark's thread count (None without it)."""
+def memory_bandwidth(a):
+    """GB/s of bench_cpu_kernels' STREAM-like copy (bytes read + written) and read-only sweep at the
+    benchmark's thread count: {"copy": .., "read": ..}, or None without the binary."""
     if not a.copy_bench or not pathlib.Path(a.copy_bench).exists():
         return None
-    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^copy/threads:{a.threads}/", "--benchmark_format=json"],
-                         check=True, capture_output=True, text=True).stdout
-    return json.loads(out)["benchmarks"][0]["bytes_per_second"] / 1e9
+    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^(copy|read)/threads:{a.threads}/",
+                          "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
+    return {b["name"].split("/")[0]: b["bytes_per_second"] / 1e9 for b in json.loads(out)["benchmarks"]}
 
 
 def run_llama(a, path):
@@ -135,14 +138,15 @@ def main():
     header = {"cpu": cpu_description(), "load_before": os.getloadavg(), "threads": a.threads, "gen": a.gen,
               "rounds": a.rounds, "llama_python": a.llama_python}
     samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
-    copies = []  # GB/s, one per round and model
+    copies, reads = [], []  # GB/s, one per round and model
     bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
     for name in a.models.split(","):
         path = kt.model(name)
         for rnd in range(a.rounds):
-            bw = copy_bandwidth(a)
+            bw = memory_bandwidth(a)
             if bw is not None:
-                copies.append(bw)
+                copies.append(bw["copy"])
+                reads.append(bw["read"])
             sides = [("kvtier", run_kvtier), ("llama.cpp", run_llama)]
             if rnd % 2 == 1:
                 sides.reverse()
@@ -167,7 +171,9 @@ def main():
                             r[f"{phase}_tokens_per_s"])
     header["load_after"] = os.getloadavg()
     header["copy_GBps_runs"] = copies
+    header["read_GBps_runs"] = reads
     copy_median = statistics.median(copies) if copies else None
+    read_median = statistics.median(reads) if reads else None
 
     table = []
     for name in a.models.split(","):
@@ -183,6 +189,7 @@ def main():
             if copy_median:
                 row["decode_bytes_per_token"] = bytes_per_token[(name, p)]
                 row["decode_pct_of_copy"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / copy_median
+                row["decode_pct_of_read"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / read_median
             table.append(row)
     if a.json:
         print(json.dumps({**header, "results": table}))
@@ -196,13 +203,15 @@ def main():
           f"{header['load_before'][0]:.1f}, after {header['load_after'][0]:.1f}")
     if copy_median:
         print(f"copy bandwidth ({a.threads} threads, bytes read + written): median {copy_median:.1f} GB/s of "
-              f"{', '.join(f'{c:.1f}' for c in copies)}")
+              f"{', '.join(f'{c:.1f}' for c in copies)}; read-only sweep: median {read_median:.1f} GB/s of "
+              f"{', '.join(f'{r:.1f}' for r in reads)}")
     print()
     print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
-          "| decode ratio (range) | kvtier decode MB/token, % of copy |")
+          "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read |")
     print("|---|---:|---|---|---|---|---|")
     for t in table:
-        bw = (f"{t['decode_bytes_per_token'] / 1e6:.0f}, {t['decode_pct_of_copy']:.0f} %"
+        bw = (f"{t['decode_bytes_per_token'] / 1e6:.0f}, {t['decode_pct_of_copy']:.0f} %, "
+              f"{t['decode_pct_of_read']:.0f} %"
               if "decode_pct_of_copy" in t else "-")
         print(f"| {t['model']} | {t['prompt_tokens']} | {t['kvtier_prefill']:.1f} / {t['llamacpp_prefill']:.1f} | "
               f"**{t['prefill_ratio']:.2f}** ({t['prefill_ratio_min']:.2f}-{t['prefill_ratio_max']:.2f}) | "
