@@ -1,7 +1,10 @@
 """Bad input to the CLI gets a clear message and a non-zero exit, never a crash or a stray file."""
 import os
+import signal
+import subprocess
+import time
 
-from kvtier_testlib import model, run
+from kvtier_testlib import kvtier_bin, model, run, with_isa
 
 
 def test_no_subcommand_is_a_usage_error():
@@ -75,3 +78,47 @@ def test_synth_list_and_layers(tmp_path):
     j = json.loads(info)
     assert j["hparams"]["n_layer"] == 3 and j["hparams"]["n_ctx_train"] == 100000
     assert set(j["tensor_types"]) == {"f32", "q4_1"}
+
+
+def test_counts_that_must_be_positive_say_so():
+    for args in (["bench", "-m", model("smollm2"), "--gen", "0"], ["bench", "-m", model("smollm2"), "--repeat", "0"]):
+        p = run(*args, check=False)
+        assert p.returncode == 2
+        assert "must be greater than 0, not 0" in p.stderr, p.stderr
+        assert "179769" not in p.stderr  # not CLI11's "not in range 0.000000 to 1.797...e308"
+
+
+def _stops_on_ctrl_c(args):
+    """Starts kvtier with args, sends SIGINT after 3 s and returns (exit code, seconds from the signal to the
+    exit, stderr). Long work stops between its
+    passes, so the exit comes within seconds, not at the end of the work."""
+    proc = subprocess.Popen([kvtier_bin(), *with_isa(args)], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            text=True)
+    time.sleep(3)
+    assert proc.poll() is None, "the command ended before the signal: give it longer work"
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"kvtier {args[0]} still running 30 s after Ctrl-C")
+    return proc.returncode, time.monotonic() - t0, err
+
+
+def test_bench_stops_on_ctrl_c_within_a_long_prompt():
+    # 8000 prompt tokens in passes of 64 on one thread: about a minute of prefill, a pass well under a second.
+    code, waited, err = _stops_on_ctrl_c(["bench", "-m", model("smollm2"), "--prompt-tokens", "8000", "--gen", "4",
+                                          "--repeat", "1", "--warmup", "0", "--chunk", "64", "-t", "1"])
+    assert code == 130 and "interrupted" in err, err
+    assert waited < 20
+
+
+def test_perplexity_stops_on_ctrl_c_between_windows(tmp_path):
+    text = tmp_path / "long.txt"
+    text.write_text(" ".join(f"word{i % 977} and the next sentence follows." for i in range(40000)))
+    code, waited, err = _stops_on_ctrl_c(["perplexity", "-m", model("smollm2"), "-f", text, "--ctx", "256",
+                                          "-t", "1"])
+    assert code == 130 and "interrupted" in err, err
+    assert waited < 20

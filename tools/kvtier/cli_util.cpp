@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "commands.h"
 #include "core/error.h"
 
 namespace kvtier::cli {
@@ -31,6 +32,22 @@ bool interrupted() {
 
 void throw_if_interrupted() {
   if (interrupted()) fail(ErrorKind::kInterrupted, "interrupted");
+}
+
+CLI::Validator positive() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(text, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != text.size()) return fmt::format("'{}' is not a number", text);
+        return v > 0 ? std::string{} : fmt::format("must be greater than 0, not {}", text);
+      },
+      "POSITIVE");
 }
 
 bool stderr_is_tty() {

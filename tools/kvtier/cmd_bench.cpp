@@ -140,6 +140,7 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
       budget -= static_cast<int64_t>(m);
     }
     const auto logits = s.step(parts);
+    throw_if_interrupted();  // Ctrl-C stops a long prompt between its passes
     size_t row = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (parts[i].rows == model::LogitRows::kNone) continue;
@@ -160,6 +161,7 @@ RoundTimes run_batch_round(runtime::Session& s, const std::vector<std::vector<ru
       parts.push_back({static_cast<kv::SeqId>(b), {&next[b], 1}, model::LogitRows::kLast});
     }
     const auto logits = s.step(parts);
+    throw_if_interrupted();
     for (size_t b = 0; b < B; ++b) {
       next[b] = argmax(logits.subspan(b * V, V));
       if (digests != nullptr) (*digests)[b].push_back(logits_digest(logits.subspan(b * V, V)));
@@ -305,13 +307,12 @@ void add_bench(CLI::App& app, Runner& run) {
                   "ratios are to the first")
       ->capture_default_str();
   cmd->add_option("--prompt-tokens", a->prompt_tokens, "prompt lengths, comma-separated")->delimiter(',');
-  cmd->add_option("--gen", a->gen, "tokens to decode after each prompt")->check(CLI::PositiveNumber);
+  cmd->add_option("--gen", a->gen, "tokens to decode after each prompt")->check(positive());
   cmd->add_option("--batch", a->batch,
                   "sequences run together, comma-separated sizes (each pass carries all of them; tok/s are "
                   "aggregate and per sequence)")
       ->delimiter(',');
-  cmd->add_option("--repeat", a->repeat, "runs per length (the median is reported)")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", a->repeat, "runs per length (the median is reported)")->check(positive());
   cmd->add_option("--warmup", a->warmup, "unrecorded rounds before the measured ones")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();

@@ -99,7 +99,7 @@ void add_chat(CLI::App& app, Runner& run) {
   add_sample_flags(cmd, a->sample, d);
   cmd->add_option("--system", a->system, "system message");
   cmd->add_option("--chat-template", a->chat_template, "chat template name (default: the model's)");
-  cmd->add_option("-n,--n-predict", a->n_predict, "tokens per reply at most")->check(CLI::PositiveNumber);
+  cmd->add_option("-n,--n-predict", a->n_predict, "tokens per reply at most")->check(positive());
   cmd->callback([&run, a] { run = [a] { return run_chat(*a); }; });
 }
 

@@ -358,7 +358,7 @@ void add_compare(CLI::App& app, Runner& run) {
   cmd->add_option("--depths", a->depths, "needle depths in [0, 1] (passkey, niah)")->default_val(a->depths);
   cmd->add_option("--samples", a->samples, "samples per cell and depth (ppl: windows per length)")
       ->default_val(a->samples)
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--seed", a->seed, "seed of the generated prompts")->default_val(a->seed);
   cmd->add_option("--results", a->results,
                   "results file (JSON lines): created, or continued if it holds cells of the same sweep")

@@ -261,7 +261,7 @@ void add_eval(CLI::App& app, Runner& run) {
   cmd->add_option("--depths", a->depths, "needle depths in [0, 1] (passkey, niah)")->default_val(a->depths);
   cmd->add_option("--samples", a->samples, "samples per cell (ppl: windows per length)")
       ->default_val(a->samples)
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--seed", a->seed, "seed of the generated prompts")->default_val(a->seed);
   cmd->add_option("--json", a->json, "write every sample, the cells and run metadata to this JSON file");
   cmd->add_option("--report", a->report, "write README.md tables and SVG plots into this directory");

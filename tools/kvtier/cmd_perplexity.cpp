@@ -32,8 +32,10 @@ int run_perplexity(PerplexityArgs a) {
   opts.infinigen_emulate_from = a.emulate_from;
   runtime::Session session(*model, opts);
   ProgressBar bar("perplexity", stderr_is_tty());
-  const auto r = runtime::perplexity(session, tokens, a.engine.ctx, a.max_windows,
-                                     [&](int64_t d, int64_t t) { bar.update(d, t); });
+  const auto r = runtime::perplexity(session, tokens, a.engine.ctx, a.max_windows, [&](int64_t d, int64_t t) {
+    throw_if_interrupted();  // Ctrl-C stops between windows
+    bar.update(d, t);
+  });
   bar.finish();
   const double tps = static_cast<double>(r.n_windows * a.engine.ctx) / r.seconds;
   if (a.json) {

@@ -135,7 +135,7 @@ void add_profile(CLI::App& app, Runner& run) {
          "--link-gbps", a->link_gbps,
          "measurement aid: throttle the transfer engine's loads to this many GB/s (10^9 bytes/s), to "
          "reproduce a slow link; not a feature of real runs")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option(
       "--profile-cache", a->cache,
       "profile cache file (default: $KVTIER_PROFILE_CACHE, else $XDG_CACHE_HOME/kvtier/profile.json, "
@@ -144,7 +144,7 @@ void add_profile(CLI::App& app, Runner& run) {
       "--force", a->force, "measure even if the cache has this profile (and replace a corrupt cache file)");
   cmd->add_flag("--no-cache", a->no_cache, "measure without reading or writing the cache")->excludes(force);
   cmd->add_option("--ctx", a->ctx, "context (cached tokens s') at which to show the scheduler's split")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->callback([&run, a] { run = [a] { return run_profile(*a); }; });
 }

@@ -218,7 +218,7 @@ void add_skew(CLI::App& app, Runner& run) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--tokens", a->tokens, "tokens of the text to use")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--skip", a->skip, "--check: tokens skipped first (default: the skew file's sample size)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--ratio", a->ratio, "partial ratio r of the offline column sets (floor(r*d) columns)")
@@ -226,7 +226,7 @@ void add_skew(CLI::App& app, Runner& run) {
       ->check(CLI::Range(1e-6, 1.0));
   cmd->add_option("--alpha", a->spec.alpha, "--check: speculation threshold margin (scaled logits)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--budget", a->spec.budget, "--check: speculation cap as a share of the tokens")
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));

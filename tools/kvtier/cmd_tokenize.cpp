@@ -178,8 +178,7 @@ void add_tokenize(CLI::App& app, Runner& run) {
                   "Chat template to use instead of the model's (" + tokenizer::chat_template_names() + ")");
   cmd->add_option("--system", a->system, "System prompt (with --chat)");
   cmd->add_flag("--bench", a->bench, "Measure tokenisation throughput (MB/s) instead of printing tokens");
-  cmd->add_option("--repeat", a->repeat, "Repetitions for --bench (median is reported)")
-      ->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", a->repeat, "Repetitions for --bench (median is reported)")->check(positive());
   cmd->callback([a, &run] { run = [a] { return run_tokenize(*a); }; });
 
   auto d = std::make_shared<DetokenizeArgs>();

@@ -241,14 +241,14 @@ void add_train_locret(CLI::App& app, Runner& run) {
                   "training data, JSONL: {\"prompt\": ..., \"answer\": ...} per line (\"system\" optional)");
   cmd->add_option("--fixture-samples", a->fixture_samples,
                   "train on N generated match-fixture samples instead (for `kvtier locret-fixture` models)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   cmd->add_option("--steps", a->steps,
                   "optimizer steps (one sample each); 0 writes untrained heads (seeded N(0, 0.02), no data)")
       ->capture_default_str();
   cmd->add_option("--warmup", a->warmup, "warmup steps of the linear schedule (default: 2/3 of --steps)");
   cmd->add_option("--lr", a->lr, "peak learning rate")->capture_default_str();
   cmd->add_option("--d-m", a->d_m, "intermediate size of each head (the paper: 1024)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--alpha", a->alpha, "weight of the smoothness term")->capture_default_str();
   cmd->add_option("--smooth-reduction", a->smooth, "smoothness term over layers: sum (the reference) or mean")
@@ -260,17 +260,15 @@ void add_train_locret(CLI::App& app, Runner& run) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, locret::LabelTarget>{
           {"raw", locret::LabelTarget::kRaw}, {"centered", locret::LabelTarget::kCentered}}))
       ->default_str("raw");
-  cmd->add_option("--clip", a->clip, "gradient clipping by value")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+  cmd->add_option("--clip", a->clip, "gradient clipping by value")->check(positive())->capture_default_str();
   cmd->add_option("--seed", a->seed, "seed of the head initialisation and of the sample order")
       ->capture_default_str();
   cmd->add_option("--max-len", a->max_len, "prompt tokens trained on (labels use the whole prompt)")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--max-tokens", a->max_tokens,
                   "longest sample (prompt + answer) kept; longer ones are skipped")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--held-out", a->held_out,
                   "samples (from the end of the data) kept for evaluation (default: 10%, at most 20)");
@@ -285,7 +283,7 @@ void add_train_locret(CLI::App& app, Runner& run) {
   cmd->add_flag("--resume", a->resume,
                 "continue from the checkpoint if it exists (same configuration required)");
   cmd->add_option("--log-every", a->log_every, "steps per progress line")
-      ->check(CLI::PositiveNumber)
+      ->check(positive())
       ->capture_default_str();
   cmd->add_option("--chat-template", a->chat_template,
                   "format prompts with this template (default: the model's)");
