@@ -7,11 +7,26 @@
 
 namespace kvtier::runtime {
 
+void check_sampler_params(const SamplerParams& p) {
+  // Written so that NaN fails each check. (temperature <= 0 is greedy and top_k <= 0 off, as in
+  // llama.cpp; NaN temperature is refused.)
+  if (std::isnan(p.temperature)) fail(ErrorKind::kInvalidArgument, "--temp is not a number");
+  if (std::isnan(p.presence_penalty) || std::isnan(p.frequency_penalty))
+    fail(ErrorKind::kInvalidArgument, "--presence-penalty and --frequency-penalty must be numbers");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
+    fail(ErrorKind::kInvalidArgument, "--top-p must be in (0, 1] (got {})", p.top_p);
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f))
+    fail(ErrorKind::kInvalidArgument, "--min-p must be in [0, 1] (got {})", p.min_p);
+  if (!(p.repeat_penalty > 0.0f))
+    fail(ErrorKind::kInvalidArgument, "--repeat-penalty must be positive (got {})", p.repeat_penalty);
+  if (p.penalty_last_n < -1)
+    fail(ErrorKind::kInvalidArgument, "--repeat-last-n must be -1 (all), 0 (none) or more (got {})",
+         p.penalty_last_n);
+}
+
 Sampler::Sampler(const SamplerParams& p, uint32_t n_vocab)
     : p_(p), work_(n_vocab), cand_(n_vocab), counts_(n_vocab, 0), rng_(p.seed) {
-  if (p.top_p <= 0.0f) fail(ErrorKind::kInvalidArgument, "--top-p must be in (0, 1] (got {})", p.top_p);
-  if (p.min_p < 0.0f || p.min_p > 1.0f) fail(ErrorKind::kInvalidArgument, "--min-p must be in [0, 1]");
-  if (p.repeat_penalty <= 0.0f) fail(ErrorKind::kInvalidArgument, "--repeat-penalty must be positive");
+  check_sampler_params(p);
   touched_.reserve(n_vocab);
 }
 

@@ -26,6 +26,10 @@ struct SamplerParams {
   uint64_t seed = 0;
 };
 
+// Throws Error(kInvalidArgument), naming the CLI flag, for parameters out of range or NaN (the
+// Sampler's constructor checks them too; a server checks a request's before it queues it).
+void check_sampler_params(const SamplerParams& p);
+
 class Sampler {
  public:
   Sampler(const SamplerParams& p, uint32_t n_vocab);

@@ -156,7 +156,10 @@ ApiRequest parse_request(Endpoint endpoint, const std::string& body, const std::
     } else if (key == "temperature") {
       if (!v.is_null()) r.sampling.temperature = static_cast<float>(number(v, key, 0, 2));
     } else if (key == "top_p") {
-      if (!v.is_null()) r.sampling.top_p = static_cast<float>(number(v, key, 0, 1));
+      if (!v.is_null()) {
+        r.sampling.top_p = static_cast<float>(number(v, key, 0, 1));
+        if (r.sampling.top_p <= 0.0f) bad(key, "'top_p' must be greater than 0 (and at most 1)");
+      }
     } else if (key == "top_k") {
       if (!v.is_null()) r.sampling.top_k = static_cast<int>(integer(v, key, 0, 1 << 20));
     } else if (key == "min_p") {

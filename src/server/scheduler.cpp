@@ -74,6 +74,7 @@ void Scheduler::stop() {
 
 std::shared_ptr<RequestHandle> Scheduler::submit(GenRequest r) {
   if (r.prompt.empty()) fail(ErrorKind::kInvalidArgument, "the prompt has no tokens");
+  runtime::check_sampler_params(r.sampling);  // here, not on the scheduler's thread when it starts
   const auto n_ctx = session_.n_ctx();
   if (static_cast<int64_t>(r.prompt.size()) >= n_ctx) {
     fail(ErrorKind::kInvalidArgument,

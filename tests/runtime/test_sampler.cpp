@@ -2,9 +2,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <set>
 #include <vector>
 
+#include "core/error.h"
 #include "runtime/sampler.h"
 
 namespace kvtier::runtime {
@@ -16,6 +18,50 @@ std::vector<float> logits() {
   for (size_t i = 0; i < l.size(); ++i) l[i] = -0.5f * static_cast<float>(i);
   l[7] = 3.0f;  // the maximum
   return l;
+}
+
+// Out-of-range and NaN parameters are refused when the sampler is made, naming the flag; the documented
+// spellings of "off" and "greedy" (temperature <= 0, top_k <= 0, penalty window -1 or 0) are not.
+TEST(Sampler, RefusesParametersOutOfRangeOrNaN) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  auto refused = [](SamplerParams p, const char* flag) {
+    try {
+      Sampler s(p, 50);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+      return;
+    }
+    ADD_FAILURE() << flag << " accepted";
+  };
+  SamplerParams p;
+  p.top_p = 1.5f;
+  refused(p, "--top-p");
+  p.top_p = 0.0f;
+  refused(p, "--top-p");
+  p.top_p = nan;
+  refused(p, "--top-p");
+  p = {};
+  p.min_p = nan;
+  refused(p, "--min-p");
+  p = {};
+  p.repeat_penalty = nan;
+  refused(p, "--repeat-penalty");
+  p = {};
+  p.temperature = nan;
+  refused(p, "--temp");
+  p = {};
+  p.frequency_penalty = nan;
+  refused(p, "--frequency-penalty");
+  p = {};
+  p.penalty_last_n = -2;
+  refused(p, "--repeat-last-n");
+  p = {};
+  p.temperature = -1.0f;
+  p.top_k = -1;
+  p.penalty_last_n = -1;
+  Sampler greedy(p, 50);
+  EXPECT_EQ(greedy.sample(logits(), {}), 7);
 }
 
 TEST(Sampler, GreedyTakesTheArgmax) {

@@ -29,7 +29,7 @@ WRONG = {
                  [{"role": "user", "content": "x", "extra": 1}], [{"role": "user", "content": None}]],
     "max_tokens": ["4", 4.5, True, [], {}, 0, -1, 10 ** 30, 2 ** 63, -2 ** 63, 1e300],
     "temperature": ["0", True, [], {}, -0.1, 2.5, 1e308, -1e308],
-    "top_p": ["1", False, [], -0.5, 1.5, 1e30],
+    "top_p": ["1", False, [], -0.5, 0, 1e-50, 1.5, 1e30],
     "top_k": ["5", 1.5, True, -1, 2 ** 40, 10 ** 20],
     "min_p": ["0", -1, 2, []],
     "presence_penalty": ["0", 3, -3, {}],
