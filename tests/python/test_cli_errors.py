@@ -80,11 +80,16 @@ def test_synth_list_and_layers(tmp_path):
     assert set(j["tensor_types"]) == {"f32", "q4_1"}
 
 
-def test_counts_that_must_be_positive_say_so():
-    for args in (["bench", "-m", model("smollm2"), "--gen", "0"], ["bench", "-m", model("smollm2"), "--repeat", "0"]):
-        p = run(*args, check=False)
+def test_counts_out_of_range_say_what_they_want():
+    cases = [(["bench", "--gen", "0"], "--gen: must be greater than 0, not 0"),
+             (["bench", "--repeat", "0"], "--repeat: must be greater than 0, not 0"),
+             (["run", "-p", "hi", "-n", "-1"], "--n-predict: must be 0 or more, not -1"),
+             (["run", "-p", "hi", "--ctx", "-5"], "--ctx: must be 0 or more, not -5"),
+             (["run", "-p", "hi", "-t", "two"], "--threads: 'two' is not a number")]
+    for args, want in cases:
+        p = run(args[0], "-m", model("smollm2"), *args[1:], check=False)
         assert p.returncode == 2
-        assert "must be greater than 0, not 0" in p.stderr, p.stderr
+        assert want in p.stderr, p.stderr
         assert "179769" not in p.stderr  # not CLI11's "not in range 0.000000 to 1.797...e308"
 
 

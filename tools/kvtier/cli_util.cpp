@@ -34,9 +34,12 @@ void throw_if_interrupted() {
   if (interrupted()) fail(ErrorKind::kInterrupted, "interrupted");
 }
 
-CLI::Validator positive() {
+namespace {
+
+// A validator of numbers: ok(v), else "WANT, not TEXT".
+CLI::Validator number_check(bool (*ok)(double), const char* want, const char* name) {
   return CLI::Validator(
-      [](std::string& text) -> std::string {
+      [ok, want](std::string& text) -> std::string {
         size_t used = 0;
         double v = 0;
         try {
@@ -45,9 +48,19 @@ CLI::Validator positive() {
           used = 0;
         }
         if (used == 0 || used != text.size()) return fmt::format("'{}' is not a number", text);
-        return v > 0 ? std::string{} : fmt::format("must be greater than 0, not {}", text);
+        return ok(v) ? std::string{} : fmt::format("{}, not {}", want, text);
       },
-      "POSITIVE");
+      name);
+}
+
+}  // namespace
+
+CLI::Validator positive() {
+  return number_check([](double v) { return v > 0; }, "must be greater than 0", "POSITIVE");
+}
+
+CLI::Validator non_negative() {
+  return number_check([](double v) { return v >= 0; }, "must be 0 or more", "NONNEGATIVE");
 }
 
 bool stderr_is_tty() {

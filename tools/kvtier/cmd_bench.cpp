@@ -314,7 +314,7 @@ void add_bench(CLI::App& app, Runner& run) {
       ->delimiter(',');
   cmd->add_option("--repeat", a->repeat, "runs per length (the median is reported)")->check(positive());
   cmd->add_option("--warmup", a->warmup, "unrecorded rounds before the measured ones")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->add_flag("--logits-digest", a->logits_digest,

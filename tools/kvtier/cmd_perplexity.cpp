@@ -71,7 +71,7 @@ void add_perplexity(CLI::App& app, Runner& run) {
   add_engine_flags(cmd, a->engine);
   cmd->add_option("-f,--file", a->file, "text file")->required();
   cmd->add_option("--chunks", a->max_windows, "score at most this many windows (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->add_flag(
       "--infinigen-emulate", a->emulate,
@@ -86,7 +86,7 @@ void add_perplexity(CLI::App& app, Runner& run) {
          "per window, as the decode path chooses them from its prompt (64 tokens or more; below that "
          "the skew file's offline set); --ctx/2 emulates exactly the scored half; 0: every token, "
          "offline columns")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->callback([&run, a] { run = [a] { return run_perplexity(*a); }; });
 }
 

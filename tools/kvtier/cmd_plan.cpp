@@ -237,7 +237,7 @@ void add_plan(CLI::App& app, Runner& run) {
                   "their retentions, e.g. locret, layer+locret)")
       ->capture_default_str();
   cmd->add_option("-t,--threads", a->threads, "With -m: worker threads, as for run (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--kv-type", a->kv_type, "With -m: KV cache element type")
       ->check(CLI::IsMember({"f16", "f32"}))
       ->capture_default_str();

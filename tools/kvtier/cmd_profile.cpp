@@ -128,7 +128,7 @@ void add_profile(CLI::App& app, Runner& run) {
   cmd->add_flag("--json", a->json, "print JSON");
   cmd->add_option("--kv-disk", a->kv_disk, "also profile a disk home tier in this directory");
   cmd->add_option("-t,--threads", a->threads, "worker threads of the projection (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--isa", a->isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   cmd->add_option(

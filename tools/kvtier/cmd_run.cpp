@@ -190,8 +190,7 @@ void add_run(CLI::App& app, Runner& run) {
   cmd->add_option("-p,--prompt", a->prompt, "prompt text");
   cmd->add_option("-f,--file", a->file, "read the prompt from a file");
   cmd->add_option("--ids", a->ids, "the prompt as token ids, comma-separated (e.g. 1,2,3; not tokenized)");
-  cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-n,--n-predict", a->n_predict, "tokens to generate at most")->check(non_negative());
   cmd->add_flag("--chat", a->chat, "wrap the prompt as a user turn in the model's chat template");
   cmd->add_option("--system", a->system, "system message (with --chat)");
   cmd->add_option("--chat-template", a->chat_template, "chat template name (default: the model's)");

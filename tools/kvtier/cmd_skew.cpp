@@ -220,7 +220,7 @@ void add_skew(CLI::App& app, Runner& run) {
       ->capture_default_str()
       ->check(positive());
   cmd->add_option("--skip", a->skip, "--check: tokens skipped first (default: the skew file's sample size)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--ratio", a->ratio, "partial ratio r of the offline column sets (floor(r*d) columns)")
       ->capture_default_str()
       ->check(CLI::Range(1e-6, 1.0));
@@ -235,7 +235,7 @@ void add_skew(CLI::App& app, Runner& run) {
          "--check: how a KV head's query heads combine their scores (relative or max; see run "
          "--infinigen-group)")
       ->default_str(std::string(policy::infinigen_group_name(a->spec.group)));
-  cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", a->threads, "threads (0: all cores)")->check(non_negative());
   cmd->add_flag("--json", a->json, "print one JSON object");
   cmd->callback([&run, a] { run = [a] { return run_skew(*a); }; });
 }

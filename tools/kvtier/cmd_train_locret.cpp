@@ -274,11 +274,11 @@ void add_train_locret(CLI::App& app, Runner& run) {
                   "samples (from the end of the data) kept for evaluation (default: 10%, at most 20)");
   cmd->add_option("--eval-every", a->eval_every,
                   "evaluate the held-out samples every N steps (0: start and end)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   cmd->add_option("--checkpoint", a->checkpoint, "checkpoint file (default: OUT.ckpt)");
   cmd->add_option("--checkpoint-every", a->checkpoint_every, "steps between checkpoints (0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative())
       ->capture_default_str();
   cmd->add_flag("--resume", a->resume,
                 "continue from the checkpoint if it exists (same configuration required)");
@@ -288,8 +288,7 @@ void add_train_locret(CLI::App& app, Runner& run) {
   cmd->add_option("--chat-template", a->chat_template,
                   "format prompts with this template (default: the model's)");
   cmd->add_flag("--raw", a->raw, "no chat template: prompt text, then ' ' + answer");
-  cmd->add_option("-t,--threads", a->threads, "worker threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("-t,--threads", a->threads, "worker threads (default: all cores)")->check(non_negative());
   cmd->add_option("--isa", a->isa, "CPU kernel path (default: the best the CPU has)")
       ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   cmd->callback([&run, a] { run = [a] { return run_train_locret(*a); }; });

@@ -12,6 +12,8 @@ using Runner = std::function<int()>;
 // A flag that must be a number greater than 0. (CLI11's PositiveNumber refuses 0 as "not in range
 // 0.000000 to 1.797...e308"; this one says "--gen: must be greater than 0, not 0".)
 CLI::Validator positive();
+// A flag that must be a number, 0 or more ("--ctx: must be 0 or more, not -5").
+CLI::Validator non_negative();
 
 // Registers `kvtier inspect`; `run` is set to the command's body.
 void add_inspect(CLI::App& app, Runner& run);

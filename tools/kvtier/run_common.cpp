@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "cli_util.h"
+#include "commands.h"
 #include "core/error.h"
 #include "locret/head_scorer.h"
 #include "policy/kv_pool.h"
@@ -28,20 +29,20 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
                   "h2o, quest, locret: KV tokens per sequence and layer kept (h2o; locret: per KV head) or "
                   "attended (quest); streaming: "
                   "sinks + window when --window is not given")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--sinks", knobs.sinks, "streaming: attention-sink tokens (the first ones) kept")
       ->default_val(k.sinks);
   cmd->add_option("--window", knobs.window, "streaming: recent tokens kept (default: --kv-budget - --sinks)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--h2o-recent", knobs.h2o_recent, "h2o: share of --kv-budget kept for the recent tokens")
       ->default_val(k.h2o_recent);
   cmd->add_option("--stabilizers", knobs.stabilizers,
                   "locret: the last units kept after each non-final prefill chunk (default: --kv-budget / 4)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--local-tail", knobs.local_tail,
                   "locret: the prompt's last tokens, prefilled after the last eviction and never evicted")
       ->default_val(k.local_tail)
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option(
          "--locret-pool", knobs.locret_pool,
          "locret: rank each unit by the best score among this many neighbouring units (odd), so that a "
@@ -51,7 +52,7 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
                   "locret: the prompt's first tokens (an instruction, a system prompt) are never evicted; 0: "
                   "none (the paper)")
       ->default_val(k.locret_sinks)
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option_function<std::string>(
          "--locret-keys",
          [&knobs](const std::string& v) { knobs.locret_keys = policy::parse_locret_keys(v); },
@@ -164,12 +165,10 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
 
 void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
   cmd->add_option("-m,--model", a.model, "GGUF model file")->required();
-  cmd->add_option("--ctx", a.ctx, "context size in tokens (KV cache capacity)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--ctx", a.ctx, "context size in tokens (KV cache capacity)")->check(non_negative());
   cmd->add_option("--chunk", a.chunk, "prefill chunk in tokens (default: chosen for memory, at most 512)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("-t,--threads", a.threads, "worker threads (default: all cores)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
+  cmd->add_option("-t,--threads", a.threads, "worker threads (default: all cores)")->check(non_negative());
   cmd->add_option("--kv-type", a.kv_type, "KV cache element type (the representation axis; default f16)")
       ->check(CLI::IsMember({"f16", "f32"}));
   cmd->add_option("--isa", a.isa, "CPU kernel path (default: the best the CPU has)")
@@ -195,7 +194,7 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
          "--link-gbps", a.link_gbps,
          "offloaded policies, a measurement aid: pace loads from the home tier to at most this many "
          "GB/s, to reproduce a link that is slow relative to compute (the KVPR regime); 0: not paced")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative());
   cmd->add_option("--weights-mem", a.weights_mem,
                   "compute-local memory for weights, e.g. 200MiB: the leading layers that fit stay resident "
                   "beside two staging buffers, the others are streamed into them on every pass, layer l+1 "
