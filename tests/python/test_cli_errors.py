@@ -127,3 +127,12 @@ def test_perplexity_stops_on_ctrl_c_between_windows(tmp_path):
                                           "-t", "1"])
     assert code == 130 and "interrupted" in err, err
     assert waited < 20
+
+
+def test_a_directory_as_a_text_file_is_named(tmp_path):
+    for args in (["run", "-m", model("smollm2"), "-f", tmp_path, "-n", "2"],
+                 ["perplexity", "-m", model("smollm2"), "-f", tmp_path],
+                 ["tokenize", "-m", model("smollm2"), "-f", tmp_path]):
+        p = run(*args, check=False)
+        assert p.returncode == 1
+        assert f"'{tmp_path}' is a directory, not a text file" in p.stderr, p.stderr

@@ -44,14 +44,6 @@ struct LocretDataArgs {
   bool raw = false;
 };
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "cannot read {}", path);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 int write_locret_data(const LocretDataArgs& a, const std::string& tmp);
 
 int run_locret_data(const LocretDataArgs& a) {
@@ -89,7 +81,7 @@ int write_locret_data(const LocretDataArgs& a, const std::string& tmp) {
   }
   std::vector<std::pair<std::string, std::vector<std::string>>> texts;  // (name, sentences)
   for (const auto& p : paths) {
-    auto s = locret::split_sentences(read_file(p));
+    auto s = locret::split_sentences(read_text_file(p));
     if (s.size() < 8) fail(ErrorKind::kInvalidArgument, "{}: only {} usable sentences", p, s.size());
     texts.emplace_back(std::filesystem::path(p).filename().string(), std::move(s));
   }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +11,7 @@
 #include "commands.h"
 #include "core/error.h"
 #include "gguf/reader.h"
+#include "run_common.h"
 #include "token_ids.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/decoder.h"
@@ -39,14 +39,6 @@ struct TokenizeArgs {
   bool bench = false;
   int repeat = 5;
 };
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "cannot open '{}'", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -87,7 +79,7 @@ int run_tokenize(const TokenizeArgs& a) {
   const tokenizer::Tokenizer tok(file);
   const double load_s = seconds_since(t0);
   tokenizer::EncodeOptions opt{.add_special = !a.no_add_special, .parse_special = a.special};
-  std::string text = a.file.empty() ? a.prompt : read_file(a.file);
+  std::string text = a.file.empty() ? a.prompt : read_text_file(a.file);
 
   if (a.jsonl) {  // one JSON string per input line -> one JSON object per output line
     std::istringstream in(text);

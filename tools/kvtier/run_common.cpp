@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -513,10 +514,14 @@ nlohmann::json memory_json(const kv::MemoryLedger& ledger) {
 }
 
 std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail(ErrorKind::kInvalidArgument, "'{}' is a directory, not a text file", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(ErrorKind::kIo, "cannot open '{}'", path);
   std::ostringstream ss;
-  ss << in.rdbuf();
+  if (in.peek() != std::ifstream::traits_type::eof()) ss << in.rdbuf();  // (<< of an empty file fails)
+  if (in.bad()) fail(ErrorKind::kIo, "cannot read '{}'", path);
   return ss.str();
 }
 
