@@ -136,3 +136,13 @@ def test_a_directory_as_a_text_file_is_named(tmp_path):
         p = run(*args, check=False)
         assert p.returncode == 1
         assert f"'{tmp_path}' is a directory, not a text file" in p.stderr, p.stderr
+
+
+def test_an_output_in_a_missing_directory_is_refused_before_the_work(tmp_path):
+    missing = tmp_path / "no" / "such"
+    for args in (["skew", "-m", model("smollm2"), "-o", missing / "s.gguf"],
+                 ["train-locret", "-m", model("smollm2"), "-o", missing / "h.gguf"],
+                 ["locret-data", "-m", model("smollm2"), "-o", missing / "d.jsonl"]):
+        p = run(*args, check=False)
+        assert p.returncode == 2, p.stderr
+        assert f"the directory '{missing}' does not exist" in p.stderr, p.stderr

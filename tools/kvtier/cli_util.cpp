@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <string>
 
 #include <fmt/format.h>
@@ -61,6 +62,20 @@ CLI::Validator positive() {
 
 CLI::Validator non_negative() {
   return number_check([](double v) { return v >= 0; }, "must be 0 or more", "NONNEGATIVE");
+}
+
+CLI::Validator output_file() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        const std::filesystem::path dir = std::filesystem::path(text).parent_path();
+        std::error_code ec;
+        if (text.empty() || std::filesystem::is_directory(text, ec))
+          return fmt::format("'{}' is not a file name", text);
+        if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+          return fmt::format("the directory '{}' does not exist", dir.string());
+        return {};
+      },
+      "FILE");
 }
 
 bool stderr_is_tty() {

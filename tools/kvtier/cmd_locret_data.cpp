@@ -154,7 +154,7 @@ void add_locret_data(CLI::App& app, Runner& run) {
                          "over real prose (default: the licence texts in /usr/share/common-licenses)");
   cmd->add_option("-m,--model", a->model, "GGUF model whose tokenizer and chat template fit the lengths")
       ->required();
-  cmd->add_option("-o,--out", a->out, "output JSONL file")->required();
+  cmd->add_option("-o,--out", a->out, "output JSONL file")->required()->check(output_file());
   cmd->add_option("--samples", a->samples, "samples to write")->check(positive())->capture_default_str();
   cmd->add_option("--lengths", a->lengths, "prompt lengths in tokens, used in turn")->capture_default_str();
   cmd->add_option("--tasks", a->tasks, "eval tasks to draw from")->capture_default_str();

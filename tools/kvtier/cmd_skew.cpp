@@ -209,7 +209,7 @@ void add_skew(CLI::App& app, Runner& run) {
                                      "InfiniGen's offline step: skewing matrices per layer and KV head (SVD "
                                      "of sample queries) to a sidecar GGUF");
   cmd->add_option("-m,--model", a->model, "model GGUF file")->required()->check(CLI::ExistingFile);
-  cmd->add_option("-o,--output", a->output, "skew file to write");
+  cmd->add_option("-o,--output", a->output, "skew file to write")->check(output_file());
   cmd->add_option("--check", a->check,
                   "instead: load this skew file for the model and measure A1/A3 on held-out text")
       ->check(CLI::ExistingFile);

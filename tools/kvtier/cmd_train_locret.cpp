@@ -236,7 +236,9 @@ void add_train_locret(CLI::App& app, Runner& run) {
                                      "AdamW, linear warmup/decay, value clipping); prints loss and the "
                                      "top-10% overlap, checkpoints atomically");
   cmd->add_option("-m,--model", a->model, "GGUF model file (the frozen backbone)")->required();
-  cmd->add_option("-o,--out", a->out, "output head file (GGUF, tied to the model's hash)")->required();
+  cmd->add_option("-o,--out", a->out, "output head file (GGUF, tied to the model's hash)")
+      ->required()
+      ->check(output_file());
   cmd->add_option("--data", a->data,
                   "training data, JSONL: {\"prompt\": ..., \"answer\": ...} per line (\"system\" optional)");
   cmd->add_option("--fixture-samples", a->fixture_samples,

@@ -14,6 +14,9 @@ using Runner = std::function<int()>;
 CLI::Validator positive();
 // A flag that must be a number, 0 or more ("--ctx: must be 0 or more, not -5").
 CLI::Validator non_negative();
+// A file to write: its directory must exist, checked before the work that produces it
+// ("--output: the directory '/no/such' does not exist").
+CLI::Validator output_file();
 
 // Registers `kvtier inspect`; `run` is set to the command's body.
 void add_inspect(CLI::App& app, Runner& run);
