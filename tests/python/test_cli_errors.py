@@ -122,7 +122,7 @@ def test_bench_stops_on_ctrl_c_within_a_long_prompt():
 
 def test_perplexity_stops_on_ctrl_c_between_windows(tmp_path):
     text = tmp_path / "long.txt"
-    text.write_text(" ".join(f"word{i % 977} and the next sentence follows." for i in range(40000)))
+    text.write_text(" ".join(f"word{i % 977} and the next sentence follows." for i in range(10000)))
     code, waited, err = _stops_on_ctrl_c(["perplexity", "-m", model("smollm2"), "-f", text, "--ctx", "256",
                                           "-t", "1"])
     assert code == 130 and "interrupted" in err, err
