@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -23,7 +24,6 @@ std::vector<float> logits() {
 // Out-of-range and NaN parameters are refused when the sampler is made, naming the flag; the documented
 // spellings of "off" and "greedy" (temperature <= 0, top_k <= 0, penalty window -1 or 0) are not.
 TEST(Sampler, RefusesParametersOutOfRangeOrNaN) {
-  const float nan = std::numeric_limits<float>::quiet_NaN();
   auto refused = [](SamplerParams p, const char* flag) {
     try {
       Sampler s(p, 50);
@@ -34,29 +34,24 @@ TEST(Sampler, RefusesParametersOutOfRangeOrNaN) {
     }
     ADD_FAILURE() << flag << " accepted";
   };
+  const std::vector<std::pair<void (*)(SamplerParams&), const char*>> cases = {
+      {[](SamplerParams& q) { q.top_p = 1.5f; }, "--top-p"},
+      {[](SamplerParams& q) { q.top_p = 0.0f; }, "--top-p"},
+      {[](SamplerParams& q) { q.top_p = std::numeric_limits<float>::quiet_NaN(); }, "--top-p"},
+      {[](SamplerParams& q) { q.min_p = std::numeric_limits<float>::quiet_NaN(); }, "--min-p"},
+      {[](SamplerParams& q) { q.repeat_penalty = std::numeric_limits<float>::quiet_NaN(); },
+       "--repeat-penalty"},
+      {[](SamplerParams& q) { q.temperature = std::numeric_limits<float>::quiet_NaN(); }, "--temp"},
+      {[](SamplerParams& q) { q.frequency_penalty = std::numeric_limits<float>::quiet_NaN(); },
+       "--frequency-penalty"},
+      {[](SamplerParams& q) { q.penalty_last_n = -2; }, "--repeat-last-n"},
+  };
+  for (const auto& [set, flag] : cases) {
+    SamplerParams q;
+    set(q);
+    refused(q, flag);
+  }
   SamplerParams p;
-  p.top_p = 1.5f;
-  refused(p, "--top-p");
-  p.top_p = 0.0f;
-  refused(p, "--top-p");
-  p.top_p = nan;
-  refused(p, "--top-p");
-  p = {};
-  p.min_p = nan;
-  refused(p, "--min-p");
-  p = {};
-  p.repeat_penalty = nan;
-  refused(p, "--repeat-penalty");
-  p = {};
-  p.temperature = nan;
-  refused(p, "--temp");
-  p = {};
-  p.frequency_penalty = nan;
-  refused(p, "--frequency-penalty");
-  p = {};
-  p.penalty_last_n = -2;
-  refused(p, "--repeat-last-n");
-  p = {};
   p.temperature = -1.0f;
   p.top_k = -1;
   p.penalty_last_n = -1;

@@ -35,21 +35,27 @@ void throw_if_interrupted() {
   if (interrupted()) fail(ErrorKind::kInterrupted, "interrupted");
 }
 
+std::optional<double> whole_number(const std::string& text) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (used != text.size()) return std::nullopt;
+  return v;
+}
+
 namespace {
 
 // A validator of numbers: ok(v), else "WANT, not TEXT".
 CLI::Validator number_check(bool (*ok)(double), const char* want, const char* name) {
   return CLI::Validator(
       [ok, want](std::string& text) -> std::string {
-        size_t used = 0;
-        double v = 0;
-        try {
-          v = std::stod(text, &used);
-        } catch (const std::exception&) {
-          used = 0;
-        }
-        if (used == 0 || used != text.size()) return fmt::format("'{}' is not a number", text);
-        return ok(v) ? std::string{} : fmt::format("{}, not {}", want, text);
+        const std::optional<double> v = whole_number(text);
+        if (!v) return fmt::format("'{}' is not a number", text);
+        return ok(*v) ? std::string{} : fmt::format("{}, not {}", want, text);
       },
       name);
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 namespace kvtier::cli {
@@ -11,6 +12,10 @@ void install_interrupt_handlers();
 bool interrupted();
 // Throws Error(kIo)-style "interrupted" if a stop was requested.
 void throw_if_interrupted();
+
+// The number `text` spells as a whole ("1.5", "-2", "1e3"), or nothing (empty, trailing characters,
+// out of range).
+std::optional<double> whole_number(const std::string& text);
 
 bool stderr_is_tty();
 std::string human_bytes(uint64_t bytes);

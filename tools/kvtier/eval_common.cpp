@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "cli_util.h"
 #include "core/error.h"
 
 namespace kvtier::cli {
@@ -63,16 +64,10 @@ std::vector<int64_t> parse_lengths(const std::string& s, const char* flag) {
 std::vector<double> parse_depths(const std::string& s) {
   std::vector<double> out;
   for (const std::string& item : split_commas(s)) {
-    size_t used = 0;
-    double v = -1;
-    try {
-      v = std::stod(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != item.size() || !(v >= 0.0 && v <= 1.0))
+    const std::optional<double> v = whole_number(item);
+    if (!v || !(*v >= 0.0 && *v <= 1.0))
       fail(ErrorKind::kInvalidArgument, "--depths: '{}' is not a depth in [0, 1]", item);
-    out.push_back(v);
+    out.push_back(*v);
   }
   return out;
 }
