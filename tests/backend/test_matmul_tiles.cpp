@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/act_panel.h"
@@ -102,9 +103,11 @@ TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
 TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+  for (const auto& [isa, units] :
+       {std::pair{Isa::kAvx2, MatrixUnits::kBest}, std::pair{Isa::kAvx512, MatrixUnits::kBest},
+        std::pair{Isa::kAvx512, MatrixUnits::kVector}}) {
     if (!isa_supported(isa)) continue;
-    const KernelTable& table = kernel_table(isa);
+    const KernelTable& table = kernel_table(isa, units);
     for (GgmlType type : {GgmlType::kF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
                           GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K}) {
       const TileKernel regular = table.tile[static_cast<size_t>(type)];
@@ -125,9 +128,11 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
           for (float& v : x) v = normal(rng);
           quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
         }
-        const size_t group_bytes = act_panel_bytes(f, panel.layout, k, kPanelTokens);
-        std::vector<uint8_t> packed(group_bytes * static_cast<size_t>(groups));  // [groups] panels
-        for (int g = 0; g < groups; ++g)
+        const bool in_place = panel.layout == PanelLayout::kRows;
+        const size_t group_bytes = in_place ? static_cast<size_t>(kPanelTokens * act_bytes)
+                                            : act_panel_bytes(f, panel.layout, k, kPanelTokens);
+        std::vector<uint8_t> packed(in_place ? act : std::vector<uint8_t>(group_bytes * groups));  // [groups]
+        for (int g = 0; g < groups && !in_place; ++g)
           pack_act_panel(f, panel.layout, act.data() + g * kPanelTokens * act_bytes, act_bytes, k,
                          packed.data() + g * group_bytes);
         const int64_t ldy = panel.rows + 3;
@@ -176,6 +181,22 @@ TEST(MatmulTiles, TablesHaveTilesAndTilesWriteOnlyTheirBlock) {
         }
       }
     }
+  }
+}
+
+// On a CPU with AMX-INT8 (and Linux's grant of its tile state) the AVX-512 table takes the AMX tiles
+// for the 4- and 5-bit legacy quants, and the vector-only table keeps the vector ones, so the tests
+// above hold both to vec_dot. Elsewhere this says so and skips.
+TEST(MatmulTiles, AvxTableTakesAmxTilesWhereTheCpuHasThem) {
+  if (!uses_amx(Isa::kAvx512)) {
+    GTEST_SKIP() << "this CPU has no AMX-INT8 (or Linux did not grant its tile state): the AMX tiles "
+                    "(matmul_amx.cpp) are not tested on this machine";
+  }
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    const size_t i = static_cast<size_t>(type);
+    EXPECT_EQ(kernel_table(Isa::kAvx512).panel[i].layout, PanelLayout::kRows) << ggml_type_name(type);
+    EXPECT_EQ(kernel_table(Isa::kAvx512, MatrixUnits::kVector).panel[i].layout, PanelLayout::kGroups)
+        << ggml_type_name(type);
   }
 }
 

@@ -153,7 +153,7 @@ def main():
             for side, fn in sides:
                 out = fn(a, path)
                 if side == "kvtier":
-                    header["kvtier_isa"] = out["isa"]
+                    header["kvtier_isa"] = out["isa"] + (" + AMX-INT8 tiles" if out.get("amx") else "")
                     for r in out["results"]:
                         mem = r["peak_memory_bytes"]["device"]
                         kv_per_position = mem["kv"] / out["ctx"]

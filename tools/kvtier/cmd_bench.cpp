@@ -289,6 +289,7 @@ int run_bench(BenchArgs a) {
         {"chunk", first.chunk()},
         {"ctx", first.n_ctx()},
         {"isa", std::string(cpu::isa_name(first.isa()))},
+        {"amx", cpu::uses_amx(first.isa())},
         {"repeat", a.repeat},
         {"results", rows}};
     std::cout << j.dump() << "\n";

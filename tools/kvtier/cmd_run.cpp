@@ -155,6 +155,7 @@ int run_run(const RunArgs& a) {
         {"chunk", session.chunk()},
         {"threads", opts.threads},
         {"isa", std::string(cpu::isa_name(session.isa()))},
+        {"amx", cpu::uses_amx(session.isa())},
         {"peak_memory_bytes", memory_json(session.ledger())},
         {"kv", kv_json(session, a.engine)},
         {"weights", weights_json(session)},

@@ -13,6 +13,7 @@ bool has_act_panels(ActFormat format) {
 
 size_t act_panel_bytes(ActFormat format, PanelLayout layout, int64_t k, int64_t n_tokens) {
   const auto groups = static_cast<size_t>(n_tokens / kPanelTokens);
+  if (layout == PanelLayout::kRows) return 0;
   switch (format) {
     case ActFormat::kQ8_32:
       return groups * static_cast<size_t>(k / kQK) *
@@ -34,6 +35,7 @@ size_t act_panel_bytes_max(ActFormat format, int64_t k, int64_t n_tokens) {
 void pack_act_panel(ActFormat format, PanelLayout layout, const uint8_t* act, int64_t act_bytes, int64_t k,
                     uint8_t* panel) {
   KVTIER_ASSERT(has_act_panels(format), "no panels for f32 activations");
+  KVTIER_ASSERT(layout != PanelLayout::kRows, "row layout: the rows are used in place, not packed");
   KVTIER_ASSERT(layout == PanelLayout::kGroups || format == ActFormat::kQ8_32,
                 "int16 pair panels are for q8_32 only");
   for (int t = 0; t < kPanelTokens; ++t) {

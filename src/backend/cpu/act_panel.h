@@ -31,6 +31,8 @@ static_assert(sizeof(PanelQ8_32) == 320);
 enum class PanelLayout {
   kGroups,   // PanelQ8_32 / PanelQ8_K: 4-element groups of all tokens side by side
   kPairs16,  // PanelQ8_32Pairs: 2-element int16 pairs of all tokens side by side (kQ8_32 only)
+  kRows,     // none: the tile reads the quantised activation rows in place, a group being kPanelTokens
+             // consecutive rows (group_bytes = kPanelTokens x the row's bytes; AMX tiles load them so)
 };
 
 // One block of 32 elements of kPanelTokens tokens, the quants widened to int16.
@@ -53,13 +55,14 @@ static_assert(sizeof(PanelQ8_K) == 2048 + 32 + 256);
 bool has_act_panels(ActFormat format);
 
 // Bytes of the panels in `layout` for n_tokens tokens of k elements (only whole groups of kPanelTokens
-// tokens are panelled; k a multiple of the format's block size).
+// tokens are panelled; k a multiple of the format's block size). kRows: 0, nothing is packed.
 size_t act_panel_bytes(ActFormat format, PanelLayout layout, int64_t k, int64_t n_tokens);
 // The most act_panel_bytes takes for any layout of the format (scratch sized before the ISA is known).
 size_t act_panel_bytes_max(ActFormat format, int64_t k, int64_t n_tokens);
 
 // act: [kPanelTokens] activation rows of `format` of k elements, act_bytes apart -> panel: one
 // panel block (PanelQ8_32 / PanelQ8_K, or PanelQ8_32Pairs for kPairs16) per activation block.
+// Not for kRows (nothing to pack).
 void pack_act_panel(ActFormat format, PanelLayout layout, const uint8_t* act, int64_t act_bytes, int64_t k,
                     uint8_t* panel);
 

@@ -4,9 +4,30 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace kvtier::cpu {
 namespace {
+
+// CPUID leaf 7 reports AMX-TILE and AMX-INT8, and Linux lets this process use the tile data state.
+// A process must ask for it (the state is 8 KiB per thread); the grant covers all its threads.
+bool amx_int8_usable() {
+#if defined(__linux__) && defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid_count(7, 0, eax, ebx, ecx, edx);
+  const bool tile = (edx >> 24) & 1u, int8 = (edx >> 25) & 1u;
+  if (!tile || !int8) return false;
+  constexpr long kArchReqXcompPerm = 0x1023;  // arch_prctl: request permission for an xstate feature
+  constexpr long kXfeatureXtiledata = 18;     // the AMX tile data
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+  return false;
+#endif
+}
 
 CpuFeatures detect() {
   CpuFeatures f;
@@ -20,6 +41,7 @@ CpuFeatures detect() {
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512vnni = __builtin_cpu_supports("avx512vnni");
+  f.amx_int8 = f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni && amx_int8_usable();
 #endif
   return f;
 }
@@ -49,6 +71,10 @@ Isa best_isa() {
   if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
   if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;
+}
+
+bool uses_amx(Isa isa) {
+  return isa == Isa::kAvx512 && cpu_features().amx_int8;
 }
 
 std::string_view isa_name(Isa isa) {

@@ -22,14 +22,20 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512vnni = false;
+  // AMX-INT8 tiles usable by this process: the CPU has AMX-TILE and AMX-INT8, and Linux granted the
+  // process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM, asked once at detection). Only the
+  // AVX-512 table uses them (matmul_amx.cpp), for outputs with the same bits as its vector tiles.
+  bool amx_int8 = false;
 };
 
-// Detected once (CPUID + OS support of the wider registers), then constant.
+// Detected once (CPUID + OS support of the wider registers and of AMX's tile state), then constant.
 const CpuFeatures& cpu_features();
 
 bool isa_supported(Isa isa);
 // The widest supported path.
 Isa best_isa();
+// Whether `isa`'s matmul tiles use AMX-INT8 on this CPU (the AVX-512 path where amx_int8).
+bool uses_amx(Isa isa);
 std::string_view isa_name(Isa isa);
 // The processor's brand string (CPUID leaves 0x80000002..4, trimmed), "unknown" where there is none.
 std::string cpu_brand();

@@ -5,7 +5,7 @@
 namespace kvtier::cpu {
 namespace {
 
-KernelTable make_table(Isa isa) {
+KernelTable make_table(Isa isa, bool amx) {
   KernelTable t;
   fill_scalar_kernels(t);
   if (isa == Isa::kAvx2 || isa == Isa::kAvx512) {
@@ -17,6 +17,7 @@ KernelTable make_table(Isa isa) {
     fill_avx512_kernels(t);  // clears the tiles of the types it overrides
     fill_avx512_tiles(t);
     fill_avx512_quantize_act(t);
+    if (amx) fill_amx_tiles(t);  // panel tiles of q4_0, q4_1, q5_0, q5_1 (same bits)
   }
   t.isa = isa;
   return t;
@@ -24,20 +25,21 @@ KernelTable make_table(Isa isa) {
 
 }  // namespace
 
-const KernelTable& kernel_table(Isa isa) {
+const KernelTable& kernel_table(Isa isa, MatrixUnits units) {
   if (!isa_supported(isa))
     fail(ErrorKind::kUnsupported, "this CPU does not support the {} kernels", isa_name(isa));
-  static const KernelTable scalar = make_table(Isa::kScalar);
+  static const KernelTable scalar = make_table(Isa::kScalar, false);
   switch (isa) {
     case Isa::kScalar:
       return scalar;
     case Isa::kAvx2: {
-      static const KernelTable avx2 = make_table(Isa::kAvx2);
+      static const KernelTable avx2 = make_table(Isa::kAvx2, false);
       return avx2;
     }
     case Isa::kAvx512: {
-      static const KernelTable avx512 = make_table(Isa::kAvx512);
-      return avx512;
+      static const KernelTable avx512 = make_table(Isa::kAvx512, cpu_features().amx_int8);
+      static const KernelTable avx512_vector = make_table(Isa::kAvx512, false);
+      return units == MatrixUnits::kBest ? avx512 : avx512_vector;
     }
   }
   return scalar;

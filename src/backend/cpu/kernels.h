@@ -55,7 +55,8 @@ struct TileKernel {
 // kPanelTokens tokens (1 <= groups <= PanelKernel::groups).
 //   w: [rows] weight rows, row_bytes apart
 //   panel: [groups] token groups' panel blocks, group_bytes apart (PanelQ8_32 or PanelQ8_K by the
-//          type's ActFormat, or PanelQ8_32Rows where the kernel's layout is kRows)
+//          type's ActFormat, PanelQ8_32Pairs for kPairs16), or for kRows the groups' activation
+//          rows themselves ([groups * kPanelTokens] rows, group_bytes / kPanelTokens apart)
 //   y: y[t * ldy + r] for t < groups * kPanelTokens, r < rows
 // Bit-identical to the same table's vec_dot of each (row, token), like TileFn.
 using PanelTileFn = void (*)(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int64_t group_bytes,
@@ -102,8 +103,13 @@ struct KernelTable {
   FloatKernels fops{};
 };
 
+// Which units a table's matmul tiles may use. kBest: the AVX-512 table takes AMX-INT8 panel tiles for
+// the 4- and 5-bit legacy quants where cpu_features().amx_int8 (matmul_amx.cpp); kVector: the vector
+// tiles only. Both give every output the same bits (the tests hold them to each other's vec_dot).
+enum class MatrixUnits { kBest, kVector };
+
 // Throws Error(kUnsupported) when the CPU lacks `isa`.
-const KernelTable& kernel_table(Isa isa);
+const KernelTable& kernel_table(Isa isa, MatrixUnits units = MatrixUnits::kBest);
 
 // The fillers, one per translation unit. Only kernel_table calls them (and only for supported ISAs).
 void fill_scalar_kernels(KernelTable& t);
@@ -115,6 +121,7 @@ void fill_avx2_panel_kernels(KernelTable& t);   // matmul_avx2_panel.cpp (vec_do
 void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
+void fill_amx_tiles(KernelTable& t);            // matmul_amx.cpp (AVX-512 table, AMX-INT8 CPUs only)
 void fill_avx2_quantize_act(KernelTable& t);    // quantize_act_avx2.cpp
 void fill_avx512_quantize_act(KernelTable& t);  // quantize_act_avx512.cpp
 

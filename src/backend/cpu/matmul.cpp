@@ -289,17 +289,23 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
   const auto act_bytes = static_cast<int64_t>(act_row_bytes_for(w.type, w.k));
   const int64_t n_groups = n_tokens / kPanelTokens;
   const ActFormat fmt = act_format_for(w.type);
-  const size_t group_bytes = act_panel_bytes(fmt, panel.layout, w.k, kPanelTokens);
-  KVTIER_ASSERT(panel_scratch.size() >= group_bytes * static_cast<size_t>(n_groups),
-                "panel scratch of {} bytes", panel_scratch.size());
-  uint8_t* panels = panel_scratch.data();
-  const int n_pack = static_cast<int>(std::min<int64_t>(threads, n_groups));
-  pool.run(n_pack, [&](int part) {
-    const Range g = split_range(n_groups, n_pack, part);
-    for (int64_t i = g.begin; i < g.end; ++i)
-      pack_act_panel(fmt, panel.layout, act + i * kPanelTokens * act_bytes, act_bytes, w.k,
-                     panels + i * group_bytes);
-  });
+  const bool in_place = panel.layout == PanelLayout::kRows;  // the tile reads the rows themselves
+  const size_t group_bytes = in_place ? static_cast<size_t>(kPanelTokens * act_bytes)
+                                      : act_panel_bytes(fmt, panel.layout, w.k, kPanelTokens);
+  const uint8_t* panels = act;
+  if (!in_place) {
+    KVTIER_ASSERT(panel_scratch.size() >= group_bytes * static_cast<size_t>(n_groups),
+                  "panel scratch of {} bytes", panel_scratch.size());
+    uint8_t* packed = panel_scratch.data();
+    const int n_pack = static_cast<int>(std::min<int64_t>(threads, n_groups));
+    pool.run(n_pack, [&](int part) {
+      const Range g = split_range(n_groups, n_pack, part);
+      for (int64_t i = g.begin; i < g.end; ++i)
+        pack_act_panel(fmt, panel.layout, act + i * kPanelTokens * act_bytes, act_bytes, w.k,
+                       packed + i * group_bytes);
+    });
+    panels = packed;
+  }
   const int64_t t_end = n_groups * kPanelTokens;
   pool.run(n_parts, [&](int part) {
     const Range rows = split_range(w.n_rows, n_parts, part, kRowAlign);

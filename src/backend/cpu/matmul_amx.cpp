@@ -1,0 +1,231 @@
+// AMX-INT8 tiles for q4_0, q4_1, q5_0 and q5_1 on CPUs with Intel AMX (Sapphire Rapids and later),
+// part of the AVX-512 table where the CPU has AMX-INT8 and Linux lets the process use it
+// (cpu_features.h). 16 weight rows x up to kGroups token groups per call, over the quantised
+// activation rows in place (PanelLayout::kRows: nothing is packed).
+//
+// The integer block dots come from TDPBSSD, 16 tokens x 16 weight rows per tile:
+//   A = [16 tokens][32] s8: block b of 16 activation rows, loaded straight from the rows;
+//   B = [8 element groups][16 rows x 4] s8: the rows' quants of block b with the signed types'
+//       offset taken out (q4_0: u - 8, q5_0: u - 16; q4_1 and q5_1 keep u, 0..31 fits s8), built
+//       once per call and block and used by every token tile;
+//   C = [16 tokens][16 rows] i32, stored to memory for the float work.
+// Integer sums are exact whichever unit forms them, so C holds the same isum_b as the vector tiles.
+// The float chain per output is legacy_chain.h's, in the same order: s = fma(float(isum_b), dw_b *
+// da_b, s), for q4_1 / q5_1 the min chain m = m + (mw_b * da_b) * float(asum_b), then s + m. Here a
+// vector holds one token's 16 rows. So every output has the table's vec_dot bits.
+//
+// Blocks go a chunk at a time: the chunk's B tiles and scales are built once, then every token tile
+// runs over the chunk, its accumulators carried in a small buffer across chunks (each output still
+// adds its blocks in order). Two tile sets alternate by block, so one block's tile work is issued
+// before the previous block's float work.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/legacy_chain.h"
+#include "backend/cpu/simd_avx512.h"
+
+namespace kvtier::cpu {
+namespace {
+
+constexpr int kRows = 16;                                     // weight rows per call (= kRowAlign)
+constexpr int kGroups = 16;                                   // token groups per call at most (128 tokens)
+constexpr int kTileTokens = 16;                               // tokens per tile (A's rows)
+constexpr int kTiles = kGroups * kPanelTokens / kTileTokens;  // token tiles per call at most
+constexpr int64_t kChunk = 16;                                // blocks per chunk
+
+// Tile registers: set 0 = A 0, B 1, C 2; set 1 = A 3, B 4, C 5. `tokens` (16, or 8 for a call's
+// last odd group) is A's and C's row count. The configuration is built at compile time: GCC 12's
+// _tile_loadconfig tells the compiler it reads only the first 8 bytes, so stores of a configuration
+// built at run time may be dropped as dead (a CPU then faults on the first tile instruction).
+struct alignas(64) TileConfig {
+  std::array<uint8_t, 64> bytes{};  // palette, start row, 14 reserved, colsb[16] (u16 LE), rows[16]
+};
+
+constexpr TileConfig make_tile_config(int tokens) {
+  TileConfig c;
+  c.bytes[0] = 1;  // palette 1
+  auto set = [&c](int tile, int rows, int colsb) {
+    c.bytes[16 + 2 * tile] = static_cast<uint8_t>(colsb & 0xff);
+    c.bytes[17 + 2 * tile] = static_cast<uint8_t>(colsb >> 8);
+    c.bytes[48 + tile] = static_cast<uint8_t>(rows);
+  };
+  for (int base : {0, 3}) {
+    set(base, tokens, kQK);             // A: [tokens][32] s8
+    set(base + 1, kQK / 4, kRows * 4);  // B: [8][16 rows x 4] s8
+    set(base + 2, tokens, kRows * 4);   // C: [tokens][16 rows] i32
+  }
+  return c;
+}
+
+constexpr TileConfig kConfig16 = make_tile_config(kTileTokens);
+constexpr TileConfig kConfig8 = make_tile_config(kPanelTokens);
+
+// The block's quants as TDPBSSD's signed bytes: [32] s8 (the signed types' offset taken out).
+template <Chain kType, typename Block>
+__m256i signed_quants(const Block& x) {
+  const __m256i q = unpack_unsigned<kType>(x);
+  if constexpr (kOffsetShift<kType> != 0)
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(1 << kOffsetShift<kType>));
+  return q;
+}
+
+// v[i] = [row i's 8 dwords (4-element groups), row i + 8's] for i < 8 -> out[j] = the 16 rows' group j
+// (lane r: row r), B's row j. The 8 x 8 dword transpose of each 256-bit half at once: 32-bit and 64-bit
+// unpacks within 128-bit lanes, then 128-bit lanes exchanged within each half.
+void transpose_groups(const __m512i (&v)[8], int8_t (&out)[kQK / 4][kRows * 4]) {
+  __m512i t[8], q[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    q[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    q[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    q[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    q[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  // q[c] (c < 4), 128-bit lane L: rows 0..3 of half L / 2 (rows 8 (L / 2) + 0..3) in group c + 4 (L % 2);
+  // q[c + 4] the same for rows 4..7 of each half. Group c is lanes [q[c] 0, q[c + 4] 0, q[c] 2, q[c + 4] 2].
+  for (int c = 0; c < 4; ++c) {
+    const __m512i lo = _mm512_shuffle_i32x4(q[c], q[c + 4], _MM_SHUFFLE(2, 0, 2, 0));  // [a0 a2 b0 b2]
+    const __m512i hi = _mm512_shuffle_i32x4(q[c], q[c + 4], _MM_SHUFFLE(3, 1, 3, 1));  // [a1 a3 b1 b3]
+    _mm512_store_si512(out[c], _mm512_shuffle_i32x4(lo, lo, _MM_SHUFFLE(3, 1, 2, 0)));
+    _mm512_store_si512(out[c + 4], _mm512_shuffle_i32x4(hi, hi, _MM_SHUFFLE(3, 1, 2, 0)));
+  }
+}
+
+// A chunk of blocks of the call's 16 rows, built once and read by every token tile.
+struct ChunkWeights {
+  alignas(64) int8_t wq[kChunk][kQK / 4][kRows * 4];  // [block][element group][row x 4] B tiles
+  alignas(64) float dw[kChunk][kRows];                // [block][row] weight scales
+  alignas(64) float mw[kChunk][kRows];                // [block][row] weight mins (q4_1, q5_1)
+};
+
+template <Chain kType, typename Block>
+void build_chunk(const uint8_t* w, int64_t row_bytes, int64_t b0, int64_t n, ChunkWeights& cw) {
+  for (int64_t i = 0; i < n; ++i) {
+    __m512i v[kRows / 2];  // [r] lanes 0..7: row r's 8 element groups, lanes 8..15: row r + 8's
+    for (int r = 0; r < kRows / 2; ++r) {
+      const Block& lo = reinterpret_cast<const Block*>(w + r * row_bytes)[b0 + i];
+      const Block& hi = reinterpret_cast<const Block*>(w + (r + 8) * row_bytes)[b0 + i];
+      v[r] = avx512::join(signed_quants<kType>(lo), signed_quants<kType>(hi));
+      cw.dw[i][r] = scale_of(lo);
+      cw.dw[i][r + 8] = scale_of(hi);
+      if constexpr (kHasMin<kType>) {
+        cw.mw[i][r] = min_of(lo);
+        cw.mw[i][r + 8] = min_of(hi);
+      }
+    }
+    transpose_groups(v, cw.wq[i]);
+  }
+}
+
+// Token tile [t0, t0 + NT) over the chunk's n blocks from b0: acc_s / acc_m ([NT][16 rows]) carry the
+// chains across chunks. NT is a constant so that the NT accumulators stay in registers. The tile
+// configuration for NT tokens is loaded.
+template <Chain kType, int NT>
+void tile_chunk(const uint8_t* act, int64_t act_bytes, int64_t t0, int64_t b0, int64_t n,
+                const ChunkWeights& cw, float (*acc_s)[kRows], float (*acc_m)[kRows]) {
+  const uint8_t* a0 = act + t0 * act_bytes + b0 * static_cast<int64_t>(sizeof(ActQ8_32));
+  auto block = [&](int t, int64_t i) {  // token t0 + t's activation block b0 + i
+    return reinterpret_cast<const ActQ8_32*>(a0 + t * act_bytes) + i;
+  };
+  alignas(64) int32_t c[2][NT][kRows];  // [block % 2][token][row] the dots
+  auto dots = [&](int64_t i) {
+    if (i % 2 == 0) {
+      _tile_zero(2);
+      _tile_loadd(0, block(0, i)->qs, act_bytes);
+      _tile_loadd(1, cw.wq[i], kRows * 4);
+      _tile_dpbssd(2, 0, 1);
+      _tile_stored(2, c[0], kRows * 4);
+    } else {
+      _tile_zero(5);
+      _tile_loadd(3, block(0, i)->qs, act_bytes);
+      _tile_loadd(4, cw.wq[i], kRows * 4);
+      _tile_dpbssd(5, 3, 4);
+      _tile_stored(5, c[1], kRows * 4);
+    }
+  };
+  __m512 s[NT];
+  for (int t = 0; t < NT; ++t) s[t] = _mm512_load_ps(acc_s[t]);
+  dots(0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + 1 < n) dots(i + 1);
+    const __m512 dwv = _mm512_load_ps(cw.dw[i]);
+    for (int t = 0; t < NT; ++t) {
+      const __m512 scale = _mm512_mul_ps(dwv, _mm512_set1_ps(block(t, i)->d));
+      s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[i % 2][t])), scale, s[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) _mm512_store_ps(acc_s[t], s[t]);
+  if constexpr (kHasMin<kType>) {
+    __m512 m[NT];
+    for (int t = 0; t < NT; ++t) m[t] = _mm512_load_ps(acc_m[t]);
+    for (int64_t i = 0; i < n; ++i) {
+      const __m512 mwv = _mm512_load_ps(cw.mw[i]);
+      for (int t = 0; t < NT; ++t) {
+        const ActQ8_32* a = block(t, i);
+        const __m512 asum = _mm512_cvtepi32_ps(_mm512_set1_epi32(a->sum));
+        m[t] = _mm512_add_ps(m[t], _mm512_mul_ps(_mm512_mul_ps(mwv, _mm512_set1_ps(a->d)), asum));
+      }
+    }
+    for (int t = 0; t < NT; ++t) _mm512_store_ps(acc_m[t], m[t]);
+  }
+}
+
+template <Chain kType, typename Block>
+void rows_amx(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t group_bytes, int groups,
+              int64_t k, float* y, int64_t ldy) {
+  static_assert(kRows == 16, "one 512-bit vector per token's 16 rows");
+  const int64_t act_bytes = group_bytes / kPanelTokens;
+  const int64_t nb = k / kQK;
+  const int n_tokens = groups * kPanelTokens;
+  const int full_tiles = n_tokens / kTileTokens;
+  const bool half_tile = n_tokens % kTileTokens != 0;    // a last odd group: 8 tokens
+  alignas(64) float acc_s[kTiles * kTileTokens][kRows];  // [token] lane r: row r's chain
+  alignas(64) float acc_m[kTiles * kTileTokens][kRows];  // the min chains (q4_1, q5_1)
+  std::memset(acc_s, 0, sizeof(acc_s));
+  if constexpr (kHasMin<kType>) std::memset(acc_m, 0, sizeof(acc_m));
+  ChunkWeights cw;
+  for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
+    const int64_t n = std::min(kChunk, nb - b0);
+    build_chunk<kType, Block>(w, row_bytes, b0, n, cw);
+    if (full_tiles > 0) _tile_loadconfig(kConfig16.bytes.data());
+    for (int tile = 0; tile < full_tiles; ++tile) {
+      const int t0 = tile * kTileTokens;
+      tile_chunk<kType, kTileTokens>(act, act_bytes, t0, b0, n, cw, acc_s + t0, acc_m + t0);
+    }
+    if (half_tile) {
+      const int t0 = full_tiles * kTileTokens;
+      _tile_loadconfig(kConfig8.bytes.data());
+      tile_chunk<kType, kPanelTokens>(act, act_bytes, t0, b0, n, cw, acc_s + t0, acc_m + t0);
+    }
+  }
+  _tile_release();
+  for (int t = 0; t < n_tokens; ++t) {
+    __m512 v = _mm512_load_ps(acc_s[t]);
+    if constexpr (kHasMin<kType>) v = _mm512_add_ps(v, _mm512_load_ps(acc_m[t]));
+    _mm512_storeu_ps(y + t * ldy, v);
+  }
+}
+
+template <Chain kType, typename Block>
+void set_amx(KernelTable& t, GgmlType type) {
+  t.panel[static_cast<size_t>(type)] =
+      PanelKernel{rows_amx<kType, Block>, kRows, PanelLayout::kRows, kGroups};
+}
+
+}  // namespace
+
+void fill_amx_tiles(KernelTable& t) {
+  set_amx<Chain::kQ4_0, BlockQ4_0>(t, GgmlType::kQ4_0);
+  set_amx<Chain::kQ4_1, BlockQ4_1>(t, GgmlType::kQ4_1);
+  set_amx<Chain::kQ5_0, BlockQ5_0>(t, GgmlType::kQ5_0);
+  set_amx<Chain::kQ5_1, BlockQ5_1>(t, GgmlType::kQ5_1);
+}
+
+}  // namespace kvtier::cpu
