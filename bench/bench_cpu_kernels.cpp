@@ -9,7 +9,9 @@
 //   GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
 //                             / measured FMA peak (f32 lanes of the ISA used, same thread count);
 //                             quantised types also pct_int8_peak = GFLOP/s / measured int8 dot peak
-//                             (AVX2: vpmaddubsw + vpmaddwd + vpaddd; AVX-512: vpdpbusd)
+//                             (AVX2: vpmaddubsw + vpmaddwd + vpaddd; AVX-512: vpdpbusd), and on CPUs
+//                             whose AVX-512 path uses AMX (cpu::uses_amx) pct_amx_int8_peak against a
+//                             TDPBSSD loop's peak (peak_amx.cpp)
 //   attend/ISA/Q:N/ctx:C      causal attention of N query tokens at the end of a C-token f16 context,
 //                             SmolLM2's shape (9 query heads, 3 KV heads, head size 64), 1 thread;
 //                             keys per second = N * C / time (Q:1 is a decode step's attention)
@@ -40,6 +42,7 @@ float fma_loop_avx2(int64_t iters);
 float fma_loop_avx512(int64_t iters);
 int int8_loop_avx2(int64_t iters);
 int int8_loop_avx512(int64_t iters);
+int int8_loop_amx(int64_t iters);
 uint64_t read_loop_avx2(const uint8_t* p, int64_t bytes);
 
 namespace {
@@ -191,6 +194,15 @@ double int8_peak(Isa isa, int threads) {
   return threads == 1 ? avx2_1 : avx2_2;
 }
 
+// AMX-INT8 peak in OP/s (2 per s8 x s8 product, 4 TDPBSSD of 16 x 16 x 64 per iteration) on `threads`
+// threads, measured once; only where cpu::uses_amx(Isa::kAvx512).
+double amx_int8_peak(int threads) {
+  auto loop = [](Isa, int64_t iters) { return static_cast<float>(int8_loop_amx(iters / 16)); };
+  auto measure = [&](int t) { return loop_peak(Isa::kAvx512, t, 2.0 * 4 * 16 * 16 * 64 / 16, loop); };
+  static const double one = measure(1), two = measure(2);
+  return threads == 1 ? one : two;
+}
+
 void bm_copy(benchmark::State& state, int threads) {
   std::vector<uint8_t> src(kBigBytes, 1), dst(kBigBytes, 0);
   ThreadPool pool(threads);
@@ -270,6 +282,12 @@ void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int
     state.counters["int8_peak_GOPs"] = ipeak / 1e9;
     state.counters["pct_int8_peak"] =
         benchmark::Counter(flops * 100.0 / ipeak, benchmark::Counter::kIsIterationInvariantRate);
+    if (cpu::uses_amx(isa)) {  // the matmul takes AMX tiles for this type where the table has them
+      const double apeak = amx_int8_peak(threads);
+      state.counters["amx_int8_peak_GOPs"] = apeak / 1e9;
+      state.counters["pct_amx_int8_peak"] =
+          benchmark::Counter(flops * 100.0 / apeak, benchmark::Counter::kIsIterationInvariantRate);
+    }
   }
 }
 

@@ -104,7 +104,7 @@ struct KernelTable {
 };
 
 // Which units a table's matmul tiles may use. kBest: the AVX-512 table takes AMX-INT8 panel tiles for
-// the 4- and 5-bit legacy quants where cpu_features().amx_int8 (matmul_amx.cpp); kVector: the vector
+// q4_0, q4_1, q5_0, q5_1, q4_K and q6_K where cpu_features().amx_int8 (matmul_amx*.cpp); kVector: the vector
 // tiles only. Both give every output the same bits (the tests hold them to each other's vec_dot).
 enum class MatrixUnits { kBest, kVector };
 
@@ -122,6 +122,7 @@ void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
 void fill_amx_tiles(KernelTable& t);            // matmul_amx.cpp (AVX-512 table, AMX-INT8 CPUs only)
+void fill_amx_ktiles(KernelTable& t);           // matmul_amx_kquants.cpp (the same, q4_K and q6_K)
 void fill_avx2_quantize_act(KernelTable& t);    // quantize_act_avx2.cpp
 void fill_avx512_quantize_act(KernelTable& t);  // quantize_act_avx512.cpp
 

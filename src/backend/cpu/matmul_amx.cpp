@@ -21,9 +21,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cstring>
 
+#include "backend/cpu/amx_tiles.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/legacy_chain.h"
 #include "backend/cpu/simd_avx512.h"
@@ -31,38 +31,25 @@
 namespace kvtier::cpu {
 namespace {
 
-constexpr int kRows = 16;                                     // weight rows per call (= kRowAlign)
+constexpr int kRows = kAmxRows;                               // weight rows per call
 constexpr int kGroups = 16;                                   // token groups per call at most (128 tokens)
 constexpr int kTileTokens = 16;                               // tokens per tile (A's rows)
 constexpr int kTiles = kGroups * kPanelTokens / kTileTokens;  // token tiles per call at most
 constexpr int64_t kChunk = 16;                                // blocks per chunk
 
 // Tile registers: set 0 = A 0, B 1, C 2; set 1 = A 3, B 4, C 5. `tokens` (16, or 8 for a call's
-// last odd group) is A's and C's row count. The configuration is built at compile time: GCC 12's
-// _tile_loadconfig tells the compiler it reads only the first 8 bytes, so stores of a configuration
-// built at run time may be dropped as dead (a CPU then faults on the first tile instruction).
-struct alignas(64) TileConfig {
-  std::array<uint8_t, 64> bytes{};  // palette, start row, 14 reserved, colsb[16] (u16 LE), rows[16]
-};
-
-constexpr TileConfig make_tile_config(int tokens) {
-  TileConfig c;
-  c.bytes[0] = 1;  // palette 1
-  auto set = [&c](int tile, int rows, int colsb) {
-    c.bytes[16 + 2 * tile] = static_cast<uint8_t>(colsb & 0xff);
-    c.bytes[17 + 2 * tile] = static_cast<uint8_t>(colsb >> 8);
-    c.bytes[48 + tile] = static_cast<uint8_t>(rows);
-  };
-  for (int base : {0, 3}) {
-    set(base, tokens, kQK);             // A: [tokens][32] s8
-    set(base + 1, kQK / 4, kRows * 4);  // B: [8][16 rows x 4] s8
-    set(base + 2, tokens, kRows * 4);   // C: [tokens][16 rows] i32
-  }
-  return c;
+// last odd group) is A's and C's row count.
+constexpr TileConfig tile_config(int tokens) {
+  return make_tile_config({{0, tokens, kQK},
+                           {1, kQK / 4, kRows * 4},
+                           {2, tokens, kRows * 4},
+                           {3, tokens, kQK},
+                           {4, kQK / 4, kRows * 4},
+                           {5, tokens, kRows * 4}});
 }
 
-constexpr TileConfig kConfig16 = make_tile_config(kTileTokens);
-constexpr TileConfig kConfig8 = make_tile_config(kPanelTokens);
+constexpr TileConfig kConfig16 = tile_config(kTileTokens);
+constexpr TileConfig kConfig8 = tile_config(kPanelTokens);
 
 // The block's quants as TDPBSSD's signed bytes: [32] s8 (the signed types' offset taken out).
 template <Chain kType, typename Block>
@@ -71,31 +58,6 @@ __m256i signed_quants(const Block& x) {
   if constexpr (kOffsetShift<kType> != 0)
     return _mm256_sub_epi8(q, _mm256_set1_epi8(1 << kOffsetShift<kType>));
   return q;
-}
-
-// v[i] = [row i's 8 dwords (4-element groups), row i + 8's] for i < 8 -> out[j] = the 16 rows' group j
-// (lane r: row r), B's row j. The 8 x 8 dword transpose of each 256-bit half at once: 32-bit and 64-bit
-// unpacks within 128-bit lanes, then 128-bit lanes exchanged within each half.
-void transpose_groups(const __m512i (&v)[8], int8_t (&out)[kQK / 4][kRows * 4]) {
-  __m512i t[8], q[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = _mm512_unpacklo_epi32(v[i], v[i + 1]);
-    t[i + 1] = _mm512_unpackhi_epi32(v[i], v[i + 1]);
-  }
-  for (int i = 0; i < 8; i += 4) {
-    q[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
-    q[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
-    q[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
-    q[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
-  }
-  // q[c] (c < 4), 128-bit lane L: rows 0..3 of half L / 2 (rows 8 (L / 2) + 0..3) in group c + 4 (L % 2);
-  // q[c + 4] the same for rows 4..7 of each half. Group c is lanes [q[c] 0, q[c + 4] 0, q[c] 2, q[c + 4] 2].
-  for (int c = 0; c < 4; ++c) {
-    const __m512i lo = _mm512_shuffle_i32x4(q[c], q[c + 4], _MM_SHUFFLE(2, 0, 2, 0));  // [a0 a2 b0 b2]
-    const __m512i hi = _mm512_shuffle_i32x4(q[c], q[c + 4], _MM_SHUFFLE(3, 1, 3, 1));  // [a1 a3 b1 b3]
-    _mm512_store_si512(out[c], _mm512_shuffle_i32x4(lo, lo, _MM_SHUFFLE(3, 1, 2, 0)));
-    _mm512_store_si512(out[c + 4], _mm512_shuffle_i32x4(hi, hi, _MM_SHUFFLE(3, 1, 2, 0)));
-  }
 }
 
 // A chunk of blocks of the call's 16 rows, built once and read by every token tile.
