@@ -22,7 +22,7 @@ def cpu_info():
             if line.startswith("model name") and model == "?":
                 model = line.split(":", 1)[1].strip()
             if line.startswith("flags") and not flags:
-                flags = [x for x in line.split(":", 1)[1].split() if x.startswith(("avx", "fma", "f16c"))]
+                flags = [x for x in line.split(":", 1)[1].split() if x.startswith(("avx", "fma", "f16c", "amx"))]
     return model, flags
 
 
@@ -56,7 +56,7 @@ def main():
         for _ in range(args.rounds):
             for tag in ("base", "new"):
                 j = bench(args.base if tag == "base" else args.new, model, args)
-                isa = j.get("isa", isa)
+                isa = j.get("isa", isa) + (" + AMX-INT8 tiles" if j.get("amx") else "")
                 runs[tag].append(j)
         print(f"\n{model} (ISA path {isa}; medians of {args.rounds} interleaved rounds)")
         print(f"{'policy':<12} {'prompt':>6} {'prefill base':>13} {'new':>8} {'ratio':>6} "
