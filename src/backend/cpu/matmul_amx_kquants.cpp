@@ -11,7 +11,7 @@
 //         vector kernels form it as the +32 offset form minus 32 * sum_j sc_j * bsum_j, the same
 //         integer); s = s + (d * da) * float(isum)
 // Here the sub-block scale is folded into the weights: w = sc_j * q (|w| <= 945 for q4_K, 4096 for
-// q6_K) is split as w = 128 * hi + lo with lo in 0..127 and hi = floor(w / 128) (in -32..31), both
+// q6_K) is split as w = 128 * hi + lo with lo in 0..127 and hi = floor(w / 128) (in -32..32), both
 // signed bytes. Two TDPBSSD chains over the super-block's four 64-element steps give C_lo = sum lo * a
 // and C_hi = sum hi * a, and isum = C_lo + 128 * C_hi exactly (|isum| < 2^31). msum comes from
 // VPDPWSSD over the rows' min pairs (16 rows in lanes). The float expression then runs with the
