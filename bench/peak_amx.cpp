@@ -3,27 +3,16 @@
 // Only called where cpu::uses_amx (the process then has Linux's grant of the tile state).
 #include <immintrin.h>
 
-#include <array>
 #include <cstdint>
+
+#include "backend/cpu/amx_tiles.h"
 
 namespace kvtier::bench {
 namespace {
 
-struct alignas(64) Config {
-  std::array<uint8_t, 64> bytes{};
-};
-
-// Palette 1, tiles 0..7 all 16 rows x 64 bytes (built at compile time: see src/backend/cpu/amx_tiles.h).
-constexpr Config make_config() {
-  Config c;
-  c.bytes[0] = 1;
-  for (int t = 0; t < 8; ++t) {
-    c.bytes[16 + 2 * t] = 64;
-    c.bytes[48 + t] = 16;
-  }
-  return c;
-}
-constexpr Config kConfig = make_config();
+// Tiles 0..7 all 16 rows x 64 bytes.
+constexpr cpu::TileConfig kConfig = cpu::make_tile_config(
+    {{0, 16, 64}, {1, 16, 64}, {2, 16, 64}, {3, 16, 64}, {4, 16, 64}, {5, 16, 64}, {6, 16, 64}, {7, 16, 64}});
 
 }  // namespace
 

@@ -8,11 +8,14 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <type_traits>
 
 namespace kvtier::cpu {
 namespace {
 
-constexpr int kAmxRows = 16;  // weight rows per AMX call (= kRowAlign): one 512-bit vector of them
+constexpr int kAmxRows = 16;        // weight rows per AMX call (= kRowAlign): one 512-bit vector of them
+constexpr int kAmxTileTokens = 16;  // tokens per token tile (A's and C's rows)
+constexpr int kAmxHalfTokens = 8;   // a call's last token tile when its group count is odd
 
 // A tile configuration (palette 1). Built at compile time: GCC 12's _tile_loadconfig tells the
 // compiler it reads only the first 8 bytes, so the stores of a configuration built at run time may
@@ -34,6 +37,21 @@ constexpr TileConfig make_tile_config(std::initializer_list<TileShape> shapes) {
     c.bytes[48 + s.tile] = static_cast<uint8_t>(s.rows);
   }
   return c;
+}
+
+// One chunk's token tiles of a call over n_tokens tokens (a multiple of 8): whole 16-token tiles under
+// the configuration `full`, then a last 8-token tile under `half`, each as tile(t0, NT) with NT an
+// std::integral_constant, so that the tile's accumulators can be a constant number of registers.
+template <typename TileFn>
+void for_token_tiles(int n_tokens, const TileConfig& full, const TileConfig& half, TileFn tile) {
+  const int full_tiles = n_tokens / kAmxTileTokens;
+  if (full_tiles > 0) _tile_loadconfig(full.bytes.data());
+  for (int i = 0; i < full_tiles; ++i)
+    tile(i * kAmxTileTokens, std::integral_constant<int, kAmxTileTokens>{});
+  if (n_tokens % kAmxTileTokens != 0) {
+    _tile_loadconfig(half.bytes.data());
+    tile(full_tiles * kAmxTileTokens, std::integral_constant<int, kAmxHalfTokens>{});
+  }
 }
 
 // v[i] = [row i's 32 bytes (8 dwords: 4-element groups), row i + 8's] for i < 8 -> out[j] (64 bytes)

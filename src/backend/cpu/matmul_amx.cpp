@@ -31,11 +31,10 @@
 namespace kvtier::cpu {
 namespace {
 
-constexpr int kRows = kAmxRows;                               // weight rows per call
-constexpr int kGroups = 16;                                   // token groups per call at most (128 tokens)
-constexpr int kTileTokens = 16;                               // tokens per tile (A's rows)
-constexpr int kTiles = kGroups * kPanelTokens / kTileTokens;  // token tiles per call at most
-constexpr int64_t kChunk = 16;                                // blocks per chunk
+constexpr int kRows = kAmxRows;                     // weight rows per call
+constexpr int kGroups = 16;                         // token groups per call at most (128 tokens)
+constexpr int kMaxTokens = kGroups * kPanelTokens;  // tokens per call at most
+constexpr int64_t kChunk = 16;                      // blocks per chunk
 
 // Tile registers: set 0 = A 0, B 1, C 2; set 1 = A 3, B 4, C 5. `tokens` (16, or 8 for a call's
 // last odd group) is A's and C's row count.
@@ -48,8 +47,8 @@ constexpr TileConfig tile_config(int tokens) {
                            {5, tokens, kRows * 4}});
 }
 
-constexpr TileConfig kConfig16 = tile_config(kTileTokens);
-constexpr TileConfig kConfig8 = tile_config(kPanelTokens);
+constexpr TileConfig kConfig16 = tile_config(kAmxTileTokens);
+constexpr TileConfig kConfig8 = tile_config(kAmxHalfTokens);
 
 // The block's quants as TDPBSSD's signed bytes: [32] s8 (the signed types' offset taken out).
 template <Chain kType, typename Block>
@@ -146,26 +145,17 @@ void rows_amx(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t g
   const int64_t act_bytes = group_bytes / kPanelTokens;
   const int64_t nb = k / kQK;
   const int n_tokens = groups * kPanelTokens;
-  const int full_tiles = n_tokens / kTileTokens;
-  const bool half_tile = n_tokens % kTileTokens != 0;    // a last odd group: 8 tokens
-  alignas(64) float acc_s[kTiles * kTileTokens][kRows];  // [token] lane r: row r's chain
-  alignas(64) float acc_m[kTiles * kTileTokens][kRows];  // the min chains (q4_1, q5_1)
+  alignas(64) float acc_s[kMaxTokens][kRows];  // [token] lane r: row r's chain
+  alignas(64) float acc_m[kMaxTokens][kRows];  // the min chains (q4_1, q5_1)
   std::memset(acc_s, 0, sizeof(acc_s));
   if constexpr (kHasMin<kType>) std::memset(acc_m, 0, sizeof(acc_m));
   ChunkWeights cw;
   for (int64_t b0 = 0; b0 < nb; b0 += kChunk) {
     const int64_t n = std::min(kChunk, nb - b0);
     build_chunk<kType, Block>(w, row_bytes, b0, n, cw);
-    if (full_tiles > 0) _tile_loadconfig(kConfig16.bytes.data());
-    for (int tile = 0; tile < full_tiles; ++tile) {
-      const int t0 = tile * kTileTokens;
-      tile_chunk<kType, kTileTokens>(act, act_bytes, t0, b0, n, cw, acc_s + t0, acc_m + t0);
-    }
-    if (half_tile) {
-      const int t0 = full_tiles * kTileTokens;
-      _tile_loadconfig(kConfig8.bytes.data());
-      tile_chunk<kType, kPanelTokens>(act, act_bytes, t0, b0, n, cw, acc_s + t0, acc_m + t0);
-    }
+    for_token_tiles(n_tokens, kConfig16, kConfig8, [&](int t0, auto nt) {
+      tile_chunk<kType, decltype(nt)::value>(act, act_bytes, t0, b0, n, cw, acc_s + t0, acc_m + t0);
+    });
   }
   _tile_release();
   for (int t = 0; t < n_tokens; ++t) {

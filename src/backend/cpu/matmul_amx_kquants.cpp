@@ -34,8 +34,7 @@ namespace {
 enum class KType { kQ4_K, kQ6_K };
 
 constexpr int kRows = kAmxRows;
-constexpr int kGroups = 16;      // token groups per call at most (128 tokens)
-constexpr int kTileTokens = 16;  // tokens per tile (A's rows)
+constexpr int kGroups = 16;  // token groups per call at most (128 tokens)
 constexpr int kMaxTokens = kGroups * kPanelTokens;
 constexpr int kSteps = kQKK / 64;  // 64-element steps per super-block (one A tile each)
 constexpr int64_t kChunk = 2;      // super-blocks per chunk: [2][2][4][16][64] B bytes = 16 KiB
@@ -53,8 +52,8 @@ constexpr TileConfig tile_config(int tokens) {
                            {7, tokens, kRows * 4}});
 }
 
-constexpr TileConfig kConfig16 = tile_config(kTileTokens);
-constexpr TileConfig kConfig8 = tile_config(kPanelTokens);
+constexpr TileConfig kConfig16 = tile_config(kAmxTileTokens);
+constexpr TileConfig kConfig8 = tile_config(kAmxHalfTokens);
 
 // A chunk of super-blocks of the call's 16 rows, built once and read by every token tile.
 struct ChunkWeights {
@@ -226,24 +225,15 @@ void rows_amx_k(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
   const int64_t act_bytes = group_bytes / kPanelTokens;
   const int64_t nsb = k / kQKK;
   const int n_tokens = groups * kPanelTokens;
-  const int full_tiles = n_tokens / kTileTokens;
-  const bool half_tile = n_tokens % kTileTokens != 0;  // a last odd group: 8 tokens
-  alignas(64) float acc[kMaxTokens][kRows];            // [token] lane r: row r's output
+  alignas(64) float acc[kMaxTokens][kRows];  // [token] lane r: row r's output
   std::memset(acc, 0, sizeof(acc));
   ChunkWeights cw;
   for (int64_t sb0 = 0; sb0 < nsb; sb0 += kChunk) {
     const int64_t n = std::min(kChunk, nsb - sb0);
     build_chunk<kType>(w, row_bytes, sb0, n, cw);
-    if (full_tiles > 0) _tile_loadconfig(kConfig16.bytes.data());
-    for (int tile = 0; tile < full_tiles; ++tile) {
-      const int t0 = tile * kTileTokens;
-      tile_chunk<kType, kTileTokens>(act, act_bytes, t0, sb0, n, cw, acc + t0);
-    }
-    if (half_tile) {
-      const int t0 = full_tiles * kTileTokens;
-      _tile_loadconfig(kConfig8.bytes.data());
-      tile_chunk<kType, kPanelTokens>(act, act_bytes, t0, sb0, n, cw, acc + t0);
-    }
+    for_token_tiles(n_tokens, kConfig16, kConfig8, [&](int t0, auto nt) {
+      tile_chunk<kType, decltype(nt)::value>(act, act_bytes, t0, sb0, n, cw, acc + t0);
+    });
   }
   _tile_release();
   for (int t = 0; t < n_tokens; ++t) _mm512_storeu_ps(y + t * ldy, _mm512_load_ps(acc[t]));
