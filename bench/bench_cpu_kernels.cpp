@@ -3,6 +3,8 @@
 //   read/threads:T            read-only sweep of 256 MiB (what a matvec does to its weights): 32-byte
 //                             loads where the CPU has AVX2 (scalar 8-byte loads reached 55-70 % of
 //                             their speed on an Intel Xeon), bytes read per second
+//   read4/threads:T           the same bytes, each thread's share read as 4 streams in turn (128 bytes
+//                             from each): how far the prefetchers take one core past a single stream
 //   matvec/TYPE/ISA/threads:T one token x a [n_rows, 4096] matrix of ~256 MiB (far beyond the caches);
 //                             GB/s of weight bytes, and pct_copy = GB/s / copy GB/s at the same threads
 //   matmul/TYPE/TOKxK->N/threads:T  prefill shapes (2048 -> 640: Gemma-3-270M's FFN down, a K-quant size);
@@ -43,7 +45,7 @@ float fma_loop_avx512(int64_t iters);
 int int8_loop_avx2(int64_t iters);
 int int8_loop_avx512(int64_t iters);
 int int8_loop_amx(int64_t iters);
-uint64_t read_loop_avx2(const uint8_t* p, int64_t bytes);
+uint64_t read_loop_avx2(const uint8_t* p, int64_t bytes, int streams);
 
 namespace {
 
@@ -216,7 +218,7 @@ void bm_copy(benchmark::State& state, int threads) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * static_cast<int64_t>(kBigBytes));
 }
 
-void bm_read(benchmark::State& state, int threads) {
+void bm_read(benchmark::State& state, int threads, int streams) {
   std::vector<uint64_t> src(kBigBytes / 8, 3);
   ThreadPool pool(threads);
   std::vector<uint64_t> sums(static_cast<size_t>(threads));
@@ -226,7 +228,7 @@ void bm_read(benchmark::State& state, int threads) {
       const Range r = split_range(static_cast<int64_t>(src.size()), threads, p, 512);
       if (vector) {  // 512 words per unit: a multiple of the loop's 128 bytes
         sums[static_cast<size_t>(p)] =
-            read_loop_avx2(reinterpret_cast<const uint8_t*>(src.data() + r.begin), r.size() * 8);
+            read_loop_avx2(reinterpret_cast<const uint8_t*>(src.data() + r.begin), r.size() * 8, streams);
         return;
       }
       uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -376,7 +378,10 @@ void register_all() {
   }
   for (int t : {1, 2}) {
     benchmark::RegisterBenchmark(("copy/threads:" + std::to_string(t)).c_str(), bm_copy, t)->UseRealTime();
-    benchmark::RegisterBenchmark(("read/threads:" + std::to_string(t)).c_str(), bm_read, t)->UseRealTime();
+    benchmark::RegisterBenchmark(("read/threads:" + std::to_string(t)).c_str(), bm_read, t, 1)->UseRealTime();
+    if (cpu::isa_supported(Isa::kAvx2))  // the scalar sweep has one stream only
+      benchmark::RegisterBenchmark(("read4/threads:" + std::to_string(t)).c_str(), bm_read, t, 4)
+          ->UseRealTime();
   }
   for (GgmlType type : types) {
     for (Isa isa : isas) {

@@ -43,14 +43,20 @@ int int8_loop_avx2(int64_t iters) {
 
 namespace kvtier::bench {
 
-// Read-only sweep of `bytes` (a multiple of 128) by 32-byte loads into 4 independent accumulators:
-// the load stream a matvec's weights make, without its arithmetic. Returns a value to keep the loop.
-uint64_t read_loop_avx2(const uint8_t* p, int64_t bytes) {
+// Read-only sweep of `bytes` by 32-byte loads into 4 independent accumulators: the load stream a
+// matvec's weights make, without its arithmetic. `streams` equal parts of the range are read in turn,
+// 128 bytes from each (bytes a multiple of 128 x streams): 1 is one front-to-back stream. Returns a
+// value to keep the loop.
+uint64_t read_loop_avx2(const uint8_t* p, int64_t bytes, int streams) {
   __m256i acc[4];
   for (__m256i& a : acc) a = _mm256_setzero_si256();
-  for (int64_t i = 0; i < bytes; i += 128) {
-    for (int j = 0; j < 4; ++j)
-      acc[j] = _mm256_add_epi64(acc[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 32 * j)));
+  const int64_t part = bytes / streams;
+  for (int64_t i = 0; i < part; i += 128) {
+    for (int s = 0; s < streams; ++s) {
+      const uint8_t* q = p + s * part + i;
+      for (int j = 0; j < 4; ++j)
+        acc[j] = _mm256_add_epi64(acc[j], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * j)));
+    }
   }
   const __m256i s = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
   return static_cast<uint64_t>(_mm256_extract_epi64(s, 0));

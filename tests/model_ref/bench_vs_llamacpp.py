@@ -17,8 +17,9 @@ written) and the read-only sweep (`read/threads:T`, bytes read), and each decode
 bytes read per token (all weights, the tied output matrix included, plus the f16 KV of prompt +
 gen / 2 positions: exact for full-attention layers, an upper bound for sliding-window ones) times
 its decode rate, as a fraction of the median copy bandwidth (how close decode runs to the
-memory-bandwidth bound) and of the median read sweep (what reading alone reaches on this machine;
-on some CPUs well below the copy figure). The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
+memory-bandwidth bound), of the median read sweep (what one stream of reading reaches on this
+machine; on some CPUs well below the copy figure) and of the median 4-stream read (`read4/threads:T`:
+each thread reads 4 far-apart parts in turn, which the prefetchers take further than one stream). The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
 version and system info line, and the load average before and after.
 
 Both sides warm up before timing: kvtier bench runs one unrecorded round, the llama.cpp pass first
@@ -96,11 +97,12 @@ def run_kvtier(a, path):
 
 
 def memory_bandwidth(a):
-    """GB/s of bench_cpu_kernels' STREAM-like copy (bytes read + written) and read-only sweep at the
-    benchmark's thread count: {"copy": .., "read": ..}, or None without the binary."""
+    """GB/s of bench_cpu_kernels' STREAM-like copy (bytes read + written), read-only sweep and 4-stream
+    read at the benchmark's thread count: {"copy": .., "read": .., "read4": ..} ("read4" only on CPUs
+    with AVX2), or None without the binary."""
     if not a.copy_bench or not pathlib.Path(a.copy_bench).exists():
         return None
-    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^(copy|read)/threads:{a.threads}/",
+    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^(copy|read|read4)/threads:{a.threads}/",
                           "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
     return {b["name"].split("/")[0]: b["bytes_per_second"] / 1e9 for b in json.loads(out)["benchmarks"]}
 
@@ -138,7 +140,7 @@ def main():
     header = {"cpu": cpu_description(), "load_before": os.getloadavg(), "threads": a.threads, "gen": a.gen,
               "rounds": a.rounds, "llama_python": a.llama_python}
     samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
-    copies, reads = [], []  # GB/s, one per round and model
+    copies, reads, reads4 = [], [], []  # GB/s, one per round and model
     bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
     for name in a.models.split(","):
         path = kt.model(name)
@@ -147,6 +149,8 @@ def main():
             if bw is not None:
                 copies.append(bw["copy"])
                 reads.append(bw["read"])
+                if "read4" in bw:
+                    reads4.append(bw["read4"])
             sides = [("kvtier", run_kvtier), ("llama.cpp", run_llama)]
             if rnd % 2 == 1:
                 sides.reverse()
@@ -172,8 +176,10 @@ def main():
     header["load_after"] = os.getloadavg()
     header["copy_GBps_runs"] = copies
     header["read_GBps_runs"] = reads
+    header["read4_GBps_runs"] = reads4
     copy_median = statistics.median(copies) if copies else None
     read_median = statistics.median(reads) if reads else None
+    read4_median = statistics.median(reads4) if reads4 else None
 
     table = []
     for name in a.models.split(","):
@@ -190,6 +196,9 @@ def main():
                 row["decode_bytes_per_token"] = bytes_per_token[(name, p)]
                 row["decode_pct_of_copy"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / copy_median
                 row["decode_pct_of_read"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / read_median
+                if read4_median:
+                    row["decode_pct_of_read4"] = (100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 /
+                                                  read4_median)
             table.append(row)
     if a.json:
         print(json.dumps({**header, "results": table}))
@@ -204,14 +213,17 @@ def main():
     if copy_median:
         print(f"copy bandwidth ({a.threads} threads, bytes read + written): median {copy_median:.1f} GB/s of "
               f"{', '.join(f'{c:.1f}' for c in copies)}; read-only sweep: median {read_median:.1f} GB/s of "
-              f"{', '.join(f'{r:.1f}' for r in reads)}")
+              f"{', '.join(f'{r:.1f}' for r in reads)}" +
+              (f"; 4-stream read: median {read4_median:.1f} GB/s of {', '.join(f'{r:.1f}' for r in reads4)}"
+               if read4_median else ""))
     print()
     print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
-          "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read |")
+          "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read, % of 4-stream read |")
     print("|---|---:|---|---|---|---|---|")
     for t in table:
         bw = (f"{t['decode_bytes_per_token'] / 1e6:.0f}, {t['decode_pct_of_copy']:.0f} %, "
-              f"{t['decode_pct_of_read']:.0f} %"
+              f"{t['decode_pct_of_read']:.0f} %, " +
+              (f"{t['decode_pct_of_read4']:.0f} %" if "decode_pct_of_read4" in t else "-")
               if "decode_pct_of_copy" in t else "-")
         print(f"| {t['model']} | {t['prompt_tokens']} | {t['kvtier_prefill']:.1f} / {t['llamacpp_prefill']:.1f} | "
               f"**{t['prefill_ratio']:.2f}** ({t['prefill_ratio_min']:.2f}-{t['prefill_ratio_max']:.2f}) | "
