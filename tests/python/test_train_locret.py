@@ -7,7 +7,7 @@ import gguf
 import numpy as np
 import pytest
 
-from kvtier_testlib import kvtier_bin, model, run
+from kvtier_testlib import SOURCE_DIR, kvtier_bin, model, run
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +116,13 @@ def test_locret_data_builds_prompts_whose_answers_they_contain(tmp_path):
             "--prose-share", 0, check=False)
     assert p.returncode == 1 and "cwe" in p.stderr
     assert not (tmp_path / "f.jsonl").exists() and not (tmp_path / "f.jsonl.tmp").exists()
+
+
+def test_heads_script_refuses_an_unknown_option_before_any_work(tmp_path):
+    script = SOURCE_DIR / "scripts" / "train_locret_heads.sh"
+    p = subprocess.run(["bash", str(script), "--data-size", "9", model("smollm2"), tmp_path / "out"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "unknown option --data-size" in p.stderr, p.stderr
+    p = subprocess.run(["bash", str(script), "--data-samples"], capture_output=True, text=True)
+    assert p.returncode != 0 and "--data-samples needs a number" in p.stderr, p.stderr
+    assert not (tmp_path / "out").exists()
