@@ -140,17 +140,14 @@ def main():
     header = {"cpu": cpu_description(), "load_before": os.getloadavg(), "threads": a.threads, "gen": a.gen,
               "rounds": a.rounds, "llama_python": a.llama_python}
     samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
-    copies, reads, reads4 = [], [], []  # GB/s, one per round and model
+    bw_runs = {"copy": [], "read": [], "read4": []}  # GB/s, one per round and model
     bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
     for name in a.models.split(","):
         path = kt.model(name)
         for rnd in range(a.rounds):
             bw = memory_bandwidth(a)
-            if bw is not None:
-                copies.append(bw["copy"])
-                reads.append(bw["read"])
-                if "read4" in bw:
-                    reads4.append(bw["read4"])
+            for kind, gbps in (bw or {}).items():
+                bw_runs[kind].append(gbps)
             sides = [("kvtier", run_kvtier), ("llama.cpp", run_llama)]
             if rnd % 2 == 1:
                 sides.reverse()
@@ -174,12 +171,9 @@ def main():
                         samples.setdefault((name, r["prompt_tokens"], side, phase), []).append(
                             r[f"{phase}_tokens_per_s"])
     header["load_after"] = os.getloadavg()
-    header["copy_GBps_runs"] = copies
-    header["read_GBps_runs"] = reads
-    header["read4_GBps_runs"] = reads4
-    copy_median = statistics.median(copies) if copies else None
-    read_median = statistics.median(reads) if reads else None
-    read4_median = statistics.median(reads4) if reads4 else None
+    for kind, runs in bw_runs.items():
+        header[f"{kind}_GBps_runs"] = runs
+    medians = {kind: statistics.median(runs) for kind, runs in bw_runs.items() if runs}
 
     table = []
     for name in a.models.split(","):
@@ -192,13 +186,11 @@ def main():
                             f"{phase}_ratio": statistics.median(ours) / statistics.median(ref),
                             f"{phase}_ratio_min": min(per_round), f"{phase}_ratio_max": max(per_round),
                             f"kvtier_{phase}_runs": ours, f"llamacpp_{phase}_runs": ref})
-            if copy_median:
+            if medians:
                 row["decode_bytes_per_token"] = bytes_per_token[(name, p)]
-                row["decode_pct_of_copy"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / copy_median
-                row["decode_pct_of_read"] = 100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 / read_median
-                if read4_median:
-                    row["decode_pct_of_read4"] = (100 * bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9 /
-                                                  read4_median)
+                decode_gbps = bytes_per_token[(name, p)] * row["kvtier_decode"] / 1e9
+                for kind, median in medians.items():
+                    row[f"decode_pct_of_{kind}"] = 100 * decode_gbps / median
             table.append(row)
     if a.json:
         print(json.dumps({**header, "results": table}))
@@ -210,21 +202,19 @@ def main():
           f"system info: {header.get('llama_cpp_system_info', '').strip()}")
     print(f"threads {a.threads}, {a.gen} decode steps, {a.rounds} interleaved rounds; load average before "
           f"{header['load_before'][0]:.1f}, after {header['load_after'][0]:.1f}")
-    if copy_median:
-        print(f"copy bandwidth ({a.threads} threads, bytes read + written): median {copy_median:.1f} GB/s of "
-              f"{', '.join(f'{c:.1f}' for c in copies)}; read-only sweep: median {read_median:.1f} GB/s of "
-              f"{', '.join(f'{r:.1f}' for r in reads)}" +
-              (f"; 4-stream read: median {read4_median:.1f} GB/s of {', '.join(f'{r:.1f}' for r in reads4)}"
-               if read4_median else ""))
+    labels = {"copy": f"copy bandwidth ({a.threads} threads, bytes read + written)", "read": "read-only sweep",
+              "read4": "4-stream read"}
+    if medians:
+        print("; ".join(f"{labels[kind]}: median {median:.1f} GB/s of {', '.join(f'{r:.1f}' for r in bw_runs[kind])}"
+                        for kind, median in medians.items()))
     print()
     print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
           "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read, % of 4-stream read |")
     print("|---|---:|---|---|---|---|---|")
     for t in table:
-        bw = (f"{t['decode_bytes_per_token'] / 1e6:.0f}, {t['decode_pct_of_copy']:.0f} %, "
-              f"{t['decode_pct_of_read']:.0f} %, " +
-              (f"{t['decode_pct_of_read4']:.0f} %" if "decode_pct_of_read4" in t else "-")
-              if "decode_pct_of_copy" in t else "-")
+        bw = ", ".join([f"{t['decode_bytes_per_token'] / 1e6:.0f}"] +
+                       [f"{t[f'decode_pct_of_{kind}']:.0f} %" if f"decode_pct_of_{kind}" in t else "-"
+                        for kind in labels]) if "decode_bytes_per_token" in t else "-"
         print(f"| {t['model']} | {t['prompt_tokens']} | {t['kvtier_prefill']:.1f} / {t['llamacpp_prefill']:.1f} | "
               f"**{t['prefill_ratio']:.2f}** ({t['prefill_ratio_min']:.2f}-{t['prefill_ratio_max']:.2f}) | "
               f"{t['kvtier_decode']:.1f} / {t['llamacpp_decode']:.1f} | "
