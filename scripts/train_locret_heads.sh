@@ -22,8 +22,9 @@ while [[ ${1:-} == --data-* ]]; do
   *) echo "$0: unknown option $1 (the script takes --data-samples and --data-lengths before MODEL)" >&2; exit 2 ;;
   esac
 done
-model=${1:?usage: $0 MODEL.gguf OUT_DIR [STEPS] [D_M] [TRAIN-LOCRET FLAGS...]}
-out=${2:?usage: $0 MODEL.gguf OUT_DIR [STEPS] [D_M] [TRAIN-LOCRET FLAGS...]}
+usage="usage: $0 [--data-samples N] [--data-lengths L] MODEL.gguf OUT_DIR [STEPS] [D_M] [TRAIN-LOCRET FLAGS...]"
+model=${1:?$usage}
+out=${2:?$usage}
 steps=${3:-60}
 d_m=${4:-64}
 mkdir -p "$out"
