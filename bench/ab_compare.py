@@ -56,7 +56,8 @@ def main():
         for _ in range(args.rounds):
             for tag in ("base", "new"):
                 j = bench(args.base if tag == "base" else args.new, model, args)
-                isa = j.get("isa", isa) + (" + AMX-INT8 tiles" if j.get("amx") else "")
+                isa = (j.get("isa", isa) + (" + AMX-INT8 tiles" if j.get("amx") else "")
+                       + (" + output matrix in rows-in-lanes" if j.get("output_lanes") else ""))
                 runs[tag].append(j)
         print(f"\n{model} (ISA path {isa}; medians of {args.rounds} interleaved rounds)")
         print(f"{'policy':<12} {'prompt':>6} {'prefill base':>13} {'new':>8} {'ratio':>6} "

@@ -38,6 +38,16 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
   ::close(fd);
 }
 
+void MappedFile::drop_pages(std::span<const uint8_t> range) const {
+  KVTIER_ASSERT(range.data() >= data_ && range.data() + range.size() <= data_ + size_, "pages outside {}",
+                path_);
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(range.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(range.data()) + range.size()) / page * page;
+  // Advice only: a refusal leaves the pages resident, which is harmless.
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

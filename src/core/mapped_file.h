@@ -19,6 +19,9 @@ class MappedFile {
   const std::string& path() const { return path_; }
   std::span<const uint8_t> bytes() const { return {data_, size_}; }
   size_t size() const { return size_; }
+  // Hands the whole pages inside `range` (a part of bytes()) back to the kernel: they leave the
+  // process's resident set and are read from the file again if touched. For data copied elsewhere.
+  void drop_pages(std::span<const uint8_t> range) const;
 
  private:
   std::string path_;

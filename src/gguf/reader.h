@@ -72,6 +72,8 @@ class File {
 
   const std::string& path() const { return map_->path(); }
   uint64_t file_size() const { return map_->size(); }
+  // MappedFile::drop_pages of a range of this file's bytes (a tensor's data copied elsewhere).
+  void drop_pages(std::span<const uint8_t> range) const { map_->drop_pages(range); }
   uint32_t version() const { return content_.version; }
   uint32_t alignment() const { return content_.alignment; }
   uint64_t data_offset() const { return content_.data_offset; }

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/dequant.h"
+#include "backend/cpu/kernels.h"
 #include "core/error.h"
 
 namespace kvtier::model {
@@ -114,6 +115,19 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
     }
   }
   return w;
+}
+
+bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
+  if (!cpu::has_lanes_layout(w.output.type) || w.output.lanes != nullptr) return false;
+  if (cpu::kernel_table(isa).lanes[static_cast<size_t>(w.output.type)] == nullptr) return false;
+  w.output_lanes = std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(w.output));
+  w.output.lanes = w.output_lanes->data();
+  return true;
+}
+
+bool output_in_lanes(const ModelWeights& w, cpu::Isa isa) {
+  return w.output.lanes != nullptr && cpu::isa_supported(isa) &&
+         cpu::kernel_table(isa).lanes[static_cast<size_t>(w.output.type)] != nullptr;
 }
 
 }  // namespace kvtier::model

@@ -2,12 +2,19 @@
 
 namespace kvtier::runtime {
 
-std::unique_ptr<LoadedModel> load_model(const std::string& path) {
+std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& opt) {
   auto m = std::make_unique<LoadedModel>();
   m->file = std::make_unique<gguf::File>(path);
   m->hparams = model::read_hparams(*m->file);
   m->config = model::make_config(m->hparams);
   m->weights = model::load_weights(*m->file, m->config);
+  if (opt.cpu_isa && cpu::isa_supported(*opt.cpu_isa) && model::pack_output_lanes(m->weights, *opt.cpu_isa)) {
+    // The packed copy replaces the mapped bytes for the matmuls; a tied embedding reads its rows
+    // from the file again, a page at a time.
+    const cpu::WeightMatrix& o = m->weights.output;
+    const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
+    m->file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
+  }
   m->tokenizer = std::make_unique<tokenizer::Tokenizer>(*m->file);
   return m;
 }

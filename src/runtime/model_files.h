@@ -3,8 +3,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "backend/cpu/cpu_features.h"
 #include "gguf/reader.h"
 #include "model/config.h"
 #include "model/hparams.h"
@@ -21,7 +23,14 @@ struct LoadedModel {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer;
 };
 
+struct LoadOptions {
+  // The CPU path the sessions will use: the output matrix is packed for its kernels
+  // (model::pack_output_lanes), and its mapped pages are handed back. nullopt: the weights stay as
+  // mapped (a GPU session, which uploads the file's bytes).
+  std::optional<cpu::Isa> cpu_isa = cpu::best_isa();
+};
+
 // Throws Error naming the file and what is wrong (unsupported architecture, missing tensor, ...).
-std::unique_ptr<LoadedModel> load_model(const std::string& path);
+std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& opt = {});
 
 }  // namespace kvtier::runtime

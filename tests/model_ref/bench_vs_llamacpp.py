@@ -154,7 +154,8 @@ def main():
             for side, fn in sides:
                 out = fn(a, path)
                 if side == "kvtier":
-                    header["kvtier_isa"] = out["isa"] + (" + AMX-INT8 tiles" if out.get("amx") else "")
+                    header["kvtier_isa"] = (out["isa"] + (" + AMX-INT8 tiles" if out.get("amx") else "")
+                                            + (" + output matrix in rows-in-lanes" if out.get("output_lanes") else ""))
                     for r in out["results"]:
                         mem = r["peak_memory_bytes"]["device"]
                         kv_per_position = mem["kv"] / out["ctx"]

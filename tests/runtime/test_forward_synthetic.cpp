@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cpu/kernels.h"
 #include "common/temp_file.h"
 #include "core/error.h"
 #include "kv/resident_kv.h"
@@ -419,6 +420,37 @@ TEST(SyntheticForward, BatchedStepsMatchEachSequenceAloneForEveryExactPolicy) {
       EXPECT_EQ(s.n_past(static_cast<kv::SeqId>(b)), static_cast<int64_t>(prompts[b].size()) + kGen - 1);
     }
   }
+}
+
+// The output matrix packed for the CPU kernels (model::pack_output_lanes, done by load_model where the
+// ISA has a kernel for its type) gives every logit the GGUF rows' bits: prefill, every-position
+// evaluation (multi-token passes) and one-token decode steps, with 1 and 2 threads.
+TEST(SyntheticForward, PackedOutputMatrixGivesTheSameLogits) {
+  const std::string f = synth_file(GgmlType::kQ8_0);
+  const auto packed = load_model(f);
+  const auto plain = load_model(f, LoadOptions{.cpu_isa = std::nullopt});
+  EXPECT_EQ(plain->weights.output.lanes, nullptr);
+  const bool has_kernel =
+      cpu::kernel_table(cpu::best_isa()).lanes[static_cast<size_t>(GgmlType::kQ8_0)] != nullptr;
+  ASSERT_EQ(packed->weights.output.lanes != nullptr, has_kernel);
+  const auto tokens = prompt(45);
+  for (int threads : {1, 2}) {
+    SessionOptions o;
+    o.threads = threads;
+    o.n_ctx = 512;
+    o.chunk = 16;
+    const auto a = all_logits(*packed, o, tokens);
+    const auto b = all_logits(*plain, o, tokens);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << threads << " threads";
+    const auto ga = test::greedy_logits_alone(*packed, o, tokens, 8);
+    const auto gb = test::greedy_logits_alone(*plain, o, tokens, 8);
+    ASSERT_EQ(ga.size(), gb.size());
+    EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float))) << threads << " threads";
+  }
+  if (!has_kernel)
+    GTEST_SKIP() << "no lanes kernel on " << cpu::isa_name(cpu::best_isa())
+                 << ": the output matrix stays in GGUF rows here, so both loads ran the same path";
 }
 
 }  // namespace

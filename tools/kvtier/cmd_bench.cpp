@@ -179,7 +179,7 @@ int run_bench(BenchArgs a) {
     fail(ErrorKind::kUnsupported, "--batch with --backend cuda: the CUDA forward pass runs one sequence");
   if (a.engine.backend == Backend::kCuda)
     return run_bench_cuda(a.engine, {a.prompt_tokens, a.gen, a.repeat, a.policies, a.json});
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   if (a.repeat < 1) fail(ErrorKind::kInvalidArgument, "--repeat must be at least 1");
   const int64_t max_b = *std::max_element(a.batch.begin(), a.batch.end());
   for (int64_t b : a.batch) {
@@ -290,6 +290,7 @@ int run_bench(BenchArgs a) {
         {"ctx", first.n_ctx()},
         {"isa", std::string(cpu::isa_name(first.isa()))},
         {"amx", cpu::uses_amx(first.isa())},
+        {"output_lanes", model::output_in_lanes(model->weights, first.isa())},
         {"repeat", a.repeat},
         {"results", rows}};
     std::cout << j.dump() << "\n";

@@ -27,7 +27,7 @@ struct ChatArgs {
 };
 
 int run_chat(ChatArgs a) {
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   const auto& tok = *model->tokenizer;
   const auto& v = tok.vocab();
   const auto tmpl = tokenizer::chat_template_for(

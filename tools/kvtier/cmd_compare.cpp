@@ -231,7 +231,7 @@ int run_compare(const CompareArgs& a) {
     }
     return 0;
   }
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   const int64_t train = model->config.n_ctx_train;
   for (int64_t len : spec.lengths) {
     if (train > 0 && len > train)

@@ -141,7 +141,7 @@ int run_eval_cmd(const EvalArgs& a) {
   plan.grid.seed = a.seed;
   if (!a.text.empty()) plan.ppl_text = read_text_file(a.text);
 
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   int64_t max_len = 0;
   for (int64_t l : plan.grid.lengths) max_len = std::max(max_len, l);
   const int64_t train = model->config.n_ctx_train;

@@ -23,7 +23,7 @@ struct PerplexityArgs {
 };
 
 int run_perplexity(PerplexityArgs a) {
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   const std::string text = read_text_file(a.file);
   const auto tokens = model->tokenizer->encode(text);
   if (a.engine.ctx == 0) a.engine.ctx = 512;  // llama.cpp's default window

@@ -18,7 +18,7 @@
 namespace kvtier::cli {
 
 nlohmann::ordered_json plan_engine(const EnginePlanArgs& a, bool json) {
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   nlohmann::ordered_json rows = nlohmann::ordered_json::array();
   runtime::SessionOptions first;
   // kvpr and hybrid rows weigh the home link against recomputation, KIVI rows move fewer bytes over it:

@@ -78,7 +78,7 @@ int run_run(const RunArgs& a) {
     fail(ErrorKind::kInvalidArgument, "give exactly one of -p TEXT, -f FILE and --ids 1,2,3");
   if (!a.ids.empty() && a.chat)
     fail(ErrorKind::kInvalidArgument, "--ids is the whole prompt: no --chat with it");
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   const auto prompt =
       !a.ids.empty() ? parse_token_ids(*model->tokenizer, a.ids)
                      : prompt_tokens(*model->tokenizer, a.file.empty() ? a.prompt : read_text_file(a.file),
@@ -156,6 +156,7 @@ int run_run(const RunArgs& a) {
         {"threads", opts.threads},
         {"isa", std::string(cpu::isa_name(session.isa()))},
         {"amx", cpu::uses_amx(session.isa())},
+        {"output_lanes", model::output_in_lanes(model->weights, session.isa())},
         {"peak_memory_bytes", memory_json(session.ledger())},
         {"kv", kv_json(session, a.engine)},
         {"weights", weights_json(session)},

@@ -38,7 +38,7 @@ int run_serve(const ServeArgs& a) {
     fail(ErrorKind::kUnsupported,
          "kvtier serve runs on the CPU backend (the CUDA forward pass is one sequence)");
   }
-  const auto model = runtime::load_model(a.engine.model);
+  const auto model = runtime::load_model(a.engine.model, load_options(a.engine));
   runtime::SessionOptions o = session_options(a.engine, model->config, 4096);
   o.kv_placement.max_seqs = a.max_seqs;
   runtime::Session session(*model, o);

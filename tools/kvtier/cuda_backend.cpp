@@ -235,7 +235,7 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
     if (e.ctx > 0) so.n_ctx = static_cast<uint32_t>(std::max<int64_t>(e.ctx, preset->n_ctx));
     synth_cfg = model::make_config(model_cuda::preset_hparams(*preset, so));
   } else {
-    file_model = runtime::load_model(e.model);
+    file_model = runtime::load_model(e.model, runtime::LoadOptions{.cpu_isa = std::nullopt});
   }
   const model::ModelConfig& cfg = file_model ? file_model->config : synth_cfg;
   // The pinned host-to-device bandwidth, for the decode bound of offloaded placements (KV bytes copied

@@ -272,6 +272,16 @@ std::string profile_cache_path(const std::string& given) {
   return {};
 }
 
+runtime::LoadOptions load_options(const EngineArgs& a) {
+  runtime::LoadOptions o;
+  if (a.backend == Backend::kCuda) {
+    o.cpu_isa.reset();
+  } else if (!a.isa.empty()) {
+    o.cpu_isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
+  }
+  return o;
+}
+
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed, LocretHeads heads) {
   if (a.backend == Backend::kCuda)

@@ -75,6 +75,9 @@ std::string profile_cache_path(const std::string& given);
 enum class LocretHeads { kRequired, kIfGiven };
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed, LocretHeads heads = LocretHeads::kRequired);
+// How the engine's model is loaded: its weights laid out for the CPU path --isa names (the best one
+// by default), or left as mapped for --backend cuda.
+runtime::LoadOptions load_options(const EngineArgs& a);
 // The KV policy `spec` names, --kv-type giving the representation it leaves out (a spec that names
 // another representation than an explicit --kv-type is an error).
 policy::KvPolicy kv_policy_of(const EngineArgs& a, std::string_view spec);

@@ -17,6 +17,7 @@ KernelTable make_table(Isa isa, bool amx) {
     fill_avx512_kernels(t);  // clears the tiles of the types it overrides
     fill_avx512_tiles(t);
     fill_avx512_quantize_act(t);
+    fill_avx512_lanes(t);
     if (amx) {  // panel tiles of q4_0, q4_1, q5_0, q5_1, q4_K and q6_K (same bits)
       fill_amx_tiles(t);
       fill_amx_ktiles(t);

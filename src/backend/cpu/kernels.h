@@ -82,6 +82,15 @@ struct PanelKernel {
   int groups = 1;                             // token groups per call at most (weights unpacked once for all)
 };
 
+// Kernel over the rows-in-lanes layout (weight_lanes.h): one group of kLaneRows weight rows against
+// n_tokens activation rows (the group's weights stay in L1/L2 while the tokens pass over them).
+//   w:   one packed group (lanes_group_bytes(type, k) bytes, 64-byte aligned)
+//   act: [n_tokens] activation rows in the type's ActFormat, act_bytes apart
+//   y:   y[t * ldy + r] for t < n_tokens, r < rows (rows <= kLaneRows: the group's real rows)
+// Bit-identical to the same table's vec_dot of each (row, token), like TileFn.
+using LanesFn = void (*)(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                         float* y, int64_t ldy, int rows);
+
 constexpr size_t kMaxGgmlTypeId = 40;
 
 struct KernelTable {
@@ -98,6 +107,9 @@ struct KernelTable {
   // Indexed by GgmlType id: tiles over activation panels (quantised activation formats only). Where
   // set, matmul packs whole groups of kPanelTokens tokens into panels and uses these before `tile`.
   std::array<PanelKernel, kMaxGgmlTypeId> panel{};
+  // Indexed by GgmlType id: kernels over the rows-in-lanes layout; matmul uses them for matrices
+  // that carry one (WeightMatrix::lanes). Null: the type's GGML rows are used.
+  std::array<LanesFn, kMaxGgmlTypeId> lanes{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
   std::array<QuantizeActFn, 3> quantize_act{};
   FloatKernels fops{};
@@ -121,6 +133,7 @@ void fill_avx2_panel_kernels(KernelTable& t);   // matmul_avx2_panel.cpp (vec_do
 void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
+void fill_avx512_lanes(KernelTable& t);         // matmul_lanes_avx512.cpp
 void fill_amx_tiles(KernelTable& t);            // matmul_amx.cpp (AVX-512 table, AMX-INT8 CPUs only)
 void fill_amx_ktiles(KernelTable& t);           // matmul_amx_kquants.cpp (the same, q4_K and q6_K)
 void fill_avx2_quantize_act(KernelTable& t);    // quantize_act_avx2.cpp

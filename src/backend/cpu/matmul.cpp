@@ -7,6 +7,7 @@
 #include "backend/cpu/dequant.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/quantize_act.h"
+#include "backend/cpu/weight_lanes.h"
 #include "core/error.h"
 
 namespace kvtier::cpu {
@@ -93,7 +94,7 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
                  float* y, std::span<uint8_t> panel_scratch);
 void matmuls_one_run(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs, const uint8_t* act,
                      int64_t n_tokens);
-bool uses_panels(const KernelTable& table, GgmlType type, int64_t n_tokens);
+bool uses_panels(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens);
 }  // namespace
 
 void matmul(ThreadPool& pool, Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, float* y,
@@ -143,7 +144,7 @@ void matmul_same_input(ThreadPool& pool, Isa isa, std::span<const MatmulOut> out
   }
   const KernelTable& table = kernel_table(isa);
   bool any_panels = false;
-  for (const MatmulOut& o : outs) any_panels = any_panels || uses_panels(table, o.w->type, n_tokens);
+  for (const MatmulOut& o : outs) any_panels = any_panels || uses_panels(table, *o.w, n_tokens);
   if (any_panels) {  // prefill: long runs, so one matrix at a time (panels packed per matrix)
     for (const MatmulOut& o : outs) matmul_acts(pool, isa, *o.w, act, n_tokens, o.y, panels);
     return;
@@ -245,8 +246,27 @@ class TileWalk {
   TileKernel tile_, wide_, narrow_;
 };
 
-bool uses_panels(const KernelTable& table, GgmlType type, int64_t n_tokens) {
-  return table.panel[static_cast<size_t>(type)].fn != nullptr && n_tokens >= kPanelTokens;
+// The table's lanes kernel for w, where w carries the rows-in-lanes layout and the table has one.
+LanesFn lanes_fn(const KernelTable& table, const WeightMatrix& w) {
+  return w.lanes != nullptr ? table.lanes[static_cast<size_t>(w.type)] : nullptr;
+}
+
+bool uses_panels(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
+  return lanes_fn(table, w) == nullptr && table.panel[static_cast<size_t>(w.type)].fn != nullptr &&
+         n_tokens >= kPanelTokens;
+}
+
+// Every token's outputs of rows [rows.begin, rows.end) (rows.begin a multiple of kLaneRows) from the
+// rows-in-lanes layout, one group of kLaneRows rows at a time.
+void lanes_rows(LanesFn fn, const WeightMatrix& w, const uint8_t* act, int64_t n_tokens, float* y,
+                Range rows) {
+  static_assert(kRowAlign % kLaneRows == 0, "parts must split at lane groups");
+  const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
+  const auto act_bytes = static_cast<int64_t>(act_row_bytes_for(w.type, w.k));
+  for (int64_t r = rows.begin; r < rows.end; r += kLaneRows) {
+    const int n = static_cast<int>(std::min<int64_t>(kLaneRows, rows.end - r));
+    fn(w.lanes + r / kLaneRows * group_bytes, act, act_bytes, n_tokens, w.k, y + r, w.n_rows, n);
+  }
 }
 
 // Several matrices over the same activation rows in one pool run: part p computes its split_range
@@ -264,8 +284,14 @@ void matmuls_one_run(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs,
   if (n_parts == 0) return;
   // Each part sets up its own walks (a few table loads): no allocation per call on the decode path.
   pool.run(n_parts, [&](int part) {
-    for (const MatmulOut& o : outs)
-      TileWalk(table, *o.w, act, n_tokens, o.y).rows(split_range(o.w->n_rows, n_parts, part, kRowAlign));
+    for (const MatmulOut& o : outs) {
+      const Range rows = split_range(o.w->n_rows, n_parts, part, kRowAlign);
+      if (const LanesFn lanes = lanes_fn(table, *o.w); lanes != nullptr) {
+        lanes_rows(lanes, *o.w, act, n_tokens, o.y, rows);
+      } else {
+        TileWalk(table, *o.w, act, n_tokens, o.y).rows(rows);
+      }
+    }
   });
 }
 
@@ -273,7 +299,7 @@ void matmul_acts(ThreadPool& pool, Isa isa, const WeightMatrix& w, const uint8_t
                  float* y, std::span<uint8_t> panel_scratch) {
   if (n_tokens == 0 || w.n_rows == 0) return;
   const KernelTable& table = kernel_table(isa);
-  if (!uses_panels(table, w.type, n_tokens)) {
+  if (!uses_panels(table, w, n_tokens)) {
     const MatmulOut out{&w, y};
     matmuls_one_run(pool, isa, {&out, 1}, act, n_tokens);
     return;

@@ -26,6 +26,9 @@ struct WeightMatrix {
   const uint8_t* data = nullptr;  // [n_rows, k] type
   int64_t n_rows = 0;
   int64_t k = 0;
+  // Optional: the same values in the rows-in-lanes layout (weight_lanes.h), owned elsewhere. matmul
+  // reads it instead of data where the ISA's table has a lanes kernel for the type (same bits).
+  const uint8_t* lanes = nullptr;
 };
 
 // Scratch bytes matmul needs for n_tokens tokens of W's inner size.

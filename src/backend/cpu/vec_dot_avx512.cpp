@@ -151,6 +151,7 @@ void fill_avx512_kernels(KernelTable& t) {
     t.tile_wide[static_cast<size_t>(type)] = TileKernel{};
     t.tile_narrow[static_cast<size_t>(type)] = TileKernel{};
     t.panel[static_cast<size_t>(type)] = PanelKernel{};
+    t.lanes[static_cast<size_t>(type)] = nullptr;
   };
   set(GgmlType::kF32, dot_float<false>);
   set(GgmlType::kF16, dot_float<true>);

@@ -1,0 +1,65 @@
+// Rows in lanes: a weight matrix re-laid so that one vector register holds the same 4-element group
+// of kLaneRows consecutive rows. A one-token product then needs no per-block horizontal reduction:
+// each vector instruction advances kLaneRows rows' dots at once, and each row's float chain lives in
+// one lane. The layout is a second, owned copy of the same values, made once (pack_lanes); matmul
+// uses it where WeightMatrix::lanes is set and the ISA's table has a lanes kernel for the type, with
+// every output's bits equal to that table's vec_dot (kernels.h LanesFn).
+//
+// q8_0 (the one type with a layout so far), per group of kLaneRows rows, nb = k / 32 blocks:
+//   blocks in pairs (2p, 2p + 1), 1088 bytes each:
+//     [2][8][16][4] u8   quants: [block of the pair][4-element group][row][element] as q + 128
+//     [2][16] f16        scales: [block of the pair][row]
+//   an odd last block, 576 bytes: [8][16][4] u8 quants, [16] f16 scales, 32 bytes of padding
+// Every pair and group starts 64-byte aligned. Rows past n_rows in the last group are zero
+// (scale 0, quants 128).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "backend/cpu/matmul.h"
+#include "core/ggml_type.h"
+
+namespace kvtier::cpu {
+
+constexpr int kLaneRows = 16;
+constexpr int64_t kLanesPairBytes = 1088;  // q8_0: two blocks' quants and scales
+constexpr int64_t kLanesOddBytes = 576;    // q8_0: an odd last block, padded
+
+// Whether pack_lanes has a layout for the type.
+bool has_lanes_layout(GgmlType type);
+
+// Bytes of one group of kLaneRows rows of k elements (k a multiple of the type's block size).
+int64_t lanes_group_bytes(GgmlType type, int64_t k);
+
+// Owned, 64-byte aligned bytes of a packed matrix.
+class LanesWeights {
+ public:
+  LanesWeights(GgmlType type, int64_t n_rows, int64_t k);
+  const uint8_t* data() const { return data_.get(); }
+  uint8_t* data() { return data_.get(); }
+  size_t size() const { return size_; }
+  GgmlType type() const { return type_; }
+  int64_t n_rows() const { return n_rows_; }
+  int64_t k() const { return k_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+  GgmlType type_;
+  int64_t n_rows_ = 0;
+  int64_t k_ = 0;
+};
+
+// w's values in the lanes layout. Throws Error(kUnsupported) for a type without one.
+LanesWeights pack_lanes(const WeightMatrix& w);
+
+// Row r of a packed matrix back in its GGML layout ([row bytes of the type]): the inverse of
+// pack_lanes, for tests.
+void unpack_lanes_row(const LanesWeights& p, int64_t r, uint8_t* out);
+
+}  // namespace kvtier::cpu

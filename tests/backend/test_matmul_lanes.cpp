@@ -1,0 +1,110 @@
+// The rows-in-lanes layout (weight_lanes.h) and the kernels over it. pack_lanes must keep every
+// value (unpack gives the GGML rows back), and matmul over a packed matrix must give each output
+// the bits of the same ISA's vec_dot, as the GGML-row tiles do: the engine's exactness between KV
+// policies and across batch sizes rests on it. Shapes: rows off the 16-row group (a partial last
+// group), odd block counts (the odd last block), tokens 1 (decode) to 67, 1-3 threads; random quant
+// bytes include -128, which the layout's q + 128 offset must keep exact.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/kernels.h"
+#include "backend/cpu/matmul.h"
+#include "backend/cpu/quantize_act.h"
+#include "backend/cpu/weight_lanes.h"
+#include "core/error.h"
+#include "random_weights.h"
+
+namespace kvtier::cpu {
+namespace {
+
+std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, int threads) {
+  ThreadPool pool(threads);
+  std::vector<uint8_t> scratch(matmul_scratch_bytes(w.type, w.k, n_tokens));
+  std::vector<float> y(static_cast<size_t>(n_tokens * w.n_rows), -1.0f);  // [n_tokens, n_rows]
+  matmul(pool, isa, w, x, n_tokens, y.data(), scratch);
+  return y;
+}
+
+TEST(WeightLanes, PackKeepsEveryValue) {
+  std::mt19937 rng(5);
+  for (int64_t k : {32, 64, 96, 640}) {
+    for (int64_t n_rows : {1, 16, 37}) {
+      const auto bytes = test::random_weights(GgmlType::kQ8_0, n_rows, k, rng);
+      const WeightMatrix w{GgmlType::kQ8_0, bytes.data(), n_rows, k};
+      const LanesWeights p = pack_lanes(w);
+      EXPECT_EQ(p.size(), static_cast<size_t>((n_rows + 15) / 16 * lanes_group_bytes(GgmlType::kQ8_0, k)));
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % 64, 0u);
+      const size_t row_bytes = bytes.size() / static_cast<size_t>(n_rows);
+      std::vector<uint8_t> row(row_bytes);
+      for (int64_t r = 0; r < n_rows; ++r) {
+        unpack_lanes_row(p, r, row.data());
+        ASSERT_EQ(0, std::memcmp(row.data(), bytes.data() + r * row_bytes, row_bytes))
+            << "k=" << k << " r=" << r;
+      }
+    }
+  }
+}
+
+TEST(WeightLanes, RefusesTypesWithoutALayoutAndRaggedRows) {
+  std::mt19937 rng(6);
+  const auto bytes = test::random_weights(GgmlType::kQ4_K, 16, 256, rng);
+  EXPECT_FALSE(has_lanes_layout(GgmlType::kQ4_K));
+  try {
+    (void)pack_lanes(WeightMatrix{GgmlType::kQ4_K, bytes.data(), 16, 256});
+    FAIL() << "packed a q4_K matrix";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+  }
+  EXPECT_THROW((void)lanes_group_bytes(GgmlType::kQ8_0, 48), Error);
+}
+
+TEST(WeightLanes, Avx512TableHasTheQ8_0Kernel) {
+  if (!isa_supported(Isa::kAvx512))
+    GTEST_SKIP() << "this CPU has no AVX-512: the AVX-512 lanes kernel is not run here";
+  EXPECT_NE(kernel_table(Isa::kAvx512).lanes[static_cast<size_t>(GgmlType::kQ8_0)], nullptr);
+}
+
+TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t max_tokens = 67;
+  int kernels_run = 0;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    const bool has_kernel = kernel_table(isa).lanes[static_cast<size_t>(GgmlType::kQ8_0)] != nullptr;
+    kernels_run += has_kernel ? 1 : 0;
+    for (int64_t k : {32, 64, 96, 640, 37 * 32}) {
+      for (int64_t n_rows : {5, 16, 37, 50}) {
+        const auto bytes = test::random_weights(GgmlType::kQ8_0, n_rows, k, rng);
+        const LanesWeights p = pack_lanes(WeightMatrix{GgmlType::kQ8_0, bytes.data(), n_rows, k});
+        const WeightMatrix w{GgmlType::kQ8_0, bytes.data(), n_rows, k, p.data()};
+        const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
+        std::vector<float> x(static_cast<size_t>(max_tokens * k));  // [max_tokens, k]
+        for (float& v : x) v = normal(rng);
+        std::vector<uint8_t> act(act_row_bytes(ActFormat::kQ8_32, k));
+        for (int64_t n_tokens : {1, 2, 5, 33, 67}) {
+          for (int threads = 1; threads <= 3; ++threads) {
+            const auto y = run_matmul(isa, w, x.data(), n_tokens, threads);
+            for (int64_t t = 0; t < n_tokens; ++t) {
+              quantize_act_row(ActFormat::kQ8_32, x.data() + t * k, k, act.data());
+              for (int64_t r = 0; r < n_rows; ++r) {
+                const float want = vec_dot(isa, GgmlType::kQ8_0, bytes.data() + r * row_bytes, act.data(), k);
+                ASSERT_EQ(std::bit_cast<uint32_t>(y[t * n_rows + r]), std::bit_cast<uint32_t>(want))
+                    << isa_name(isa) << " k=" << k << " rows=" << n_rows << " tokens=" << n_tokens
+                    << " threads=" << threads << " t=" << t << " r=" << r;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if (kernels_run == 0)
+    GTEST_SKIP() << "no ISA of this CPU has a lanes kernel: only the GGML-row fallback was checked";
+}
+
+}  // namespace
+}  // namespace kvtier::cpu
