@@ -8,6 +8,7 @@
 #include "backend/cpu/float_ops.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
+#include "backend/cpu/weight_lanes.h"
 #include "core/error.h"
 #include "model/rope.h"
 
@@ -199,14 +200,8 @@ void Forward::project_kv_encoded(uint32_t l, const uint8_t* act, std::span<const
   KVTIER_ASSERT(head0 + n_heads <= lc.n_head_kv, "heads {}+{} of {}", head0, n_heads, lc.n_head_kv);
   const int64_t dk = cfg_.head_dim_k, dv = cfg_.head_dim_v;
   // The heads' rows of W_K and W_V: each output is its row's dot product, whatever the slice.
-  auto rows_of = [](const cpu::WeightMatrix& w, int64_t r0, int64_t nr) {
-    cpu::WeightMatrix s = w;
-    s.data = w.data + r0 * static_cast<int64_t>(*ggml_row_bytes(w.type, static_cast<uint64_t>(w.k)));
-    s.n_rows = nr;
-    return s;
-  };
-  const cpu::WeightMatrix wk = rows_of(L.wk, head0 * dk, n_heads * dk);
-  const cpu::WeightMatrix wv = rows_of(L.wv, head0 * dv, n_heads * dv);
+  const cpu::WeightMatrix wk = cpu::row_slice(L.wk, head0 * dk, n_heads * dk);
+  const cpu::WeightMatrix wv = cpu::row_slice(L.wv, head0 * dv, n_heads * dv);
   if (cpu::act_format_for(L.wk.type) == cpu::act_format_for(L.wv.type)) {
     cpu::matmul_rows(pool_, isa_, wk, act, n, k);
     cpu::matmul_rows(pool_, isa_, wv, act, n, v);

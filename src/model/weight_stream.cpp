@@ -63,6 +63,7 @@ void set(LayerWeights& L, const Field& f, const uint8_t* p) {
     L.*f.vec = reinterpret_cast<const float*>(p);
   } else {
     (L.*f.mat).data = p;
+    (L.*f.mat).lanes = nullptr;  // the staged bytes are GGUF rows
   }
 }
 
@@ -231,7 +232,7 @@ WeightFootprint weight_footprint(const gguf::File& file, const ModelWeights& w,
   const LayerTensors lt = layer_tensors(file, w);
   WeightFootprint f;
   f.plan = plan_of(lt, w, o);
-  f.device_bytes = f.plan.device_bytes();
+  f.device_bytes = f.plan.device_bytes() + w.lanes_extra_bytes;
   if (f.plan.streams()) {
     if (o.source == policy::WeightSource::kHost) {
       f.host_bytes = host_copy_bytes(lt, f.plan.resident_layers);
@@ -247,7 +248,8 @@ WeightStreamer::WeightStreamer(const gguf::File& file, const ModelWeights& w, co
     : w_(w), opt_(o) {
   const LayerTensors lt = layer_tensors(file, w);
   plan_ = plan_of(lt, w, o);
-  device_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kWeights, plan_.device_bytes());
+  device_ = kv::Reservation(ledger, kv::Tier::kDevice, kv::Category::kWeights,
+                            plan_.device_bytes() + w.lanes_extra_bytes);
   layers_.resize(w.layers.size());
   if (!plan_.streams()) return;
   const uint32_t first = plan_.resident_layers;

@@ -33,7 +33,7 @@ struct WeightStreamOptions {
 // What a WeightStreamer with these options reserves, per tier (predict_memory uses it).
 struct WeightFootprint {
   policy::WeightPlan plan;
-  uint64_t device_bytes = 0;  // resident weights + two staging slots
+  uint64_t device_bytes = 0;  // resident weights + two staging slots + the layers' lanes copies
   uint64_t host_bytes = 0;    // kHost: the host copy of the streamed layers (32-byte aligned tensors)
   uint64_t disk_bytes = 0;    // kFile: the streamed layers' bytes in the file
 };

@@ -117,12 +117,30 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
   return w;
 }
 
-bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
-  if (!cpu::has_lanes_layout(w.output.type) || w.output.lanes != nullptr) return false;
-  if (cpu::kernel_table(isa).lanes[static_cast<size_t>(w.output.type)] == nullptr) return false;
-  w.output_lanes = std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(w.output));
-  w.output.lanes = w.output_lanes->data();
-  return true;
+namespace {
+
+// Packs m where the table has a lanes kernel for its type; returns the copy's bytes (0: not packed).
+uint64_t pack_one(ModelWeights& w, cpu::WeightMatrix& m, const cpu::KernelTable& table) {
+  if (m.data == nullptr || m.lanes != nullptr || !cpu::has_lanes_layout(m.type) ||
+      table.lanes[static_cast<size_t>(m.type)] == nullptr)
+    return 0;
+  w.lanes.push_back(std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(m)));
+  m.lanes = w.lanes.back()->data();
+  return w.lanes.back()->size();
+}
+
+}  // namespace
+
+bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers) {
+  const cpu::KernelTable& table = cpu::kernel_table(isa);
+  const bool output = pack_one(w, w.output, table) != 0;
+  if (layers) {
+    for (LayerWeights& L : w.layers) {
+      for (cpu::WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
+        w.lanes_extra_bytes += pack_one(w, *m, table);
+    }
+  }
+  return output;
 }
 
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa) {

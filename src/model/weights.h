@@ -47,19 +47,23 @@ struct ModelWeights {
   const float* rope_freqs = nullptr;  // [n_rot / 2] f32: Llama-3 frequency factors (optional)
   std::vector<LayerWeights> layers;
   uint64_t bytes = 0;  // bytes of all tensors used
-  // The output matrix in the rows-in-lanes layout (pack_output_lanes; output.lanes points into it).
-  std::shared_ptr<const cpu::LanesWeights> output_lanes;
+  // Rows-in-lanes copies (pack_lanes; the matrices' .lanes point into them), and the bytes they hold
+  // on top of the mapped file: the layer matrices' copies (prefill still reads their GGUF rows); the
+  // output matrix's replaces its mapped pages, which load_model hands back.
+  std::vector<std::shared_ptr<const cpu::LanesWeights>> lanes;
+  uint64_t lanes_extra_bytes = 0;
 };
 
 // Finds every tensor the configuration needs. Throws Error(kInvalidFile) naming a missing tensor
 // or one of the wrong shape, Error(kUnsupported) naming a tensor of a type the CPU kernels lack.
 ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 
-// Packs the output matrix into the rows-in-lanes layout (backend/cpu/weight_lanes.h), which the CPU
-// kernels of `isa` read instead of its GGUF rows, with the same bits. Returns false, changing
-// nothing, where the type has no such layout or the ISA no kernel for it. The logits matrix is most
-// of a small model's bytes per decoded token (Gemma-3-270M: 178 of 257 MB).
-bool pack_output_lanes(ModelWeights& w, cpu::Isa isa);
+// Rows-in-lanes copies (backend/cpu/weight_lanes.h) of the matrices whose type the CPU kernels of
+// `isa` have a lanes kernel for; matmul then reads them for one-token products (decode), with the
+// same bits. The output matrix always (most of a small model's bytes per decoded token: Gemma-3-270M
+// 178 of 257 MB); the layers' matrices when `layers` (they cost their bytes again: prefill keeps
+// reading the GGUF rows). Returns whether the output matrix was packed.
+bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers);
 // Whether the CPU kernels of `isa` read the output matrix from its rows-in-lanes copy.
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa);
 

@@ -1,9 +1,10 @@
 // The rows-in-lanes layout (weight_lanes.h) and the kernels over it. pack_lanes must keep every
 // value (unpack gives the GGML rows back), and matmul over a packed matrix must give each output
 // the bits of the same ISA's vec_dot, as the GGML-row tiles do: the engine's exactness between KV
-// policies and across batch sizes rests on it. Shapes: rows off the 16-row group (a partial last
-// group), odd block counts (the odd last block), tokens 1 (decode) to 67, 1-3 threads; random quant
-// bytes include -128, which the layout's q + 128 offset must keep exact.
+// policies and across batch sizes rests on it. Types: q8_0 and the legacy 4/5-bit ones. Shapes: rows
+// off the 16-row group (a partial last group), odd block counts (q8_0's odd last block), tokens 1
+// (decode) to 67, 1-3 threads; random quant bytes include q8_0's -128, which its q + 128 offset must
+// keep exact, and every fifth-bit pattern of q5_0 / q5_1.
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -20,6 +21,9 @@
 namespace kvtier::cpu {
 namespace {
 
+const GgmlType kLanesTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
+                                GgmlType::kQ5_1};
+
 std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, int threads) {
   ThreadPool pool(threads);
   std::vector<uint8_t> scratch(matmul_scratch_bytes(w.type, w.k, n_tokens));
@@ -30,19 +34,21 @@ std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, in
 
 TEST(WeightLanes, PackKeepsEveryValue) {
   std::mt19937 rng(5);
-  for (int64_t k : {32, 64, 96, 640}) {
-    for (int64_t n_rows : {1, 16, 37}) {
-      const auto bytes = test::random_weights(GgmlType::kQ8_0, n_rows, k, rng);
-      const WeightMatrix w{GgmlType::kQ8_0, bytes.data(), n_rows, k};
-      const LanesWeights p = pack_lanes(w);
-      EXPECT_EQ(p.size(), static_cast<size_t>((n_rows + 15) / 16 * lanes_group_bytes(GgmlType::kQ8_0, k)));
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % 64, 0u);
-      const size_t row_bytes = bytes.size() / static_cast<size_t>(n_rows);
-      std::vector<uint8_t> row(row_bytes);
-      for (int64_t r = 0; r < n_rows; ++r) {
-        unpack_lanes_row(p, r, row.data());
-        ASSERT_EQ(0, std::memcmp(row.data(), bytes.data() + r * row_bytes, row_bytes))
-            << "k=" << k << " r=" << r;
+  for (GgmlType type : kLanesTypes) {
+    for (int64_t k : {32, 64, 96, 640}) {
+      for (int64_t n_rows : {1, 16, 37}) {
+        const auto bytes = test::random_weights(type, n_rows, k, rng);
+        const LanesWeights p = pack_lanes(WeightMatrix{type, bytes.data(), n_rows, k});
+        EXPECT_EQ(lanes_group_bytes(type, k) % 64, 0);
+        EXPECT_EQ(p.size(), static_cast<size_t>((n_rows + 15) / 16 * lanes_group_bytes(type, k)));
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(p.data()) % 64, 0u);
+        const size_t row_bytes = bytes.size() / static_cast<size_t>(n_rows);
+        std::vector<uint8_t> row(row_bytes);
+        for (int64_t r = 0; r < n_rows; ++r) {
+          unpack_lanes_row(p, r, row.data());
+          ASSERT_EQ(0, std::memcmp(row.data(), bytes.data() + r * row_bytes, row_bytes))
+              << ggml_type_name(type) << " k=" << k << " r=" << r;
+        }
       }
     }
   }
@@ -61,10 +67,11 @@ TEST(WeightLanes, RefusesTypesWithoutALayoutAndRaggedRows) {
   EXPECT_THROW((void)lanes_group_bytes(GgmlType::kQ8_0, 48), Error);
 }
 
-TEST(WeightLanes, Avx512TableHasTheQ8_0Kernel) {
+TEST(WeightLanes, Avx512TableHasAKernelForEveryLayout) {
   if (!isa_supported(Isa::kAvx512))
-    GTEST_SKIP() << "this CPU has no AVX-512: the AVX-512 lanes kernel is not run here";
-  EXPECT_NE(kernel_table(Isa::kAvx512).lanes[static_cast<size_t>(GgmlType::kQ8_0)], nullptr);
+    GTEST_SKIP() << "this CPU has no AVX-512: the AVX-512 lanes kernels are not run here";
+  for (GgmlType type : kLanesTypes)
+    EXPECT_NE(kernel_table(Isa::kAvx512).lanes[static_cast<size_t>(type)], nullptr) << ggml_type_name(type);
 }
 
 TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
@@ -74,27 +81,28 @@ TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
   int kernels_run = 0;
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
     if (!isa_supported(isa)) continue;
-    const bool has_kernel = kernel_table(isa).lanes[static_cast<size_t>(GgmlType::kQ8_0)] != nullptr;
-    kernels_run += has_kernel ? 1 : 0;
-    for (int64_t k : {32, 64, 96, 640, 37 * 32}) {
-      for (int64_t n_rows : {5, 16, 37, 50}) {
-        const auto bytes = test::random_weights(GgmlType::kQ8_0, n_rows, k, rng);
-        const LanesWeights p = pack_lanes(WeightMatrix{GgmlType::kQ8_0, bytes.data(), n_rows, k});
-        const WeightMatrix w{GgmlType::kQ8_0, bytes.data(), n_rows, k, p.data()};
-        const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
-        std::vector<float> x(static_cast<size_t>(max_tokens * k));  // [max_tokens, k]
-        for (float& v : x) v = normal(rng);
-        std::vector<uint8_t> act(act_row_bytes(ActFormat::kQ8_32, k));
-        for (int64_t n_tokens : {1, 2, 5, 33, 67}) {
-          for (int threads = 1; threads <= 3; ++threads) {
-            const auto y = run_matmul(isa, w, x.data(), n_tokens, threads);
-            for (int64_t t = 0; t < n_tokens; ++t) {
-              quantize_act_row(ActFormat::kQ8_32, x.data() + t * k, k, act.data());
-              for (int64_t r = 0; r < n_rows; ++r) {
-                const float want = vec_dot(isa, GgmlType::kQ8_0, bytes.data() + r * row_bytes, act.data(), k);
-                ASSERT_EQ(std::bit_cast<uint32_t>(y[t * n_rows + r]), std::bit_cast<uint32_t>(want))
-                    << isa_name(isa) << " k=" << k << " rows=" << n_rows << " tokens=" << n_tokens
-                    << " threads=" << threads << " t=" << t << " r=" << r;
+    for (GgmlType type : kLanesTypes) {
+      kernels_run += kernel_table(isa).lanes[static_cast<size_t>(type)] != nullptr ? 1 : 0;
+      for (int64_t k : {32, 64, 96, 640, 37 * 32}) {
+        for (int64_t n_rows : {5, 16, 37, 50}) {
+          const auto bytes = test::random_weights(type, n_rows, k, rng);
+          const LanesWeights p = pack_lanes(WeightMatrix{type, bytes.data(), n_rows, k});
+          const WeightMatrix w{type, bytes.data(), n_rows, k, p.data()};
+          const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
+          std::vector<float> x(static_cast<size_t>(max_tokens * k));  // [max_tokens, k]
+          for (float& v : x) v = normal(rng);
+          std::vector<uint8_t> act(act_row_bytes(ActFormat::kQ8_32, k));
+          for (int64_t n_tokens : {1, 2, 5, 33, 67}) {
+            for (int threads = 1; threads <= 3; ++threads) {
+              const auto y = run_matmul(isa, w, x.data(), n_tokens, threads);
+              for (int64_t t = 0; t < n_tokens; ++t) {
+                quantize_act_row(ActFormat::kQ8_32, x.data() + t * k, k, act.data());
+                for (int64_t r = 0; r < n_rows; ++r) {
+                  const float want = vec_dot(isa, type, bytes.data() + r * row_bytes, act.data(), k);
+                  ASSERT_EQ(std::bit_cast<uint32_t>(y[t * n_rows + r]), std::bit_cast<uint32_t>(want))
+                      << isa_name(isa) << " " << ggml_type_name(type) << " k=" << k << " rows=" << n_rows
+                      << " tokens=" << n_tokens << " threads=" << threads << " t=" << t << " r=" << r;
+                }
               }
             }
           }

@@ -422,35 +422,48 @@ TEST(SyntheticForward, BatchedStepsMatchEachSequenceAloneForEveryExactPolicy) {
   }
 }
 
-// The output matrix packed for the CPU kernels (model::pack_output_lanes, done by load_model where the
-// ISA has a kernel for its type) gives every logit the GGUF rows' bits: prefill, every-position
-// evaluation (multi-token passes) and one-token decode steps, with 1 and 2 threads.
-TEST(SyntheticForward, PackedOutputMatrixGivesTheSameLogits) {
-  const std::string f = synth_file(GgmlType::kQ8_0);
-  const auto packed = load_model(f);
-  const auto plain = load_model(f, LoadOptions{.cpu_isa = std::nullopt});
-  EXPECT_EQ(plain->weights.output.lanes, nullptr);
-  const bool has_kernel =
-      cpu::kernel_table(cpu::best_isa()).lanes[static_cast<size_t>(GgmlType::kQ8_0)] != nullptr;
-  ASSERT_EQ(packed->weights.output.lanes != nullptr, has_kernel);
-  const auto tokens = prompt(45);
-  for (int threads : {1, 2}) {
-    SessionOptions o;
-    o.threads = threads;
-    o.n_ctx = 512;
-    o.chunk = 16;
-    const auto a = all_logits(*packed, o, tokens);
-    const auto b = all_logits(*plain, o, tokens);
-    ASSERT_EQ(a.size(), b.size());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << threads << " threads";
-    const auto ga = test::greedy_logits_alone(*packed, o, tokens, 8);
-    const auto gb = test::greedy_logits_alone(*plain, o, tokens, 8);
-    ASSERT_EQ(ga.size(), gb.size());
-    EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float))) << threads << " threads";
+// Matrices packed for the CPU kernels (model::pack_lanes, done by load_model where the ISA has a
+// lanes kernel for their type: the output matrix, and the layers' unless pack_layers is off) give
+// every logit the GGUF rows' bits: every-position evaluation (prefill chunks of 16 tokens: panel
+// tiles on the GGUF rows where the type has them), and one-token decode steps, with 1 and 2 threads.
+TEST(SyntheticForward, PackedMatricesGiveTheSameLogits) {
+  bool any_kernel = false;
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {  // the synthetic types
+    const std::string f = synth_file(type);
+    const auto packed = load_model(f);
+    const auto output_only = load_model(f, LoadOptions{.pack_layers = false});
+    const auto plain = load_model(f, LoadOptions{.cpu_isa = std::nullopt});
+    EXPECT_EQ(plain->weights.output.lanes, nullptr);
+    EXPECT_EQ(plain->weights.layers[0].wq.lanes, nullptr);
+    EXPECT_EQ(output_only->weights.layers[0].wq.lanes, nullptr);
+    EXPECT_EQ(output_only->weights.lanes_extra_bytes, 0u);
+    const bool has_kernel = cpu::kernel_table(cpu::best_isa()).lanes[static_cast<size_t>(type)] != nullptr;
+    any_kernel = any_kernel || has_kernel;
+    ASSERT_EQ(packed->weights.layers[1].down.lanes != nullptr, has_kernel) << ggml_type_name(type);
+    EXPECT_EQ(packed->weights.lanes_extra_bytes > 0, has_kernel);
+    const auto tokens = prompt(45);
+    for (int threads : {1, 2}) {
+      SessionOptions o;
+      o.threads = threads;
+      o.n_ctx = 512;
+      o.chunk = 16;
+      const auto b = all_logits(*plain, o, tokens);
+      const auto gb = test::greedy_logits_alone(*plain, o, tokens, 8);
+      for (const LoadedModel* m : {packed.get(), output_only.get()}) {
+        const auto a = all_logits(*m, o, tokens);
+        ASSERT_EQ(a.size(), b.size());
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+            << ggml_type_name(type) << ", " << threads << " threads";
+        const auto ga = test::greedy_logits_alone(*m, o, tokens, 8);
+        ASSERT_EQ(ga.size(), gb.size());
+        EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)))
+            << ggml_type_name(type) << ", " << threads << " threads";
+      }
+    }
   }
-  if (!has_kernel)
+  if (!any_kernel)
     GTEST_SKIP() << "no lanes kernel on " << cpu::isa_name(cpu::best_isa())
-                 << ": the output matrix stays in GGUF rows here, so both loads ran the same path";
+                 << ": the matrices stay in GGUF rows here, so every load ran the same path";
 }
 
 }  // namespace

@@ -274,6 +274,7 @@ std::string profile_cache_path(const std::string& given) {
 
 runtime::LoadOptions load_options(const EngineArgs& a) {
   runtime::LoadOptions o;
+  o.pack_layers = a.weights_mem.empty();  // streamed layers are read from their staged GGUF rows
   if (a.backend == Backend::kCuda) {
     o.cpu_isa.reset();
   } else if (!a.isa.empty()) {

@@ -246,14 +246,16 @@ class TileWalk {
   TileKernel tile_, wide_, narrow_;
 };
 
-// The table's lanes kernel for w, where w carries the rows-in-lanes layout and the table has one.
-LanesFn lanes_fn(const KernelTable& table, const WeightMatrix& w) {
-  return w.lanes != nullptr ? table.lanes[static_cast<size_t>(w.type)] : nullptr;
+bool uses_panels(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
+  return table.panel[static_cast<size_t>(w.type)].fn != nullptr && n_tokens >= kPanelTokens;
 }
 
-bool uses_panels(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
-  return lanes_fn(table, w) == nullptr && table.panel[static_cast<size_t>(w.type)].fn != nullptr &&
-         n_tokens >= kPanelTokens;
+// The table's lanes kernel for w, where w carries the rows-in-lanes layout, the table has one, and
+// the product does not take the panel tiles (prefill reads the GGUF rows: its panel and AMX tiles
+// share each weight across 8 or more tokens, which the lanes kernels do not).
+LanesFn lanes_fn(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
+  if (w.lanes == nullptr || uses_panels(table, w, n_tokens)) return nullptr;
+  return table.lanes[static_cast<size_t>(w.type)];
 }
 
 // Every token's outputs of rows [rows.begin, rows.end) (rows.begin a multiple of kLaneRows) from the
@@ -286,7 +288,7 @@ void matmuls_one_run(ThreadPool& pool, Isa isa, std::span<const MatmulOut> outs,
   pool.run(n_parts, [&](int part) {
     for (const MatmulOut& o : outs) {
       const Range rows = split_range(o.w->n_rows, n_parts, part, kRowAlign);
-      if (const LanesFn lanes = lanes_fn(table, *o.w); lanes != nullptr) {
+      if (const LanesFn lanes = lanes_fn(table, *o.w, n_tokens); lanes != nullptr) {
         lanes_rows(lanes, *o.w, act, n_tokens, o.y, rows);
       } else {
         TileWalk(table, *o.w, act, n_tokens, o.y).rows(rows);

@@ -21,6 +21,7 @@ namespace {
 using avx512::join;
 
 constexpr int64_t kPrefetchPairs = 8;
+constexpr int64_t kPrefetchBytes = kPrefetchPairs * kLanesPairBytes;
 
 // The 4 activation bytes of group g as one i32, broadcast.
 inline __m512i group_of(const int8_t* qs, int g) {
@@ -97,10 +98,73 @@ void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
   }
 }
 
+// q4_0, q4_1, q5_0, q5_1: legacy_chain.h's chain per row, one lane each. Per block the exact integer
+// isum = dot(u, a) - (offset << sum(a)) (VPDPBUSD of the unsigned quants from nibbles, the fifth bits
+// added by a masked byte add), then s = fma(f32(isum), d * da, s), and q4_1 / q5_1's second chain
+// m = m + (m_w * da) * f32(sum(a)); the result s (+ m).
+template <bool kHighBits, bool kMins, int kOffsetShift>
+void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens,
+                  int64_t k, float* y, int64_t ldy, int rows) {
+  const int64_t nb = k / kQK;
+  const LegacyRegions at = legacy_regions(type, nb);
+  const int64_t group_bytes = lanes_group_bytes(type, k);
+  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* a = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
+    __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      // the group's bytes in order, kPrefetchBytes ahead (the regions are read at their own pace;
+      // this keeps the whole stream in flight)
+      for (int64_t o = b * group_bytes / nb / 64 * 64; o < (b + 1) * group_bytes / nb; o += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + o), _MM_HINT_T0);
+      const uint8_t* nib = w + at.nibbles + b * 256;
+      __m512i c0 =
+          kOffsetShift != 0 ? _mm512_set1_epi32(-(a[b].sum << kOffsetShift)) : _mm512_setzero_si512();
+      __m512i c1 = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; ++j) {
+        const __m512i v = _mm512_load_si512(nib + 64 * j);
+        __m512i lo = _mm512_and_si512(v, low4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+        if constexpr (kHighBits) {
+          uint64_t ml, mh;
+          std::memcpy(&ml, w + at.high_bits + b * 64 + 8 * j, 8);
+          std::memcpy(&mh, w + at.high_bits + b * 64 + 8 * (j + 4), 8);
+          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, fifth);
+          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, fifth);
+        }
+        c0 = _mm512_dpbusd_epi32(c0, lo, group_of(a[b].qs, j));
+        c1 = _mm512_dpbusd_epi32(c1, hi, group_of(a[b].qs, j + 4));
+      }
+      const __m512i isum = _mm512_add_epi32(c0, c1);
+      const __m512 da = _mm512_set1_ps(a[b].d);
+      const __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(w + at.scales + b * 32)), da);
+      s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, s);
+      if constexpr (kMins) {
+        const __m512 mw = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)), da);
+        m = _mm512_add_ps(m, _mm512_mul_ps(mw, _mm512_set1_ps(static_cast<float>(a[b].sum))));
+      }
+    }
+    if constexpr (kMins) s = _mm512_add_ps(s, m);
+    _mm512_mask_storeu_ps(y + t * ldy, keep, s);
+  }
+}
+
+template <GgmlType kType, bool kHighBits, bool kMins, int kOffsetShift>
+void lanes_legacy_of(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                     float* y, int64_t ldy, int rows) {
+  lanes_legacy<kHighBits, kMins, kOffsetShift>(kType, w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+
 }  // namespace
 
 void fill_avx512_lanes(KernelTable& t) {
   t.lanes[static_cast<size_t>(GgmlType::kQ8_0)] = lanes_q8_0;
+  t.lanes[static_cast<size_t>(GgmlType::kQ4_0)] = lanes_legacy_of<GgmlType::kQ4_0, false, false, 3>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ4_1)] = lanes_legacy_of<GgmlType::kQ4_1, false, true, 0>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ5_0)] = lanes_legacy_of<GgmlType::kQ5_0, true, false, 4>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ5_1)] = lanes_legacy_of<GgmlType::kQ5_1, true, true, 0>;
 }
 
 }  // namespace kvtier::cpu

@@ -24,10 +24,93 @@ int64_t q8_0_scales_at(int64_t b, int64_t nb) {
   return b / 2 * kLanesPairBytes + 1024 + b % 2 * 32;
 }
 
+// The legacy 4- and 5-bit types: which regions their groups have (weight_lanes.h).
+struct LegacyLanes {
+  bool high_bits = false;  // q5_0, q5_1
+  bool mins = false;       // q4_1, q5_1
+  int block_bytes = 0;     // the GGML block
+};
+LegacyLanes legacy_lanes(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return {false, false, sizeof(BlockQ4_0)};
+    case GgmlType::kQ4_1:
+      return {false, true, sizeof(BlockQ4_1)};
+    case GgmlType::kQ5_0:
+      return {true, false, sizeof(BlockQ5_0)};
+    case GgmlType::kQ5_1:
+      return {true, true, sizeof(BlockQ5_1)};
+    default:
+      return {};
+  }
+}
+
+// A GGML block's fields by offset (the four legacy layouts differ only in which are present).
+struct LegacyFields {
+  uint16_t d = 0, m = 0;
+  uint32_t qh = 0;
+  const uint8_t* qs = nullptr;
+};
+LegacyFields legacy_fields(GgmlType type, const uint8_t* blk) {
+  LegacyFields f;
+  std::memcpy(&f.d, blk, 2);
+  int at = 2;
+  if (legacy_lanes(type).mins) {
+    std::memcpy(&f.m, blk + at, 2);
+    at += 2;
+  }
+  if (legacy_lanes(type).high_bits) {
+    std::memcpy(&f.qh, blk + at, 4);
+    at += 4;
+  }
+  f.qs = blk + at;
+  return f;
+}
+
+void pack_legacy(const WeightMatrix& w, LanesWeights& out) {
+  const LegacyLanes L = legacy_lanes(w.type);
+  const int64_t nb = w.k / kQK;
+  const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
+  const LegacyRegions at = legacy_regions(w.type, nb);
+  for (int64_t g0 = 0; g0 < w.n_rows; g0 += kLaneRows) {
+    uint8_t* group = out.data() + g0 / kLaneRows * group_bytes;
+    std::memset(group, 0, static_cast<size_t>(group_bytes));  // padding rows: scale 0, quants 0
+    for (int r = 0; r < kLaneRows && g0 + r < w.n_rows; ++r) {
+      const uint8_t* row = w.data + (g0 + r) * nb * L.block_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const LegacyFields f = legacy_fields(w.type, row + b * L.block_bytes);
+        for (int j = 0; j < 4; ++j)  // bytes 4j..4j+3 of qs: elements 4j+e (low) and 16+4j+e (high)
+          std::memcpy(group + at.nibbles + b * 256 + j * 64 + r * 4, f.qs + 4 * j, 4);
+        if (L.high_bits) {
+          for (int g = 0; g < 8; ++g) {
+            uint64_t mask;
+            std::memcpy(&mask, group + at.high_bits + b * 64 + g * 8, 8);
+            mask |= uint64_t{(f.qh >> (4 * g)) & 0xFu} << (4 * r);
+            std::memcpy(group + at.high_bits + b * 64 + g * 8, &mask, 8);
+          }
+        }
+        std::memcpy(group + at.scales + b * 32 + 2 * r, &f.d, 2);
+        if (L.mins) std::memcpy(group + at.mins + b * 32 + 2 * r, &f.m, 2);
+      }
+    }
+  }
+}
+
 }  // namespace
 
+LegacyRegions legacy_regions(GgmlType type, int64_t nb) {
+  const LegacyLanes L = legacy_lanes(type);
+  LegacyRegions at;
+  at.nibbles = 0;
+  at.high_bits = nb * 256;
+  at.scales = at.high_bits + (L.high_bits ? nb * 64 : 0);
+  at.mins = at.scales + nb * 32;
+  at.end = at.mins + (L.mins ? nb * 32 : 0);
+  return at;
+}
+
 bool has_lanes_layout(GgmlType type) {
-  return type == GgmlType::kQ8_0;
+  return type == GgmlType::kQ8_0 || legacy_lanes(type).block_bytes != 0;
 }
 
 int64_t lanes_group_bytes(GgmlType type, int64_t k) {
@@ -37,6 +120,7 @@ int64_t lanes_group_bytes(GgmlType type, int64_t k) {
     fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", k,
          ggml_type_name(type));
   const int64_t nb = k / kQK;
+  if (type != GgmlType::kQ8_0) return static_cast<int64_t>(round_up(legacy_regions(type, nb).end, 64));
   return nb / 2 * kLanesPairBytes + nb % 2 * kLanesOddBytes;
 }
 
@@ -58,8 +142,23 @@ LanesWeights::LanesWeights(GgmlType type, int64_t n_rows, int64_t k) : type_(typ
   }
 }
 
+WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows) {
+  KVTIER_ASSERT(r0 >= 0 && n_rows >= 0 && r0 + n_rows <= w.n_rows, "rows {}+{} of {}", r0, n_rows, w.n_rows);
+  WeightMatrix s = w;
+  s.data = w.data + r0 * static_cast<int64_t>(*ggml_row_bytes(w.type, static_cast<uint64_t>(w.k)));
+  s.n_rows = n_rows;
+  s.lanes = w.lanes != nullptr && r0 % kLaneRows == 0
+                ? w.lanes + r0 / kLaneRows * lanes_group_bytes(w.type, w.k)
+                : nullptr;
+  return s;
+}
+
 LanesWeights pack_lanes(const WeightMatrix& w) {
   LanesWeights out(w.type, w.n_rows, w.k);  // checks the type and k
+  if (w.type != GgmlType::kQ8_0) {
+    pack_legacy(w, out);
+    return out;
+  }
   const int64_t nb = w.k / kQK;
   const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
   const auto* rows = reinterpret_cast<const BlockQ8_0*>(w.data);  // [n_rows, nb]
@@ -91,6 +190,33 @@ void unpack_lanes_row(const LanesWeights& p, int64_t r, uint8_t* out) {
   const int64_t nb = p.k() / kQK;
   const uint8_t* group = p.data() + r / kLaneRows * lanes_group_bytes(p.type(), p.k());
   const int lane = static_cast<int>(r % kLaneRows);
+  if (p.type() != GgmlType::kQ8_0) {
+    const LegacyLanes L = legacy_lanes(p.type());
+    const LegacyRegions at = legacy_regions(p.type(), nb);
+    for (int64_t b = 0; b < nb; ++b) {
+      uint8_t* blk = out + b * L.block_bytes;
+      int field = 0;
+      std::memcpy(blk, group + at.scales + b * 32 + 2 * lane, 2);
+      field += 2;
+      if (L.mins) {
+        std::memcpy(blk + field, group + at.mins + b * 32 + 2 * lane, 2);
+        field += 2;
+      }
+      if (L.high_bits) {
+        uint32_t qh = 0;
+        for (int g = 0; g < 8; ++g) {
+          uint64_t mask;
+          std::memcpy(&mask, group + at.high_bits + b * 64 + g * 8, 8);
+          qh |= static_cast<uint32_t>((mask >> (4 * lane)) & 0xFu) << (4 * g);
+        }
+        std::memcpy(blk + field, &qh, 4);
+        field += 4;
+      }
+      for (int j = 0; j < 4; ++j)
+        std::memcpy(blk + field + 4 * j, group + at.nibbles + b * 256 + j * 64 + lane * 4, 4);
+    }
+    return;
+  }
   auto* x = reinterpret_cast<BlockQ8_0*>(out);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* q = group + q8_0_quants_at(b);

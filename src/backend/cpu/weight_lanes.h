@@ -12,6 +12,15 @@
 //   an odd last block, 576 bytes: [8][16][4] u8 quants, [16] f16 scales, 32 bytes of padding
 // Every pair and group starts 64-byte aligned. Rows past n_rows in the last group are zero
 // (scale 0, quants 128).
+//
+// q4_0, q4_1, q5_0, q5_1 (quants u = q + offset, unsigned: 0..15 or 0..31), per group, in regions
+// (legacy_regions):
+//   nibbles   [nb][4][16][4] u8   vector j: bytes 4j..4j+3 of each row's qs, i.e. elements 4j + e in
+//                                 the low nibbles and 16 + 4j + e in the high ones (GGML's order)
+//   high_bits [nb][8] u64         q5 only: bit 4r + e of word g = the fifth bit of element 4g + e of row r
+//   scales    [nb][16] f16
+//   mins      [nb][16] f16        q4_1 / q5_1 only
+// the group rounded up to 64 bytes. Padding rows are zero (scale 0).
 #pragma once
 
 #include <cstddef>
@@ -26,6 +35,12 @@ namespace kvtier::cpu {
 constexpr int kLaneRows = 16;
 constexpr int64_t kLanesPairBytes = 1088;  // q8_0: two blocks' quants and scales
 constexpr int64_t kLanesOddBytes = 576;    // q8_0: an odd last block, padded
+
+// Byte offsets of a legacy type's regions within a group of nb blocks (end: the unrounded size).
+struct LegacyRegions {
+  int64_t nibbles = 0, high_bits = 0, scales = 0, mins = 0, end = 0;
+};
+LegacyRegions legacy_regions(GgmlType type, int64_t nb);
 
 // Whether pack_lanes has a layout for the type.
 bool has_lanes_layout(GgmlType type);
@@ -54,6 +69,10 @@ class LanesWeights {
   int64_t n_rows_ = 0;
   int64_t k_ = 0;
 };
+
+// Rows [r0, r0 + n_rows) of w, as a matrix of their own: its lanes copy too where r0 starts a group
+// of kLaneRows rows, else none (the GGUF rows are used).
+WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows);
 
 // w's values in the lanes layout. Throws Error(kUnsupported) for a type without one.
 LanesWeights pack_lanes(const WeightMatrix& w);
