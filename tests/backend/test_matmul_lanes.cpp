@@ -1,7 +1,8 @@
 // The rows-in-lanes layout (weight_lanes.h) and the kernels over it. pack_lanes must keep every
 // value (unpack gives the GGML rows back), and matmul over a packed matrix must give each output
 // the bits of the same ISA's vec_dot, as the GGML-row tiles do: the engine's exactness between KV
-// policies and across batch sizes rests on it. Types: q8_0 and the legacy 4/5-bit ones. Shapes: rows
+// policies and across batch sizes rests on it. Types: q8_0, the legacy 4/5-bit ones, q4_K and q6_K
+// (random scale bytes: every 6-bit scale and min, every signed q6_K scale). Shapes: rows
 // off the 16-row group (a partial last group), odd block counts (q8_0's odd last block), tokens 1
 // (decode) to 67, 1-3 threads; random quant bytes include q8_0's -128, which its q + 128 offset must
 // keep exact, and every fifth-bit pattern of q5_0 / q5_1.
@@ -22,7 +23,14 @@ namespace kvtier::cpu {
 namespace {
 
 const GgmlType kLanesTypes[] = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0,
-                                GgmlType::kQ5_1};
+                                GgmlType::kQ5_1, GgmlType::kQ4_K, GgmlType::kQ6_K};
+
+// Inner sizes: 1, 2, 3 blocks, Gemma-3's 640, an odd 37 (legacy); 1, 2, 3, 8 super-blocks (K-quants).
+std::vector<int64_t> inner_sizes(GgmlType type, bool wide) {
+  if (ggml_traits(type).block_size == 256)
+    return wide ? std::vector<int64_t>{256, 512, 768, 2048} : std::vector<int64_t>{256, 768};
+  return wide ? std::vector<int64_t>{32, 64, 96, 640, 37 * 32} : std::vector<int64_t>{32, 64, 96, 640};
+}
 
 std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, int threads) {
   ThreadPool pool(threads);
@@ -35,7 +43,7 @@ std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, in
 TEST(WeightLanes, PackKeepsEveryValue) {
   std::mt19937 rng(5);
   for (GgmlType type : kLanesTypes) {
-    for (int64_t k : {32, 64, 96, 640}) {
+    for (int64_t k : inner_sizes(type, false)) {
       for (int64_t n_rows : {1, 16, 37}) {
         const auto bytes = test::random_weights(type, n_rows, k, rng);
         const LanesWeights p = pack_lanes(WeightMatrix{type, bytes.data(), n_rows, k});
@@ -56,15 +64,16 @@ TEST(WeightLanes, PackKeepsEveryValue) {
 
 TEST(WeightLanes, RefusesTypesWithoutALayoutAndRaggedRows) {
   std::mt19937 rng(6);
-  const auto bytes = test::random_weights(GgmlType::kQ4_K, 16, 256, rng);
-  EXPECT_FALSE(has_lanes_layout(GgmlType::kQ4_K));
+  const auto bytes = test::random_weights(GgmlType::kQ5_K, 16, 256, rng);
+  EXPECT_FALSE(has_lanes_layout(GgmlType::kQ5_K));
   try {
-    (void)pack_lanes(WeightMatrix{GgmlType::kQ4_K, bytes.data(), 16, 256});
-    FAIL() << "packed a q4_K matrix";
+    (void)pack_lanes(WeightMatrix{GgmlType::kQ5_K, bytes.data(), 16, 256});
+    FAIL() << "packed a q5_K matrix";
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
   }
   EXPECT_THROW((void)lanes_group_bytes(GgmlType::kQ8_0, 48), Error);
+  EXPECT_THROW((void)lanes_group_bytes(GgmlType::kQ6_K, 640), Error);
 }
 
 TEST(WeightLanes, Avx512TableHasAKernelForEveryLayout) {
@@ -83,7 +92,7 @@ TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
     if (!isa_supported(isa)) continue;
     for (GgmlType type : kLanesTypes) {
       kernels_run += kernel_table(isa).lanes[static_cast<size_t>(type)] != nullptr ? 1 : 0;
-      for (int64_t k : {32, 64, 96, 640, 37 * 32}) {
+      for (int64_t k : inner_sizes(type, true)) {
         for (int64_t n_rows : {5, 16, 37, 50}) {
           const auto bytes = test::random_weights(type, n_rows, k, rng);
           const LanesWeights p = pack_lanes(WeightMatrix{type, bytes.data(), n_rows, k});
@@ -91,12 +100,13 @@ TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
           const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
           std::vector<float> x(static_cast<size_t>(max_tokens * k));  // [max_tokens, k]
           for (float& v : x) v = normal(rng);
-          std::vector<uint8_t> act(act_row_bytes(ActFormat::kQ8_32, k));
+          const ActFormat f = act_format_for(type);
+          std::vector<uint8_t> act(act_row_bytes(f, k));
           for (int64_t n_tokens : {1, 2, 5, 33, 67}) {
-            for (int threads = 1; threads <= 3; ++threads) {
+            for (int threads : {1, 3}) {
               const auto y = run_matmul(isa, w, x.data(), n_tokens, threads);
               for (int64_t t = 0; t < n_tokens; ++t) {
-                quantize_act_row(ActFormat::kQ8_32, x.data() + t * k, k, act.data());
+                quantize_act_row(f, x.data() + t * k, k, act.data());
                 for (int64_t r = 0; r < n_rows; ++r) {
                   const float want = vec_dot(isa, type, bytes.data() + r * row_bytes, act.data(), k);
                   ASSERT_EQ(std::bit_cast<uint32_t>(y[t * n_rows + r]), std::bit_cast<uint32_t>(want))

@@ -157,9 +157,112 @@ void lanes_legacy_of(const uint8_t* w, const uint8_t* act, int64_t act_bytes, in
   lanes_legacy<kHighBits, kMins, kOffsetShift>(kType, w, act, act_bytes, n_tokens, k, y, ldy, rows);
 }
 
+// The group's bytes [from, to) kPrefetchBytes ahead, one line at a time.
+inline void prefetch_span(const uint8_t* w, int64_t from, int64_t to) {
+  for (int64_t o = from / 64 * 64; o < to; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + o), _MM_HINT_T0);
+}
+
+// 16 rows' u8 (or, kSigned, i8) values at p as 16 x i32.
+template <bool kSigned = false>
+inline __m512i widen16(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return kSigned ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+}
+
+// q4_K: vec_dot_avx512.cpp's dot_q4_k per row. Per super-block the exact integers
+// isum = sum_j sc_j * dot(q_j, a_j) and msum = sum_j mn_j * (32-element sum of a_j), then
+// s += (d * da) * f32(isum) - (dmin * da) * f32(msum).
+void lanes_q4_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                float* y, int64_t ldy, int rows) {
+  const int64_t nb = k / kQKK;
+  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* a = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* sb = w + b * kQ4KLanesBytes;
+      prefetch_span(sb, 0, kQ4KLanesBytes);
+      __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        __m512i lo_dot = _mm512_setzero_si512(), hi_dot = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+          const __m512i v = _mm512_load_si512(sb + (8 * c + g) * 64);
+          lo_dot = _mm512_dpbusd_epi32(lo_dot, _mm512_and_si512(v, low4), group_of(a[b].qs + 64 * c, g));
+          hi_dot = _mm512_dpbusd_epi32(hi_dot, _mm512_and_si512(_mm512_srli_epi16(v, 4), low4),
+                                       group_of(a[b].qs + 64 * c + 32, g));
+        }
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo_dot, widen16(sb + 2048 + 16 * (2 * c))));
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi_dot, widen16(sb + 2048 + 16 * (2 * c + 1))));
+      }
+#pragma GCC unroll 8
+      for (int j = 0; j < 8; ++j) {
+        const int bsum = a[b].bsums[2 * j] + a[b].bsums[2 * j + 1];
+        msum =
+            _mm512_add_epi32(msum, _mm512_mullo_epi32(widen16(sb + 2176 + 16 * j), _mm512_set1_epi32(bsum)));
+      }
+      const __m512 da = _mm512_set1_ps(a[b].d);
+      const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(sb + 2304)), da);
+      const __m512 dm = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(sb + 2336)), da);
+      s = _mm512_add_ps(s, _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum)),
+                                         _mm512_mul_ps(dm, _mm512_cvtepi32_ps(msum))));
+    }
+    _mm512_mask_storeu_ps(y + t * ldy, keep, s);
+  }
+}
+
+// q6_K: dot_q6_k per row. Per super-block the exact integer
+// total = sum_j sc_j * (dot(q_j + 32, a_j) - 32 * (16-element sum of a_j)), each sub-block's dot
+// started at -32 * its sum, then s += (d * da) * f32(total).
+void lanes_q6_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                float* y, int64_t ldy, int rows) {
+  const int64_t nb = k / kQKK;
+  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const auto* a = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* sb = w + b * kQ6KLanesBytes;
+      prefetch_span(sb, 0, kQ6KLanesBytes);
+      __m512i total = _mm512_setzero_si512();
+      // sub-block j: elements 16j .. 16j + 15, half h = j / 8, bit pair p = (j % 8) / 2, its 4
+      // groups the qh vectors gh = 4 (j % 2) .. + 3 and the ql vectors gh (+ 8 for odd p)
+#pragma GCC unroll 2
+      for (int j = 0; j < 16; ++j) {
+        const int h = j / 8, p = (j % 8) / 2;
+        __m512i dot = _mm512_set1_epi32(-32 * a[b].bsums[j]);
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const int gh = 4 * (j % 2) + i;
+          const __m512i ql = _mm512_loadu_si512(sb + (16 * h + gh + 8 * (p % 2)) * 64);
+          const __m512i qh = _mm512_loadu_si512(sb + 2048 + (8 * h + gh) * 64);
+          const __m512i lo =
+              p < 2 ? _mm512_and_si512(ql, low4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
+          // bits 2p, 2p + 1 of qh to bits 4, 5
+          const __m512i hb = p == 0   ? _mm512_slli_epi16(qh, 4)
+                             : p == 1 ? _mm512_slli_epi16(qh, 2)
+                             : p == 2 ? qh
+                                      : _mm512_srli_epi16(qh, 2);
+          const __m512i q = _mm512_or_si512(lo, _mm512_and_si512(hb, bits45));
+          dot = _mm512_dpbusd_epi32(dot, q, group_of(a[b].qs + 16 * j, i));
+        }
+        total = _mm512_add_epi32(total, _mm512_mullo_epi32(dot, widen16<true>(sb + 3072 + 16 * j)));
+      }
+      const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(sb + 3328)), _mm512_set1_ps(a[b].d));
+      s = _mm512_add_ps(s, _mm512_mul_ps(dd, _mm512_cvtepi32_ps(total)));
+    }
+    _mm512_mask_storeu_ps(y + t * ldy, keep, s);
+  }
+}
+
 }  // namespace
 
 void fill_avx512_lanes(KernelTable& t) {
+  t.lanes[static_cast<size_t>(GgmlType::kQ4_K)] = lanes_q4_k;
+  t.lanes[static_cast<size_t>(GgmlType::kQ6_K)] = lanes_q6_k;
   t.lanes[static_cast<size_t>(GgmlType::kQ8_0)] = lanes_q8_0;
   t.lanes[static_cast<size_t>(GgmlType::kQ4_0)] = lanes_legacy_of<GgmlType::kQ4_0, false, false, 3>;
   t.lanes[static_cast<size_t>(GgmlType::kQ4_1)] = lanes_legacy_of<GgmlType::kQ4_1, false, true, 0>;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "backend/cpu/block_unpack.h"
 #include "backend/cpu/blocks.h"
 #include "core/align.h"
 #include "core/error.h"
@@ -67,6 +68,83 @@ LegacyFields legacy_fields(GgmlType type, const uint8_t* blk) {
   return f;
 }
 
+// q4_K / q6_K: each row's super-blocks into the group's slots (weight_lanes.h).
+void pack_kquant(const WeightMatrix& w, LanesWeights& out) {
+  const int64_t nb = w.k / kQKK;
+  const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
+  const bool q4 = w.type == GgmlType::kQ4_K;
+  const int64_t sb_bytes = q4 ? kQ4KLanesBytes : kQ6KLanesBytes;
+  const size_t block = q4 ? sizeof(BlockQ4_K) : sizeof(BlockQ6_K);
+  for (int64_t g0 = 0; g0 < w.n_rows; g0 += kLaneRows) {
+    uint8_t* group = out.data() + g0 / kLaneRows * group_bytes;
+    std::memset(group, 0, static_cast<size_t>(group_bytes));  // padding rows: scales 0
+    for (int r = 0; r < kLaneRows && g0 + r < w.n_rows; ++r) {
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* src = w.data + ((g0 + r) * nb + b) * static_cast<int64_t>(block);
+        uint8_t* sb = group + b * sb_bytes;
+        if (q4) {
+          BlockQ4_K x;
+          std::memcpy(&x, src, sizeof(x));
+          for (int v = 0; v < 32; ++v) std::memcpy(sb + v * 64 + r * 4, x.qs + 4 * v, 4);
+          uint8_t sc[8], mn[8];
+          unpack_scales_mins_k4(x.scales, sc, mn);
+          for (int j = 0; j < 8; ++j) {
+            sb[2048 + j * 16 + r] = sc[j];
+            sb[2048 + 128 + j * 16 + r] = mn[j];
+          }
+          std::memcpy(sb + 2304 + 2 * r, &x.d, 2);
+          std::memcpy(sb + 2336 + 2 * r, &x.dmin, 2);
+        } else {
+          BlockQ6_K x;
+          std::memcpy(&x, src, sizeof(x));
+          for (int v = 0; v < 32; ++v) std::memcpy(sb + v * 64 + r * 4, x.ql + 4 * v, 4);
+          for (int v = 0; v < 16; ++v) std::memcpy(sb + 2048 + v * 64 + r * 4, x.qh + 4 * v, 4);
+          for (int j = 0; j < 16; ++j) sb[3072 + j * 16 + r] = static_cast<uint8_t>(x.scales[j]);
+          std::memcpy(sb + 3328 + 2 * r, &x.d, 2);
+        }
+      }
+    }
+  }
+}
+
+// The inverse of pack_kquant for row r (tests): the q4_K scales go back into GGML's 12-byte form.
+void unpack_kquant_row(const LanesWeights& p, int64_t r, uint8_t* out) {
+  const int64_t nb = p.k() / kQKK;
+  const bool q4 = p.type() == GgmlType::kQ4_K;
+  const int64_t sb_bytes = q4 ? kQ4KLanesBytes : kQ6KLanesBytes;
+  const uint8_t* group = p.data() + r / kLaneRows * lanes_group_bytes(p.type(), p.k());
+  const int lane = static_cast<int>(r % kLaneRows);
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = group + b * sb_bytes;
+    if (q4) {
+      BlockQ4_K x;
+      for (int v = 0; v < 32; ++v) std::memcpy(x.qs + 4 * v, sb + v * 64 + lane * 4, 4);
+      uint8_t sc[8], mn[8];
+      for (int j = 0; j < 8; ++j) {
+        sc[j] = sb[2048 + j * 16 + lane];
+        mn[j] = sb[2048 + 128 + j * 16 + lane];
+      }
+      // GGML's packing: sub-blocks 0-3 in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins); 4-7
+      // as nibbles of bytes 8-11 with their top 2 bits in the top bits of bytes 0-7.
+      for (int j = 0; j < 4; ++j) {
+        x.scales[j] = static_cast<uint8_t>((sc[j] & 63) | ((sc[j + 4] >> 4) << 6));
+        x.scales[j + 4] = static_cast<uint8_t>((mn[j] & 63) | ((mn[j + 4] >> 4) << 6));
+        x.scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 15) | ((mn[j + 4] & 15) << 4));
+      }
+      std::memcpy(&x.d, sb + 2304 + 2 * lane, 2);
+      std::memcpy(&x.dmin, sb + 2336 + 2 * lane, 2);
+      std::memcpy(out + b * static_cast<int64_t>(sizeof(x)), &x, sizeof(x));
+    } else {
+      BlockQ6_K x;
+      for (int v = 0; v < 32; ++v) std::memcpy(x.ql + 4 * v, sb + v * 64 + lane * 4, 4);
+      for (int v = 0; v < 16; ++v) std::memcpy(x.qh + 4 * v, sb + 2048 + v * 64 + lane * 4, 4);
+      for (int j = 0; j < 16; ++j) x.scales[j] = static_cast<int8_t>(sb[3072 + j * 16 + lane]);
+      std::memcpy(&x.d, sb + 3328 + 2 * lane, 2);
+      std::memcpy(out + b * static_cast<int64_t>(sizeof(x)), &x, sizeof(x));
+    }
+  }
+}
+
 void pack_legacy(const WeightMatrix& w, LanesWeights& out) {
   const LegacyLanes L = legacy_lanes(w.type);
   const int64_t nb = w.k / kQK;
@@ -110,15 +188,20 @@ LegacyRegions legacy_regions(GgmlType type, int64_t nb) {
 }
 
 bool has_lanes_layout(GgmlType type) {
-  return type == GgmlType::kQ8_0 || legacy_lanes(type).block_bytes != 0;
+  return type == GgmlType::kQ8_0 || type == GgmlType::kQ4_K || type == GgmlType::kQ6_K ||
+         legacy_lanes(type).block_bytes != 0;
 }
 
 int64_t lanes_group_bytes(GgmlType type, int64_t k) {
   if (!has_lanes_layout(type))
     fail(ErrorKind::kUnsupported, "no rows-in-lanes layout for {} weights", ggml_type_name(type));
-  if (k <= 0 || k % kQK != 0)
+  const int64_t block = ggml_traits(type).block_size;
+  if (k <= 0 || k % block != 0)
     fail(ErrorKind::kInvalidArgument, "inner size {} is not a multiple of the {} block size", k,
          ggml_type_name(type));
+  if (type == GgmlType::kQ4_K) return k / kQKK * kQ4KLanesBytes;
+  if (type == GgmlType::kQ6_K)
+    return static_cast<int64_t>(round_up(static_cast<uint64_t>(k / kQKK * kQ6KLanesBytes), 64));
   const int64_t nb = k / kQK;
   if (type != GgmlType::kQ8_0) return static_cast<int64_t>(round_up(legacy_regions(type, nb).end, 64));
   return nb / 2 * kLanesPairBytes + nb % 2 * kLanesOddBytes;
@@ -155,6 +238,10 @@ WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows) {
 
 LanesWeights pack_lanes(const WeightMatrix& w) {
   LanesWeights out(w.type, w.n_rows, w.k);  // checks the type and k
+  if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K) {
+    pack_kquant(w, out);
+    return out;
+  }
   if (w.type != GgmlType::kQ8_0) {
     pack_legacy(w, out);
     return out;
@@ -190,6 +277,10 @@ void unpack_lanes_row(const LanesWeights& p, int64_t r, uint8_t* out) {
   const int64_t nb = p.k() / kQK;
   const uint8_t* group = p.data() + r / kLaneRows * lanes_group_bytes(p.type(), p.k());
   const int lane = static_cast<int>(r % kLaneRows);
+  if (p.type() == GgmlType::kQ4_K || p.type() == GgmlType::kQ6_K) {
+    unpack_kquant_row(p, r, out);
+    return;
+  }
   if (p.type() != GgmlType::kQ8_0) {
     const LegacyLanes L = legacy_lanes(p.type());
     const LegacyRegions at = legacy_regions(p.type(), nb);

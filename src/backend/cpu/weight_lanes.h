@@ -21,6 +21,17 @@
 //   scales    [nb][16] f16
 //   mins      [nb][16] f16        q4_1 / q5_1 only
 // the group rounded up to 64 bytes. Padding rows are zero (scale 0).
+//
+// q4_K, per group, per super-block of 256 (kQ4KLanesBytes, 64-byte multiples):
+//   nibbles [4][8][16][4] u8   vector (c, g): bytes 32c + 4g .. + 3 of each row's qs: the low nibbles
+//                              are sub-block 2c's group g, the high ones sub-block 2c + 1's
+//   scales  [8][16] u8, mins [8][16] u8 (unpacked from the 12 bytes), d [16] f16, dmin [16] f16
+// q6_K, per group, per super-block (kQ6KLanesBytes; the group rounded up to 64 bytes):
+//   ql [2][16][16][4] u8       vector (h, g): bytes 64h + 4g .. + 3 of each row's ql: low nibbles are
+//                              elements 128h + 4g + e, high ones 128h + 64 + 4g + e
+//   qh [2][8][16][4] u8        vector (h, g): bytes 32h + 4g .. + 3 of each row's qh: bit pair p holds
+//                              elements 128h + 32p + 4g + e
+//   scales [16][16] i8, d [16] f16
 #pragma once
 
 #include <cstddef>
@@ -33,8 +44,10 @@
 namespace kvtier::cpu {
 
 constexpr int kLaneRows = 16;
-constexpr int64_t kLanesPairBytes = 1088;  // q8_0: two blocks' quants and scales
-constexpr int64_t kLanesOddBytes = 576;    // q8_0: an odd last block, padded
+constexpr int64_t kLanesPairBytes = 1088;                       // q8_0: two blocks' quants and scales
+constexpr int64_t kLanesOddBytes = 576;                         // q8_0: an odd last block, padded
+constexpr int64_t kQ4KLanesBytes = 2048 + 128 + 128 + 32 + 32;  // q4_K: one super-block of 16 rows
+constexpr int64_t kQ6KLanesBytes = 2048 + 1024 + 256 + 32;      // q6_K: one super-block of 16 rows
 
 // Byte offsets of a legacy type's regions within a group of nb blocks (end: the unrounded size).
 struct LegacyRegions {
