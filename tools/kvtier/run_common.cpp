@@ -200,6 +200,10 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
                   "compute-local memory for weights, e.g. 200MiB: the leading layers that fit stay resident "
                   "beside two staging buffers, the others are streamed into them on every pass, layer l+1 "
                   "while layer l computes (exact); default: all weights resident");
+  cmd->add_flag("--no-layer-lanes", a.no_layer_lanes,
+                "keep the layers' matrices in their GGUF rows only: no second, rows-in-lanes copy for the "
+                "one-token kernels (decode is slower; the copy costs the layers' bytes again, shown as "
+                "device weights). Implied by --weights-mem");
   cmd->add_option("--weights-from", a.weights_from,
                   "where streamed layers come from: host (a copy in host memory, counted against "
                   "--host-mem) or file (read from the GGUF file on every pass, O_DIRECT where the file "
@@ -274,7 +278,7 @@ std::string profile_cache_path(const std::string& given) {
 
 runtime::LoadOptions load_options(const EngineArgs& a) {
   runtime::LoadOptions o;
-  o.pack_layers = a.weights_mem.empty();  // streamed layers are read from their staged GGUF rows
+  o.pack_layers = a.weights_mem.empty() && !a.no_layer_lanes;  // streamed layers: their staged GGUF rows
   if (a.backend == Backend::kCuda) {
     o.cpu_isa.reset();
   } else if (!a.isa.empty()) {

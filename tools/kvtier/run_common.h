@@ -48,6 +48,7 @@ struct EngineArgs {
   // and where streamed layers come from.
   std::string weights_mem;
   policy::WeightSource weights_from = policy::WeightSource::kHost;
+  bool no_layer_lanes = false;  // --no-layer-lanes: no rows-in-lanes copies of the layers' matrices
 };
 
 struct SampleArgs {
@@ -76,7 +77,8 @@ enum class LocretHeads { kRequired, kIfGiven };
 runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelConfig& cfg,
                                         int64_t ctx_needed, LocretHeads heads = LocretHeads::kRequired);
 // How the engine's model is loaded: its weights laid out for the CPU path --isa names (the best one
-// by default; the layers' matrices only without --weights-mem), or left as mapped for --backend cuda.
+// by default; the layers' matrices unless --weights-mem or --no-layer-lanes), or left as mapped for
+// --backend cuda.
 runtime::LoadOptions load_options(const EngineArgs& a);
 // The KV policy `spec` names, --kv-type giving the representation it leaves out (a spec that names
 // another representation than an explicit --kv-type is an error).
