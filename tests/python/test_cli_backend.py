@@ -1,6 +1,6 @@
 """--backend and --device-mem: clear errors wherever the CUDA path cannot run (a build without CUDA,
 a machine without a GPU, a command that has no CUDA path yet), and the CPU path unchanged."""
-from kvtier_testlib import model, run
+from kvtier_testlib import model, run, run_json
 
 
 def has_gpu() -> bool:
@@ -60,3 +60,24 @@ def test_cpu_backend_is_the_default_and_unchanged():
     a = run("run", "-m", model("smollm2"), "-p", "Hello", "-n", "4", "--temp", "0", "--json")
     b = run("run", "-m", model("smollm2"), "-p", "Hello", "-n", "4", "--temp", "0", "--json", "--backend", "cpu")
     assert a.stdout.split('"tokens":')[1].split("]")[0] == b.stdout.split('"tokens":')[1].split("]")[0]
+
+
+def test_layer_lanes_cost_their_bytes_and_change_no_token():
+    """The AVX-512 path's rows-in-lanes copies of the layers' matrices (README `--no-layer-lanes`): the
+    same tokens and logits digest either way; where the copy is made, its bytes show as device weights
+    in `run --json` and in `kvtier plan`'s prediction, and --no-layer-lanes or --weights-mem leave it out."""
+    args = ["-m", model("gemma3"), "-p", "The printing press", "-n", "6", "--ctx", "256", "--json"]
+    with_lanes = run_json("run", *args, "--logits-digest")
+    without = run_json("run", *args, "--logits-digest", "--no-layer-lanes")
+    assert with_lanes["tokens"] == without["tokens"]
+    assert with_lanes["logits_digest"] == without["logits_digest"]
+    w_with = with_lanes["peak_memory_bytes"]["device"]["weights"]
+    w_without = without["peak_memory_bytes"]["device"]["weights"]
+    if with_lanes["output_lanes"]:  # a CPU path with lanes kernels (AVX-512)
+        assert w_with > w_without, (w_with, w_without)
+    else:
+        assert w_with == w_without
+    plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json")
+    assert plan["engine"]["policies"][0]["memory"]["device"]["weights"] == w_with
+    plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json", "--no-layer-lanes")
+    assert plan["engine"]["policies"][0]["memory"]["device"]["weights"] == w_without
