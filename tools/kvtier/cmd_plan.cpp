@@ -49,6 +49,7 @@ struct PlanArgs {
   std::string locret_heads;  // with -m: checked against the model when given; locret's KV needs none
   std::string weights_mem;   // with -m: weight budget (streamed layers), as for run
   policy::WeightSource weights_from = policy::WeightSource::kHost;
+  bool no_layer_lanes = false;  // with -m: as for run
 };
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
@@ -185,6 +186,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.locret_heads = a.locret_heads;
     e.engine.weights_mem = a.weights_mem;
     e.engine.weights_from = a.weights_from;
+    e.engine.no_layer_lanes = a.no_layer_lanes;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     e.link_bytes_per_s = a.link_gbps * 1e9;
     engine = plan_engine(e, a.json);
@@ -255,6 +257,8 @@ void add_plan(CLI::App& app, Runner& run) {
       ->transform(CLI::CheckedTransformer(std::map<std::string, policy::WeightSource>{
           {"host", policy::WeightSource::kHost}, {"file", policy::WeightSource::kFile}}))
       ->default_str("host");
+  cmd->add_flag("--no-layer-lanes", a->no_layer_lanes,
+                "With -m: without the rows-in-lanes copies of the layers' matrices, as for run");
   add_knob_flags(cmd, a->knobs);
   cmd->add_option("--locret-heads", a->locret_heads,
                   "With -m: locret's retaining heads, as for run (checked against the model); not needed: "
