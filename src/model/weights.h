@@ -1,5 +1,6 @@
 // The model's tensors, found by GGUF name and checked for shape and type when loaded. Pointers
-// refer to the mapped file (which must outlive the weights); nothing is copied.
+// refer to the mapped file (which must outlive the weights); load_weights copies nothing. pack_lanes
+// may add rows-in-lanes copies of matrices for the CPU kernels, owned here.
 #pragma once
 
 #include <cstdint>
