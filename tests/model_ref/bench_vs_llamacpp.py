@@ -159,8 +159,10 @@ def main():
                     for r in out["results"]:
                         mem = r["peak_memory_bytes"]["device"]
                         kv_per_position = mem["kv"] / out["ctx"]
+                        # decode reads the layers' rows-in-lanes copies, not their GGUF rows too
                         bytes_per_token[(name, r["prompt_tokens"])] = (
-                            mem["weights"] + kv_per_position * (r["prompt_tokens"] + a.gen / 2))
+                            mem["weights"] - out.get("layer_lanes_bytes", 0)
+                            + kv_per_position * (r["prompt_tokens"] + a.gen / 2))
                 else:
                     header["llama_cpp_version"] = out["version"]
                     header["llama_cpp_system_info"] = out["system_info"]

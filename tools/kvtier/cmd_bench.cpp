@@ -291,6 +291,9 @@ int run_bench(BenchArgs a) {
         {"isa", std::string(cpu::isa_name(first.isa()))},
         {"amx", cpu::uses_amx(first.isa())},
         {"output_lanes", model::output_in_lanes(model->weights, first.isa())},
+        // the layers' rows-in-lanes copies within the device weights (decode reads them instead of
+        // the GGUF rows, prefill the GGUF rows)
+        {"layer_lanes_bytes", model->weights.lanes_extra_bytes},
         {"repeat", a.repeat},
         {"results", rows}};
     std::cout << j.dump() << "\n";
