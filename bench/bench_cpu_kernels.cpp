@@ -7,6 +7,8 @@
 //                             from each): how far the prefetchers take one core past a single stream
 //   matvec/TYPE/ISA/threads:T one token x a [n_rows, 4096] matrix of ~256 MiB (far beyond the caches);
 //                             GB/s of weight bytes, and pct_copy = GB/s / copy GB/s at the same threads
+//   matvec_lanes/...          the same product from the matrix's rows-in-lanes copy (weight_lanes.h),
+//                             where the ISA has a lanes kernel for the type; GB/s of the GGUF bytes
 //   matmul/TYPE/TOKxK->N/threads:T  prefill shapes (2048 -> 640: Gemma-3-270M's FFN down, a K-quant size);
 //   GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
 //                             / measured FMA peak (f32 lanes of the ISA used, same thread count);
@@ -25,6 +27,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -32,8 +35,10 @@
 
 #include "backend/cpu/attention.h"
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
+#include "backend/cpu/weight_lanes.h"
 #include "core/ggml_type.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -242,7 +247,7 @@ void bm_read(benchmark::State& state, int threads, int streams) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBigBytes));
 }
 
-void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads) {
+void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads, bool lanes) {
   const int64_t k = 4096;
   const int64_t row_bytes = static_cast<int64_t>(*ggml_row_bytes(type, k));
   const int64_t n_rows = static_cast<int64_t>(kBigBytes) / row_bytes / 16 * 16;
@@ -250,12 +255,17 @@ void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads) {
   std::vector<float> x(static_cast<size_t>(k), 0.5f), y(static_cast<size_t>(n_rows));
   std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(type, k, 1));
   ThreadPool pool(threads);
-  const cpu::WeightMatrix m{type, w.data(), n_rows, k};
+  cpu::WeightMatrix m{type, w.data(), n_rows, k};
+  std::unique_ptr<cpu::LanesWeights> packed;
+  if (lanes) {
+    packed = std::make_unique<cpu::LanesWeights>(cpu::pack_lanes(m));
+    m.lanes = packed->data();
+  }
   for (auto _ : state) {
     cpu::matmul(pool, isa, m, x.data(), 1, y.data(), scratch);
     benchmark::DoNotOptimize(y.data());
   }
-  const double bytes = static_cast<double>(w.size());
+  const double bytes = static_cast<double>(w.size());  // the GGUF bytes either way
   state.counters["GBps"] = benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["copy_GBps"] = copy_bandwidth(threads) / 1e9;
   state.counters["pct_copy"] = benchmark::Counter(bytes * 100.0 / copy_bandwidth(threads),
@@ -388,9 +398,16 @@ void register_all() {
       for (int t : {1, 2}) {
         const std::string name = "matvec/" + std::string(ggml_type_name(type)) + "/" +
                                  std::string(cpu::isa_name(isa)) + "/threads:" + std::to_string(t);
-        benchmark::RegisterBenchmark(name.c_str(), bm_matvec, type, isa, t)
+        benchmark::RegisterBenchmark(name.c_str(), bm_matvec, type, isa, t, false)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
+        if (cpu::has_lanes_layout(type) &&
+            cpu::kernel_table(isa).lanes[static_cast<size_t>(type)] != nullptr) {
+          benchmark::RegisterBenchmark(("matvec_lanes" + name.substr(6)).c_str(), bm_matvec, type, isa, t,
+                                       true)
+              ->UseRealTime()
+              ->Unit(benchmark::kMillisecond);
+        }
       }
     }
   }
