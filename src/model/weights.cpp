@@ -133,14 +133,17 @@ uint64_t pack_one(ModelWeights& w, cpu::WeightMatrix& m, const cpu::KernelTable&
 
 bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers) {
   const cpu::KernelTable& table = cpu::kernel_table(isa);
-  const bool output = pack_one(w, w.output, table) != 0;
+  const uint64_t output = pack_one(w, w.output, table);
+  // Without panel tiles every product reads the copy; with them prefill keeps reading the GGUF rows.
+  const bool replaces = output != 0 && table.panel[static_cast<size_t>(w.output.type)].fn == nullptr;
+  if (!replaces) w.lanes_extra_bytes += output;
   if (layers) {
     for (LayerWeights& L : w.layers) {
       for (cpu::WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
         w.lanes_extra_bytes += pack_one(w, *m, table);
     }
   }
-  return output;
+  return replaces;
 }
 
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa) {

@@ -49,8 +49,9 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   uint64_t bytes = 0;  // bytes of all tensors used
   // Rows-in-lanes copies (pack_lanes; the matrices' .lanes point into them), and the bytes they hold
-  // on top of the mapped file: the layer matrices' copies (prefill still reads their GGUF rows); the
-  // output matrix's replaces its mapped pages, which load_model hands back.
+  // on top of the mapped file: the copies of matrices whose GGUF rows prefill still reads (the
+  // layers'; the output matrix's where its type has panel tiles). A copy that replaces its GGUF rows
+  // (the q8_0 output matrix) is not counted: load_model hands those mapped pages back.
   std::vector<std::shared_ptr<const cpu::LanesWeights>> lanes;
   uint64_t lanes_extra_bytes = 0;
 };
@@ -63,7 +64,9 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 // `isa` have a lanes kernel for; matmul then reads them for one-token products (decode), with the
 // same bits. The output matrix always (most of a small model's bytes per decoded token: Gemma-3-270M
 // 178 of 257 MB); the layers' matrices when `layers` (they cost their bytes again: prefill keeps
-// reading the GGUF rows). Returns whether the output matrix was packed.
+// reading the GGUF rows; so does the output matrix's where its type has panel tiles). Returns whether
+// the output matrix's copy replaces its GGUF rows for every product (the caller may hand their
+// mapped pages back).
 bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers);
 // Whether the CPU kernels of `isa` read the output matrix from its rows-in-lanes copy.
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa);

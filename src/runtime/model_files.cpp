@@ -1,7 +1,5 @@
 #include "runtime/model_files.h"
 
-#include "backend/cpu/kernels.h"
-
 namespace kvtier::runtime {
 
 std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptions& opt) {
@@ -10,13 +8,11 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   m->hparams = model::read_hparams(*m->file);
   m->config = model::make_config(m->hparams);
   m->weights = model::load_weights(*m->file, m->config);
-  const cpu::WeightMatrix& o = m->weights.output;
   if (opt.cpu_isa && cpu::isa_supported(*opt.cpu_isa) &&
-      model::pack_lanes(m->weights, *opt.cpu_isa, opt.pack_layers) &&
-      cpu::kernel_table(*opt.cpu_isa).panel[static_cast<size_t>(o.type)].fn == nullptr) {
-    // Every product with the output matrix reads the packed copy (the type has no panel tiles), so
-    // its mapped pages are handed back; a tied embedding reads its rows from the file again, a page
-    // at a time.
+      model::pack_lanes(m->weights, *opt.cpu_isa, opt.pack_layers)) {
+    // Every product with the output matrix reads its copy, so its mapped pages are handed back; a
+    // tied embedding reads its rows from the file again, a page at a time.
+    const cpu::WeightMatrix& o = m->weights.output;
     const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
     m->file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
   }
