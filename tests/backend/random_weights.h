@@ -8,6 +8,7 @@
 
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/dequant.h"
+#include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
 #include "core/ggml_type.h"
 #include "core/half.h"
@@ -129,6 +130,16 @@ inline std::vector<double> act_values(ActFormat f, const uint8_t* act, const std
     }
   }
   return out;
+}
+
+// matmul of n_tokens rows of x on `threads` threads: [n_tokens, w.n_rows] f32 (unwritten outputs -1).
+inline std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens,
+                                     int threads) {
+  ThreadPool pool(threads);
+  std::vector<uint8_t> scratch(matmul_scratch_bytes(w.type, w.k, n_tokens));
+  std::vector<float> y(static_cast<size_t>(n_tokens * w.n_rows), -1.0f);
+  matmul(pool, isa, w, x, n_tokens, y.data(), scratch);
+  return y;
 }
 
 }  // namespace kvtier::cpu::test

@@ -32,13 +32,7 @@ std::vector<int64_t> inner_sizes(GgmlType type, bool wide) {
   return wide ? std::vector<int64_t>{32, 64, 96, 640, 37 * 32} : std::vector<int64_t>{32, 64, 96, 640};
 }
 
-std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, int threads) {
-  ThreadPool pool(threads);
-  std::vector<uint8_t> scratch(matmul_scratch_bytes(w.type, w.k, n_tokens));
-  std::vector<float> y(static_cast<size_t>(n_tokens * w.n_rows), -1.0f);  // [n_tokens, n_rows]
-  matmul(pool, isa, w, x, n_tokens, y.data(), scratch);
-  return y;
-}
+using test::run_matmul;
 
 TEST(WeightLanes, PackKeepsEveryValue) {
   std::mt19937 rng(5);

@@ -31,13 +31,7 @@ std::vector<Isa> supported_isas() {
   return out;
 }
 
-std::vector<float> run_matmul(Isa isa, const WeightMatrix& w, const float* x, int64_t n_tokens, int threads) {
-  ThreadPool pool(threads);
-  std::vector<uint8_t> scratch(matmul_scratch_bytes(w.type, w.k, n_tokens));
-  std::vector<float> y(static_cast<size_t>(n_tokens * w.n_rows), -1.0f);  // [n_tokens, n_rows]
-  matmul(pool, isa, w, x, n_tokens, y.data(), scratch);
-  return y;
-}
+using test::run_matmul;
 
 TEST(MatmulTiles, OutputIndependentOfBatchThreadsAndTiling) {
   std::mt19937 rng(17);

@@ -23,6 +23,11 @@ using avx512::join;
 constexpr int64_t kPrefetchPairs = 8;
 constexpr int64_t kPrefetchBytes = kPrefetchPairs * kLanesPairBytes;
 
+// The lanes of a group's real rows (rows <= kLaneRows): the outputs a kernel stores.
+inline __mmask16 rows_mask(int rows) {
+  return rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+}
+
 // The 4 activation bytes of group g as one i32, broadcast.
 inline __m512i group_of(const int8_t* qs, int g) {
   int32_t v;
@@ -44,7 +49,7 @@ inline void block_dots(const uint8_t* q, const int8_t* qs, __m512i neg128, __m51
 void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                 float* y, int64_t ldy, int rows) {
   const int64_t nb = k / kQK;
-  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __mmask16 keep = rows_mask(rows);
   const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
@@ -108,7 +113,7 @@ void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t a
   const int64_t nb = k / kQK;
   const LegacyRegions at = legacy_regions(type, nb);
   const int64_t group_bytes = lanes_group_bytes(type, k);
-  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __mmask16 keep = rows_mask(rows);
   const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
@@ -176,7 +181,7 @@ inline __m512i widen16(const uint8_t* p) {
 void lanes_q4_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                 float* y, int64_t ldy, int rows) {
   const int64_t nb = k / kQKK;
-  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __mmask16 keep = rows_mask(rows);
   const __m512i low4 = _mm512_set1_epi8(0x0F);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
@@ -219,7 +224,7 @@ void lanes_q4_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
 void lanes_q6_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                 float* y, int64_t ldy, int rows) {
   const int64_t nb = k / kQKK;
-  const __mmask16 keep = rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
+  const __mmask16 keep = rows_mask(rows);
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
