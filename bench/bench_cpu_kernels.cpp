@@ -10,6 +10,8 @@
 //   matvec_lanes/...          the same product from the matrix's rows-in-lanes copy (weight_lanes.h),
 //                             where the ISA has a lanes kernel for the type; GB/s of the GGUF bytes
 //   matmul/TYPE/TOKxK->N/threads:T  prefill shapes (2048 -> 640: Gemma-3-270M's FFN down, a K-quant size);
+//                             matmul_lanes/...: the same from the rows-in-lanes copy, for the types whose
+//                             lanes kernel serves prefill (KernelTable::lanes_any_tokens: q8_0)
 //   GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
 //                             / measured FMA peak (f32 lanes of the ISA used, same thread count);
 //                             quantised types also pct_int8_peak = GFLOP/s / measured int8 dot peak
@@ -273,12 +275,17 @@ void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads, boo
 }
 
 void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int64_t tokens, int64_t k,
-               int64_t n) {
+               int64_t n, bool lanes) {
   const auto w = random_matrix(type, n, k);
   std::vector<float> x(static_cast<size_t>(tokens * k), 0.25f), y(static_cast<size_t>(tokens * n));
   std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(type, k, tokens));
   ThreadPool pool(threads);
-  const cpu::WeightMatrix m{type, w.data(), n, k};
+  cpu::WeightMatrix m{type, w.data(), n, k};
+  std::unique_ptr<cpu::LanesWeights> packed;
+  if (lanes) {
+    packed = std::make_unique<cpu::LanesWeights>(cpu::pack_lanes(m));
+    m.lanes = packed->data();
+  }
   for (auto _ : state) {
     cpu::matmul(pool, isa, m, x.data(), tokens, y.data(), scratch);
     benchmark::DoNotOptimize(y.data());
@@ -427,9 +434,18 @@ void register_all() {
                                    std::to_string(s.tokens) + "x" + std::to_string(s.k) + "->" +
                                    std::to_string(s.n) + "/" + std::string(cpu::isa_name(isa)) +
                                    "/threads:" + std::to_string(t);
-          auto* b = benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, isa, t, s.tokens, s.k, s.n);
+          auto* b =
+              benchmark::RegisterBenchmark(name.c_str(), bm_matmul, type, isa, t, s.tokens, s.k, s.n, false);
           b->UseRealTime()->Unit(benchmark::kMillisecond);
           if (big) b->Iterations(1);
+          const auto ti = static_cast<size_t>(type);
+          if (cpu::has_lanes_layout(type) && cpu::kernel_table(isa).lanes[ti] != nullptr &&
+              cpu::kernel_table(isa).lanes_any_tokens[ti]) {  // prefill reads the copy too
+            b = benchmark::RegisterBenchmark(("matmul_lanes" + name.substr(6)).c_str(), bm_matmul, type, isa,
+                                             t, s.tokens, s.k, s.n, true);
+            b->UseRealTime()->Unit(benchmark::kMillisecond);
+            if (big) b->Iterations(1);
+          }
         }
       }
     }

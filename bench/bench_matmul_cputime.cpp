@@ -8,7 +8,8 @@
 // Prints "type tokens x k -> n  GFLOP per CPU second" (2 x tokens x k x n flops), the best of 5
 // timings of `iters` calls each. Then decode: one token against [rows, 2048] weights of each type
 // (rows 16384: 23-34 MB, past the L2 but partly in a 32 MB L3; rows 256: in L2, the kernel's own
-// speed), "GB of weights per CPU second".
+// speed), "GB of weights per CPU second", and the same from the rows-in-lanes copy (weight_lanes.h)
+// where the ISA has a lanes kernel for the type.
 //   build/cpu/bench/bench_matmul_cputime [iters=10] [scalar|avx2|avx512 (default: the best)] [rows=16384]
 #include <algorithm>
 #include <cstdio>
@@ -20,7 +21,9 @@
 #include <vector>
 
 #include "backend/cpu/cpu_features.h"
+#include "backend/cpu/kernels.h"
 #include "backend/cpu/matmul.h"
+#include "backend/cpu/weight_lanes.h"
 #include "core/ggml_type.h"
 #include "core/half.h"
 #include "core/thread_pool.h"
@@ -107,12 +110,22 @@ int run(int iters, cpu::Isa isa, int64_t matvec_rows) {
       x[i] = static_cast<float>(static_cast<int>(i * 2654435761u % 1000) - 500) / 250.0f;
     std::vector<float> y(static_cast<size_t>(s.n));  // [1, n]
     std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(s.type, s.k, 1));
-    const cpu::WeightMatrix m{s.type, w.data(), s.n, s.k};
+    cpu::WeightMatrix m{s.type, w.data(), s.n, s.k};
     const double best =
         best_seconds(iters * 4, [&] { cpu::matmul(pool, isa, m, x.data(), 1, y.data(), scratch); });
     std::printf("%-5s 1 x %lld -> %lld  %.1f GB of weights per CPU second\n", ggml_type_name(s.type).data(),
                 static_cast<long long>(s.k), static_cast<long long>(s.n),
                 static_cast<double>(w.size()) / best / 1e9);
+    if (!cpu::has_lanes_layout(s.type) ||
+        cpu::kernel_table(isa).lanes[static_cast<size_t>(s.type)] == nullptr)
+      continue;
+    const cpu::LanesWeights packed = cpu::pack_lanes(m);  // the same product from the rows-in-lanes copy
+    m.lanes = packed.data();
+    const double best_lanes =
+        best_seconds(iters * 4, [&] { cpu::matmul(pool, isa, m, x.data(), 1, y.data(), scratch); });
+    std::printf("%-5s 1 x %lld -> %lld  %.1f GB of weights per CPU second (rows in lanes)\n",
+                ggml_type_name(s.type).data(), static_cast<long long>(s.k), static_cast<long long>(s.n),
+                static_cast<double>(w.size()) / best_lanes / 1e9);
   }
   return 0;
 }

@@ -134,8 +134,10 @@ uint64_t pack_one(ModelWeights& w, cpu::WeightMatrix& m, const cpu::KernelTable&
 bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers) {
   const cpu::KernelTable& table = cpu::kernel_table(isa);
   const uint64_t output = pack_one(w, w.output, table);
-  // Without panel tiles every product reads the copy; with them prefill keeps reading the GGUF rows.
-  const bool replaces = output != 0 && table.panel[static_cast<size_t>(w.output.type)].fn == nullptr;
+  // Without panel tiles (or where the lanes kernel serves prefill too) every product reads the copy;
+  // with them prefill keeps reading the GGUF rows.
+  const auto type = static_cast<size_t>(w.output.type);
+  const bool replaces = output != 0 && (table.panel[type].fn == nullptr || table.lanes_any_tokens[type]);
   if (!replaces) w.lanes_extra_bytes += output;
   if (layers) {
     for (LayerWeights& L : w.layers) {

@@ -64,7 +64,8 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 // `isa` have a lanes kernel for; matmul then reads them for one-token products (decode), with the
 // same bits. The output matrix always (most of a small model's bytes per decoded token: Gemma-3-270M
 // 178 of 257 MB); the layers' matrices when `layers` (they cost their bytes again: prefill keeps
-// reading the GGUF rows; so does the output matrix's where its type has panel tiles). Returns whether
+// reading the GGUF rows; so does the output matrix's where its type has panel tiles, unless the
+// table's lanes kernel serves every product, KernelTable::lanes_any_tokens: q8_0). Returns whether
 // the output matrix's copy replaces its GGUF rows for every product (the caller may hand their
 // mapped pages back).
 bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers);

@@ -70,11 +70,68 @@ TEST(WeightLanes, RefusesTypesWithoutALayoutAndRaggedRows) {
   EXPECT_THROW((void)lanes_group_bytes(GgmlType::kQ6_K, 640), Error);
 }
 
-TEST(WeightLanes, Avx512TableHasAKernelForEveryLayout) {
-  if (!isa_supported(Isa::kAvx512))
-    GTEST_SKIP() << "this CPU has no AVX-512: the AVX-512 lanes kernels are not run here";
-  for (GgmlType type : kLanesTypes)
-    EXPECT_NE(kernel_table(Isa::kAvx512).lanes[static_cast<size_t>(type)], nullptr) << ggml_type_name(type);
+TEST(WeightLanes, VectorTablesHaveAKernelForEveryLayout) {
+  int tables = 0;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    ++tables;
+    for (GgmlType type : kLanesTypes)
+      EXPECT_NE(kernel_table(isa).lanes[static_cast<size_t>(type)], nullptr)
+          << isa_name(isa) << " " << ggml_type_name(type);
+    // q8_0's copy replaces its GGUF rows (pack_lanes hands the output matrix's pages back): its
+    // kernel must serve prefill products too.
+    EXPECT_TRUE(kernel_table(isa).lanes_any_tokens[static_cast<size_t>(GgmlType::kQ8_0)]) << isa_name(isa);
+  }
+  if (tables == 0) GTEST_SKIP() << "this CPU has no AVX2: no lanes kernel is run here";
+}
+
+// The integer bounds the kernels rely on (pair sums within int16, sums of several pair sums in
+// int16): every quant byte at one extreme value, every activation at +127 or -127, so that all
+// products of a block have the same sign and the largest magnitude the bytes allow.
+TEST(WeightLanes, ExtremeQuantsAndActivationsKeepVecDotBits) {
+  std::mt19937 rng(8);
+  int kernels_run = 0;
+  for (Isa isa : {Isa::kAvx2, Isa::kAvx512}) {
+    if (!isa_supported(isa)) continue;
+    for (GgmlType type : kLanesTypes) {
+      kernels_run += kernel_table(isa).lanes[static_cast<size_t>(type)] != nullptr ? 1 : 0;
+      const int64_t k = ggml_traits(type).block_size == 256 ? 512 : 640, n_rows = 16;
+      const int64_t block_bytes = static_cast<int64_t>(ggml_traits(type).type_size);
+      for (uint8_t fill : {uint8_t{0xFF}, uint8_t{0x80}, uint8_t{0x7F}, uint8_t{0x00}}) {
+        auto bytes = test::random_weights(type, n_rows, k, rng);  // keeps its finite f16 scales
+        const auto f16_at = test::f16_field_offsets(type);
+        for (size_t blk = 0; blk < bytes.size() / static_cast<size_t>(block_bytes); ++blk) {
+          uint8_t* p = bytes.data() + blk * static_cast<size_t>(block_bytes);
+          for (int64_t i = 0; i < block_bytes; ++i) {
+            bool is_f16 = false;
+            for (int o : f16_at) is_f16 = is_f16 || (i == o || i == o + 1);
+            if (!is_f16) p[i] = fill;
+          }
+        }
+        const LanesWeights p = pack_lanes(WeightMatrix{type, bytes.data(), n_rows, k});
+        const WeightMatrix w{type, bytes.data(), n_rows, k, p.data()};
+        const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
+        const ActFormat f = act_format_for(type);
+        std::vector<uint8_t> act(act_row_bytes(f, k));
+        // 1 and 3 tokens: every type's lanes kernel (decode); 9: q8_0's two-token passes (prefill)
+        for (int64_t n_tokens : {1, 3, 9}) {
+          for (float sign : {1.0f, -1.0f}) {
+            std::vector<float> x(static_cast<size_t>(n_tokens * k), sign);
+            const auto y = run_matmul(isa, w, x.data(), n_tokens, 1);
+            quantize_act_row(f, x.data(), k, act.data());
+            for (int64_t r = 0; r < n_rows; ++r) {
+              const float want = vec_dot(isa, type, bytes.data() + r * row_bytes, act.data(), k);
+              for (int64_t t = 0; t < n_tokens; ++t)
+                ASSERT_EQ(std::bit_cast<uint32_t>(y[t * n_rows + r]), std::bit_cast<uint32_t>(want))
+                    << isa_name(isa) << " " << ggml_type_name(type) << " fill=" << int{fill}
+                    << " sign=" << sign << " tokens=" << n_tokens << " t=" << t << " r=" << r;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (kernels_run == 0) GTEST_SKIP() << "no ISA of this CPU has a lanes kernel";
 }
 
 TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {

@@ -63,7 +63,7 @@ def test_cpu_backend_is_the_default_and_unchanged():
 
 
 def test_layer_lanes_cost_their_bytes_and_change_no_token():
-    """The AVX-512 path's rows-in-lanes copies of the layers' matrices (README `--no-layer-lanes`): the
+    """The vector paths' rows-in-lanes copies of the layers' matrices (README `--no-layer-lanes`): the
     same tokens and logits digest either way; where the copy is made, its bytes show as device weights
     in `run --json` and in `kvtier plan`'s prediction, and --no-layer-lanes or --weights-mem leave it out."""
     args = ["-m", model("gemma3"), "-p", "The printing press", "-n", "6", "--ctx", "256", "--json"]
@@ -73,7 +73,7 @@ def test_layer_lanes_cost_their_bytes_and_change_no_token():
     assert with_lanes["logits_digest"] == without["logits_digest"]
     w_with = with_lanes["peak_memory_bytes"]["device"]["weights"]
     w_without = without["peak_memory_bytes"]["device"]["weights"]
-    if with_lanes["output_lanes"]:  # a CPU path with lanes kernels (AVX-512)
+    if with_lanes["output_lanes"]:  # a CPU path with lanes kernels (AVX2, AVX-512)
         assert w_with > w_without, (w_with, w_without)
     else:
         assert w_with == w_without

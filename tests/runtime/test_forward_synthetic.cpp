@@ -425,52 +425,60 @@ TEST(SyntheticForward, BatchedStepsMatchEachSequenceAloneForEveryExactPolicy) {
 // Matrices packed for the CPU kernels (model::pack_lanes, done by load_model where the ISA has a
 // lanes kernel for their type: the output matrix, and the layers' unless pack_layers is off) give
 // every logit the GGUF rows' bits: every-position evaluation (prefill chunks of 16 tokens: panel
-// tiles on the GGUF rows where the type has them), and one-token decode steps, with 1 and 2 threads.
+// tiles on the GGUF rows where the type has them, q8_0's lanes kernel otherwise), and one-token
+// decode steps, with 1 and 2 threads, on each vector path of the CPU.
 TEST(SyntheticForward, PackedMatricesGiveTheSameLogits) {
   bool any_kernel = false;
-  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {  // the synthetic types
-    const std::string f = synth_file(type);
-    const auto packed = load_model(f);
-    const auto output_only = load_model(f, LoadOptions{.pack_layers = false});
-    const auto plain = load_model(f, LoadOptions{.cpu_isa = std::nullopt});
-    EXPECT_EQ(plain->weights.output.lanes, nullptr);
-    EXPECT_EQ(plain->weights.layers[0].wq.lanes, nullptr);
-    EXPECT_EQ(output_only->weights.layers[0].wq.lanes, nullptr);
-    const cpu::KernelTable& table = cpu::kernel_table(cpu::best_isa());
-    const bool has_kernel = table.lanes[static_cast<size_t>(type)] != nullptr;
-    // The output matrix's copy counts as extra bytes only where prefill still reads its GGUF rows
-    // (a type with panel tiles: q4_0, q4_1); q8_0's replaces them.
-    ASSERT_EQ(output_only->weights.lanes.size(), has_kernel ? 1u : 0u);
-    const bool rows_kept = table.panel[static_cast<size_t>(type)].fn != nullptr;
-    EXPECT_EQ(output_only->weights.lanes_extra_bytes,
-              has_kernel && rows_kept ? output_only->weights.lanes.front()->size() : 0u)
-        << ggml_type_name(type);
-    any_kernel = any_kernel || has_kernel;
-    ASSERT_EQ(packed->weights.layers[1].down.lanes != nullptr, has_kernel) << ggml_type_name(type);
-    EXPECT_EQ(packed->weights.lanes_extra_bytes > 0, has_kernel);
-    const auto tokens = prompt(45);
-    for (int threads : {1, 2}) {
-      SessionOptions o;
-      o.threads = threads;
-      o.n_ctx = 512;
-      o.chunk = 16;
-      const auto b = all_logits(*plain, o, tokens);
-      const auto gb = test::greedy_logits_alone(*plain, o, tokens, 8);
-      for (const LoadedModel* m : {packed.get(), output_only.get()}) {
-        const auto a = all_logits(*m, o, tokens);
-        ASSERT_EQ(a.size(), b.size());
-        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
-            << ggml_type_name(type) << ", " << threads << " threads";
-        const auto ga = test::greedy_logits_alone(*m, o, tokens, 8);
-        ASSERT_EQ(ga.size(), gb.size());
-        EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)))
-            << ggml_type_name(type) << ", " << threads << " threads";
+  for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
+    if (!cpu::isa_supported(isa)) continue;
+    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {  // the synthetic types
+      const std::string f = synth_file(type);
+      const std::string what = std::string(cpu::isa_name(isa)) + " " + std::string(ggml_type_name(type));
+      const auto packed = load_model(f, LoadOptions{.cpu_isa = isa});
+      const auto output_only = load_model(f, LoadOptions{.cpu_isa = isa, .pack_layers = false});
+      const auto plain = load_model(f, LoadOptions{.cpu_isa = std::nullopt});
+      EXPECT_EQ(plain->weights.output.lanes, nullptr);
+      EXPECT_EQ(plain->weights.layers[0].wq.lanes, nullptr);
+      EXPECT_EQ(output_only->weights.layers[0].wq.lanes, nullptr);
+      const cpu::KernelTable& table = cpu::kernel_table(isa);
+      const auto ti = static_cast<size_t>(type);
+      const bool has_kernel = table.lanes[ti] != nullptr;
+      // The output matrix's copy counts as extra bytes only where prefill still reads its GGUF rows
+      // (a type with panel tiles whose lanes kernel does not serve prefill: q4_0, q4_1); q8_0's
+      // replaces them.
+      ASSERT_EQ(output_only->weights.lanes.size(), has_kernel ? 1u : 0u) << what;
+      const bool rows_kept = table.panel[ti].fn != nullptr && !table.lanes_any_tokens[ti];
+      EXPECT_EQ(output_only->weights.lanes_extra_bytes,
+                has_kernel && rows_kept ? output_only->weights.lanes.front()->size() : 0u)
+          << what;
+      any_kernel = any_kernel || has_kernel;
+      ASSERT_EQ(packed->weights.layers[1].down.lanes != nullptr, has_kernel) << what;
+      EXPECT_EQ(packed->weights.lanes_extra_bytes > 0, has_kernel) << what;
+      const auto tokens = prompt(45);
+      for (int threads : {1, 2}) {
+        SessionOptions o;
+        o.threads = threads;
+        o.n_ctx = 512;
+        o.chunk = 16;
+        o.isa = isa;
+        const auto b = all_logits(*plain, o, tokens);
+        const auto gb = test::greedy_logits_alone(*plain, o, tokens, 8);
+        for (const LoadedModel* m : {packed.get(), output_only.get()}) {
+          const auto a = all_logits(*m, o, tokens);
+          ASSERT_EQ(a.size(), b.size());
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+              << what << ", " << threads << " threads";
+          const auto ga = test::greedy_logits_alone(*m, o, tokens, 8);
+          ASSERT_EQ(ga.size(), gb.size());
+          EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.size() * sizeof(float)))
+              << what << ", " << threads << " threads";
+        }
       }
     }
   }
   if (!any_kernel)
-    GTEST_SKIP() << "no lanes kernel on " << cpu::isa_name(cpu::best_isa())
-                 << ": the matrices stay in GGUF rows here, so every load ran the same path";
+    GTEST_SKIP() << "no lanes kernel on this CPU's paths: the matrices stay in GGUF rows here, so every "
+                    "load ran the same path";
 }
 
 }  // namespace

@@ -12,6 +12,7 @@ KernelTable make_table(Isa isa, bool amx) {
     fill_avx2_kernels(t);
     fill_avx2_tiles(t);
     fill_avx2_quantize_act(t);
+    fill_avx2_lanes(t);
   }
   if (isa == Isa::kAvx512) {
     fill_avx512_kernels(t);  // clears the tiles of the types it overrides

@@ -110,6 +110,9 @@ struct KernelTable {
   // Indexed by GgmlType id: kernels over the rows-in-lanes layout; matmul uses them for matrices
   // that carry one (WeightMatrix::lanes). Null: the type's GGML rows are used.
   std::array<LanesFn, kMaxGgmlTypeId> lanes{};
+  // Indexed by GgmlType id: the lanes kernel also serves products of kPanelTokens tokens or more, so
+  // a matrix with a copy skips the panel tiles and its GGUF rows are not read again.
+  std::array<bool, kMaxGgmlTypeId> lanes_any_tokens{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
   std::array<QuantizeActFn, 3> quantize_act{};
   FloatKernels fops{};
@@ -133,6 +136,7 @@ void fill_avx2_panel_kernels(KernelTable& t);   // matmul_avx2_panel.cpp (vec_do
 void fill_avx2_ktiles(KernelTable& t);          // matmul_avx2_kquants.cpp
 void fill_avx512_tiles(KernelTable& t);         // matmul_avx512.cpp (calls fill_avx512_ktiles)
 void fill_avx512_ktiles(KernelTable& t);        // matmul_avx512_kquants.cpp
+void fill_avx2_lanes(KernelTable& t);           // matmul_lanes_avx2.cpp
 void fill_avx512_lanes(KernelTable& t);         // matmul_lanes_avx512.cpp
 void fill_amx_tiles(KernelTable& t);            // matmul_amx.cpp (AVX-512 table, AMX-INT8 CPUs only)
 void fill_amx_ktiles(KernelTable& t);           // matmul_amx_kquants.cpp (the same, q4_K and q6_K)

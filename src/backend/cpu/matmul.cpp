@@ -247,12 +247,14 @@ class TileWalk {
 };
 
 bool uses_panels(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
-  return table.panel[static_cast<size_t>(w.type)].fn != nullptr && n_tokens >= kPanelTokens;
+  const auto i = static_cast<size_t>(w.type);
+  if (w.lanes != nullptr && table.lanes[i] != nullptr && table.lanes_any_tokens[i]) return false;
+  return table.panel[i].fn != nullptr && n_tokens >= kPanelTokens;
 }
 
 // The table's lanes kernel for w, where w carries the rows-in-lanes layout, the table has one, and
 // the product does not take the panel tiles (prefill reads the GGUF rows: its panel and AMX tiles
-// share each weight across 8 or more tokens, which the lanes kernels do not).
+// share each weight across 8 or more tokens, which most lanes kernels do not; lanes_any_tokens).
 LanesFn lanes_fn(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
   if (w.lanes == nullptr || uses_panels(table, w, n_tokens)) return nullptr;
   return table.lanes[static_cast<size_t>(w.type)];

@@ -273,6 +273,7 @@ void fill_avx512_lanes(KernelTable& t) {
   t.lanes[static_cast<size_t>(GgmlType::kQ4_1)] = lanes_legacy_of<GgmlType::kQ4_1, false, true, 0>;
   t.lanes[static_cast<size_t>(GgmlType::kQ5_0)] = lanes_legacy_of<GgmlType::kQ5_0, true, false, 4>;
   t.lanes[static_cast<size_t>(GgmlType::kQ5_1)] = lanes_legacy_of<GgmlType::kQ5_1, true, true, 0>;
+  t.lanes_any_tokens[static_cast<size_t>(GgmlType::kQ8_0)] = true;  // the table has no q8_0 panel tile
 }
 
 }  // namespace kvtier::cpu
