@@ -31,6 +31,8 @@ def bench(binary, model, args):
            "--gen", str(args.gen), "--repeat", str(args.repeat), "-t", str(args.threads), "--json"]
     if args.group:
         cmd += ["--group", str(args.group)]
+    if args.isa:
+        cmd += ["--isa", args.isa]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -47,6 +49,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--group", type=int, default=0)
+    ap.add_argument("--isa", default="", help="kernel path for both binaries (avx2, avx512); default: the best")
     args = ap.parse_args()
     model_name, flags = cpu_info()
     print(f"CPU: {model_name}; flags: {' '.join(flags)}; threads {args.threads}")
