@@ -2,6 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include "backend/cpu/dequant.h"
 #include "backend/cpu/kernels.h"
 #include "core/error.h"
@@ -119,33 +123,52 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& c) {
 
 namespace {
 
-// Packs m where the table has a lanes kernel for its type; returns the copy's bytes (0: not packed).
-uint64_t pack_one(ModelWeights& w, cpu::WeightMatrix& m, const cpu::KernelTable& table) {
-  if (m.data == nullptr || m.lanes != nullptr || !cpu::has_lanes_layout(m.type) ||
-      table.lanes[static_cast<size_t>(m.type)] == nullptr)
-    return 0;
-  w.lanes.push_back(std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(m)));
-  m.lanes = w.lanes.back()->data();
-  return w.lanes.back()->size();
+// Whether pack_output_lanes / pack_layer_lanes make a copy of m for the table.
+bool to_pack(const cpu::WeightMatrix& m, const cpu::KernelTable& table) {
+  return m.data != nullptr && m.lanes == nullptr && cpu::has_lanes_layout(m.type) &&
+         table.lanes[static_cast<size_t>(m.type)] != nullptr;
 }
 
 }  // namespace
 
-bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers) {
+bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
   const cpu::KernelTable& table = cpu::kernel_table(isa);
-  const uint64_t output = pack_one(w, w.output, table);
+  if (!to_pack(w.output, table)) return false;
+  w.lanes.push_back(
+      std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(w.output)));  // a buffer of its own
+  w.output.lanes = w.lanes.back()->data();
+  const auto type = static_cast<size_t>(w.output.type);
   // Without panel tiles (or where the lanes kernel serves prefill too) every product reads the copy;
   // with them prefill keeps reading the GGUF rows.
-  const auto type = static_cast<size_t>(w.output.type);
-  const bool replaces = output != 0 && (table.panel[type].fn == nullptr || table.lanes_any_tokens[type]);
-  if (!replaces) w.lanes_extra_bytes += output;
-  if (layers) {
-    for (LayerWeights& L : w.layers) {
-      for (cpu::WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down})
-        w.lanes_extra_bytes += pack_one(w, *m, table);
+  const bool replaces = table.panel[type].fn == nullptr || table.lanes_any_tokens[type];
+  if (!replaces) w.lanes_extra_bytes += w.lanes.back()->size();
+  return replaces;
+}
+
+void pack_layer_lanes(ModelWeights& w, cpu::Isa isa) {
+  const cpu::KernelTable& table = cpu::kernel_table(isa);
+  // One buffer for all: each matrix alone would take whole 2 MiB pages (Gemma-3-270M's 126 matrices
+  // of 0.1-0.9 MB held 250 MB for their 68 MB that way).
+  std::vector<cpu::WeightMatrix*> todo;
+  size_t total = 0;
+  for (LayerWeights& L : w.layers) {
+    for (cpu::WeightMatrix* m : {&L.wq, &L.wk, &L.wv, &L.wo, &L.gate, &L.up, &L.down}) {
+      if (!to_pack(*m, table)) continue;
+      todo.push_back(m);
+      total += static_cast<size_t>(cpu::lanes_bytes(m->type, m->n_rows, m->k));  // a multiple of 64
     }
   }
-  return replaces;
+  if (todo.empty()) return;
+  const auto buffer = std::make_shared<const cpu::LanesBuffer>(total);
+  size_t offset = 0;
+  for (cpu::WeightMatrix* m : todo) {
+    auto packed = std::make_shared<cpu::LanesWeights>(m->type, m->n_rows, m->k, buffer, offset);
+    cpu::pack_lanes_into(*m, *packed);
+    offset += packed->size();
+    m->lanes = packed->data();
+    w.lanes.push_back(std::move(packed));
+  }
+  w.lanes_extra_bytes += total;
 }
 
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa) {

@@ -1,6 +1,7 @@
 // The model's tensors, found by GGUF name and checked for shape and type when loaded. Pointers
-// refer to the mapped file (which must outlive the weights); load_weights copies nothing. pack_lanes
-// may add rows-in-lanes copies of matrices for the CPU kernels, owned here.
+// refer to the mapped file (which must outlive the weights); load_weights copies nothing.
+// pack_output_lanes and pack_layer_lanes may add rows-in-lanes copies of matrices for the CPU
+// kernels, owned here.
 #pragma once
 
 #include <cstdint>
@@ -48,10 +49,11 @@ struct ModelWeights {
   const float* rope_freqs = nullptr;  // [n_rot / 2] f32: Llama-3 frequency factors (optional)
   std::vector<LayerWeights> layers;
   uint64_t bytes = 0;  // bytes of all tensors used
-  // Rows-in-lanes copies (pack_lanes; the matrices' .lanes point into them), and the bytes they hold
-  // on top of the mapped file: the copies of matrices whose GGUF rows prefill still reads (the
-  // layers'; the output matrix's where its type has panel tiles). A copy that replaces its GGUF rows
-  // (the q8_0 output matrix) is not counted: load_model hands those mapped pages back.
+  // Rows-in-lanes copies (pack_output_lanes, pack_layer_lanes; the matrices' .lanes point into
+  // them), and the bytes they hold on top of the mapped file: the copies of matrices whose GGUF rows
+  // prefill still reads (the layers'; the output matrix's where its type has panel tiles that its
+  // lanes kernel does not replace). A copy that replaces its GGUF rows (the q8_0 output matrix) is
+  // not counted: load_model hands those mapped pages back.
   std::vector<std::shared_ptr<const cpu::LanesWeights>> lanes;
   uint64_t lanes_extra_bytes = 0;
 };
@@ -62,13 +64,15 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 
 // Rows-in-lanes copies (backend/cpu/weight_lanes.h) of the matrices whose type the CPU kernels of
 // `isa` have a lanes kernel for; matmul then reads them for one-token products (decode), with the
-// same bits. The output matrix always (most of a small model's bytes per decoded token: Gemma-3-270M
-// 178 of 257 MB); the layers' matrices when `layers` (they cost their bytes again: prefill keeps
-// reading the GGUF rows; so does the output matrix's where its type has panel tiles, unless the
-// table's lanes kernel serves every product, KernelTable::lanes_any_tokens: q8_0). Returns whether
-// the output matrix's copy replaces its GGUF rows for every product (the caller may hand their
-// mapped pages back).
-bool pack_lanes(ModelWeights& w, cpu::Isa isa, bool layers);
+// same bits.
+// The output matrix (most of a small model's bytes per decoded token: Gemma-3-270M 178 of 257 MB).
+// Returns whether its copy replaces its GGUF rows for every product (the caller may hand their
+// mapped pages back): where its type has no panel tiles, or the table's lanes kernel serves every
+// product (KernelTable::lanes_any_tokens: q8_0); else the copy counts in lanes_extra_bytes.
+bool pack_output_lanes(ModelWeights& w, cpu::Isa isa);
+// The layers' matrices, in one shared buffer. They cost their bytes again (prefill keeps reading the
+// GGUF rows): counted in lanes_extra_bytes.
+void pack_layer_lanes(ModelWeights& w, cpu::Isa isa);
 // Whether the CPU kernels of `isa` read the output matrix from its rows-in-lanes copy.
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa);
 

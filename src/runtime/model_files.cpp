@@ -8,13 +8,16 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
   m->hparams = model::read_hparams(*m->file);
   m->config = model::make_config(m->hparams);
   m->weights = model::load_weights(*m->file, m->config);
-  if (opt.cpu_isa && cpu::isa_supported(*opt.cpu_isa) &&
-      model::pack_lanes(m->weights, *opt.cpu_isa, opt.pack_layers)) {
-    // Every product with the output matrix reads its copy, so its mapped pages are handed back; a
-    // tied embedding reads its rows from the file again, a page at a time.
-    const cpu::WeightMatrix& o = m->weights.output;
-    const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
-    m->file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
+  if (opt.cpu_isa && cpu::isa_supported(*opt.cpu_isa)) {
+    if (model::pack_output_lanes(m->weights, *opt.cpu_isa)) {
+      // Every product with the output matrix reads its copy, so its mapped pages are handed back
+      // (before the layers' copies are made, so that the two never stand side by side); a tied
+      // embedding reads its rows from the file again, a page at a time.
+      const cpu::WeightMatrix& o = m->weights.output;
+      const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
+      m->file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
+    }
+    if (opt.pack_layers) model::pack_layer_lanes(m->weights, *opt.cpu_isa);
   }
   m->tokenizer = std::make_unique<tokenizer::Tokenizer>(*m->file);
   return m;

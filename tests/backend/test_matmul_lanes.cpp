@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -53,6 +55,42 @@ TEST(WeightLanes, PackKeepsEveryValue) {
         }
       }
     }
+  }
+}
+
+// Several matrices packed into one shared buffer (a model's layers) hold the same bytes as each
+// packed alone, each at its own 64-byte aligned offset, and the buffer lives as long as any of them.
+TEST(WeightLanes, MatricesShareOneBuffer) {
+  std::mt19937 rng(9);
+  struct Shape {
+    GgmlType type;
+    int64_t n_rows, k;
+  };
+  const Shape shapes[] = {{GgmlType::kQ5_0, 37, 640}, {GgmlType::kQ6_K, 16, 768}, {GgmlType::kQ8_0, 5, 96}};
+  std::vector<std::vector<uint8_t>> bytes;
+  size_t total = 0;
+  for (const Shape& s : shapes) {
+    bytes.push_back(test::random_weights(s.type, s.n_rows, s.k, rng));
+    EXPECT_EQ(lanes_bytes(s.type, s.n_rows, s.k) % 64, 0) << ggml_type_name(s.type);
+    total += static_cast<size_t>(lanes_bytes(s.type, s.n_rows, s.k));
+  }
+  std::vector<LanesWeights> views;
+  {
+    auto buffer = std::make_shared<const LanesBuffer>(total);
+    size_t offset = 0;
+    for (size_t i = 0; i < std::size(shapes); ++i) {
+      views.emplace_back(shapes[i].type, shapes[i].n_rows, shapes[i].k, buffer, offset);
+      EXPECT_EQ(views.back().data(), buffer->data() + offset);
+      offset += views.back().size();
+    }
+    EXPECT_EQ(offset, total);
+  }  // the views keep the buffer
+  for (size_t i = 0; i < std::size(shapes); ++i) {
+    const WeightMatrix w{shapes[i].type, bytes[i].data(), shapes[i].n_rows, shapes[i].k};
+    pack_lanes_into(w, views[i]);
+    const LanesWeights alone = pack_lanes(w);
+    ASSERT_EQ(alone.size(), views[i].size());
+    EXPECT_EQ(0, std::memcmp(alone.data(), views[i].data(), alone.size())) << ggml_type_name(shapes[i].type);
   }
 }
 

@@ -422,11 +422,11 @@ TEST(SyntheticForward, BatchedStepsMatchEachSequenceAloneForEveryExactPolicy) {
   }
 }
 
-// Matrices packed for the CPU kernels (model::pack_lanes, done by load_model where the ISA has a
-// lanes kernel for their type: the output matrix, and the layers' unless pack_layers is off) give
-// every logit the GGUF rows' bits: every-position evaluation (prefill chunks of 16 tokens: panel
-// tiles on the GGUF rows where the type has them, q8_0's lanes kernel otherwise), and one-token
-// decode steps, with 1 and 2 threads, on each vector path of the CPU.
+// Matrices packed for the CPU kernels (model::pack_output_lanes / pack_layer_lanes, done by load_model where
+// the ISA has a lanes kernel for their type: the output matrix, and the layers' unless pack_layers is off)
+// give every logit the GGUF rows' bits: every-position evaluation (prefill chunks of 16 tokens: panel tiles
+// on the GGUF rows where the type has them, q8_0's lanes kernel otherwise), and one-token decode steps, with
+// 1 and 2 threads, on each vector path of the CPU.
 TEST(SyntheticForward, PackedMatricesGiveTheSameLogits) {
   bool any_kernel = false;
   for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
@@ -454,6 +454,17 @@ TEST(SyntheticForward, PackedMatricesGiveTheSameLogits) {
       any_kernel = any_kernel || has_kernel;
       ASSERT_EQ(packed->weights.layers[1].down.lanes != nullptr, has_kernel) << what;
       EXPECT_EQ(packed->weights.lanes_extra_bytes > 0, has_kernel) << what;
+      // The layers' copies lie end to end in one buffer (each in a buffer of its own would take whole
+      // 2 MiB pages), and their bytes are what lanes_extra_bytes counts beside the output's.
+      uint64_t layer_bytes = 0;
+      for (size_t i = 2; i < packed->weights.lanes.size(); ++i) {
+        const auto& before = *packed->weights.lanes[i - 1];
+        EXPECT_EQ(packed->weights.lanes[i]->data(), before.data() + before.size()) << what << ", copy " << i;
+      }
+      for (size_t i = 1; i < packed->weights.lanes.size(); ++i)
+        layer_bytes += packed->weights.lanes[i]->size();
+      EXPECT_EQ(packed->weights.lanes_extra_bytes, layer_bytes + output_only->weights.lanes_extra_bytes)
+          << what;
       const auto tokens = prompt(45);
       for (int threads : {1, 2}) {
         SessionOptions o;

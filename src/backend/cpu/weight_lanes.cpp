@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "backend/cpu/block_unpack.h"
 #include "backend/cpu/blocks.h"
@@ -207,22 +208,36 @@ int64_t lanes_group_bytes(GgmlType type, int64_t k) {
   return nb / 2 * kLanesPairBytes + nb % 2 * kLanesOddBytes;
 }
 
-void LanesWeights::Free::operator()(uint8_t* p) const {
+int64_t lanes_bytes(GgmlType type, int64_t n_rows, int64_t k) {
+  return (n_rows + kLaneRows - 1) / kLaneRows * lanes_group_bytes(type, k);
+}
+
+void LanesBuffer::Free::operator()(uint8_t* p) const {
   std::free(p);
 }
 
-LanesWeights::LanesWeights(GgmlType type, int64_t n_rows, int64_t k) : type_(type), n_rows_(n_rows), k_(k) {
-  const int64_t groups = (n_rows + kLaneRows - 1) / kLaneRows;
-  size_ = static_cast<size_t>(groups * lanes_group_bytes(type, k));
-  if (size_ > 0) {
-    // 2 MiB aligned and advised as huge pages: the kernels stream the whole matrix per token, and
-    // with 4 KiB pages they read it 20-25 % slower (docs/benchmarks.md, issue 20).
-    const size_t bytes = round_up(size_, kHugePage);
-    void* p = std::aligned_alloc(kHugePage, bytes);
-    if (p == nullptr) throw std::bad_alloc();
-    (void)::madvise(p, bytes, MADV_HUGEPAGE);  // advice only: without it the pages are small
-    data_.reset(static_cast<uint8_t*>(p));
-  }
+LanesBuffer::LanesBuffer(size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  const size_t rounded = round_up(bytes, kHugePage);
+  void* p = std::aligned_alloc(kHugePage, rounded);
+  if (p == nullptr) throw std::bad_alloc();
+  (void)::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: without it the pages are small
+  data_.reset(static_cast<uint8_t*>(p));
+}
+
+LanesWeights::LanesWeights(GgmlType type, int64_t n_rows, int64_t k)
+    : LanesWeights(type, n_rows, k,
+                   std::make_shared<const LanesBuffer>(static_cast<size_t>(lanes_bytes(type, n_rows, k))),
+                   0) {}
+
+LanesWeights::LanesWeights(GgmlType type, int64_t n_rows, int64_t k,
+                           std::shared_ptr<const LanesBuffer> buffer, size_t offset)
+    : buffer_(std::move(buffer)), type_(type), n_rows_(n_rows), k_(k) {
+  size_ = static_cast<size_t>(lanes_bytes(type, n_rows, k));  // checks the type and k
+  KVTIER_ASSERT(buffer_ != nullptr && offset % 64 == 0 && offset + size_ <= buffer_->size(),
+                "lanes of {} bytes at {} of a buffer of {}", size_, offset,
+                buffer_ != nullptr ? buffer_->size() : size_t{0});
+  data_ = size_ > 0 ? buffer_->data() + offset : nullptr;
 }
 
 WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows) {
@@ -238,13 +253,21 @@ WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows) {
 
 LanesWeights pack_lanes(const WeightMatrix& w) {
   LanesWeights out(w.type, w.n_rows, w.k);  // checks the type and k
+  pack_lanes_into(w, out);
+  return out;
+}
+
+void pack_lanes_into(const WeightMatrix& w, LanesWeights& out) {
+  KVTIER_ASSERT(out.type() == w.type && out.n_rows() == w.n_rows && out.k() == w.k,
+                "packing a [{}, {}] {} matrix into lanes of a [{}, {}] {}", w.n_rows, w.k,
+                ggml_type_name(w.type), out.n_rows(), out.k(), ggml_type_name(out.type()));
   if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K) {
     pack_kquant(w, out);
-    return out;
+    return;
   }
   if (w.type != GgmlType::kQ8_0) {
     pack_legacy(w, out);
-    return out;
+    return;
   }
   const int64_t nb = w.k / kQK;
   const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
@@ -269,7 +292,6 @@ LanesWeights pack_lanes(const WeightMatrix& w) {
       }
     }
   }
-  return out;
 }
 
 void unpack_lanes_row(const LanesWeights& p, int64_t r, uint8_t* out) {

@@ -61,22 +61,44 @@ bool has_lanes_layout(GgmlType type);
 // Bytes of one group of kLaneRows rows of k elements (k a multiple of the type's block size).
 int64_t lanes_group_bytes(GgmlType type, int64_t k);
 
-// Owned, 64-byte aligned bytes of a packed matrix.
-class LanesWeights {
+// Bytes of a packed matrix of n_rows rows (whole groups of kLaneRows; a multiple of 64).
+int64_t lanes_bytes(GgmlType type, int64_t n_rows, int64_t k);
+
+// One allocation for packed matrices: 2 MiB aligned and advised as huge pages (the kernels stream a
+// whole matrix per token, and with 4 KiB pages they read it 20-25 % slower: docs/benchmarks.md,
+// issue 20). Many small matrices share one (a model's layers), so that no matrix takes a 2 MiB page
+// of its own.
+class LanesBuffer {
  public:
-  LanesWeights(GgmlType type, int64_t n_rows, int64_t k);
-  const uint8_t* data() const { return data_.get(); }
-  uint8_t* data() { return data_.get(); }
+  explicit LanesBuffer(size_t bytes);
+  uint8_t* data() const { return data_.get(); }
   size_t size() const { return size_; }
-  GgmlType type() const { return type_; }
-  int64_t n_rows() const { return n_rows_; }
-  int64_t k() const { return k_; }
 
  private:
   struct Free {
     void operator()(uint8_t* p) const;
   };
   std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+};
+
+// The 64-byte aligned bytes of a packed matrix: a buffer of its own, or a part of a shared one.
+class LanesWeights {
+ public:
+  LanesWeights(GgmlType type, int64_t n_rows, int64_t k);
+  // Bytes [offset, offset + lanes_bytes(type, n_rows, k)) of `buffer` (offset a multiple of 64).
+  LanesWeights(GgmlType type, int64_t n_rows, int64_t k, std::shared_ptr<const LanesBuffer> buffer,
+               size_t offset);
+  const uint8_t* data() const { return data_; }
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+  GgmlType type() const { return type_; }
+  int64_t n_rows() const { return n_rows_; }
+  int64_t k() const { return k_; }
+
+ private:
+  std::shared_ptr<const LanesBuffer> buffer_;
+  uint8_t* data_ = nullptr;
   size_t size_ = 0;
   GgmlType type_;
   int64_t n_rows_ = 0;
@@ -87,8 +109,11 @@ class LanesWeights {
 // of kLaneRows rows, else none (the GGUF rows are used).
 WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows);
 
-// w's values in the lanes layout. Throws Error(kUnsupported) for a type without one.
+// w's values in the lanes layout, in a buffer of their own. Throws Error(kUnsupported) for a type
+// without one.
 LanesWeights pack_lanes(const WeightMatrix& w);
+// The same into `out`, whose type and shape must be w's.
+void pack_lanes_into(const WeightMatrix& w, LanesWeights& out);
 
 // Row r of a packed matrix back in its GGML layout ([row bytes of the type]): the inverse of
 // pack_lanes, for tests.
