@@ -168,7 +168,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
   logit_rows_ = logit_rows(cfg, opt_.chunk);
   const uint64_t n_logits = static_cast<uint64_t>(logit_rows_) * cfg.n_vocab;
   logits_reservation_ = kv::Reservation(ledger_, kv::Tier::kDevice, kv::Category::kLogits, n_logits * 4);
-  logits_.resize(n_logits);
+  logits_ = std::make_unique_for_overwrite<float[]>(n_logits);
   // Planners rely on this: what the session holds is what predict_memory says.
   const kv::MemoryLedger predicted = predict_memory(model, opt_);
   for (int t = 0; t < kv::kNumTiers; ++t) {
@@ -193,12 +193,12 @@ std::span<const float> Session::prefill(kv::SeqId seq, std::span<const TokenId> 
     KVTIER_ASSERT(m > 0 && m <= opt_.chunk && i + m <= n, "prefill pass of {} tokens at {} of {}", m, i, n);
     const bool last = i + m == n;
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, kv(),
-                  last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.data());
+                  last ? model::LogitRows::kLast : model::LogitRows::kNone, logits_.get());
     if (progress) progress(i + m, n);
     i += m;
   }
   KVTIER_ASSERT(i == n, "the prefill plan covers {} of {} tokens", i, n);
-  return {logits_.data(), model_.config.n_vocab};
+  return {logits_.get(), model_.config.n_vocab};
 }
 
 std::span<const float> Session::evaluate_states(kv::SeqId seq, std::span<const TokenId> tokens,
@@ -214,12 +214,12 @@ std::span<const float> Session::evaluate_states(kv::SeqId seq, std::span<const T
                   model::LogitRows::kStates, nullptr);
     const std::span<const float> states = forward_->states();  // [m, n_embd]
     for (int64_t t = 0; t < m; ++t) fn(pos0 + t, states.subspan(static_cast<size_t>(t) * E, E));
-    if (i + m == n) forward_->output(states.data() + static_cast<size_t>(m - 1) * E, 1, logits_.data());
+    if (i + m == n) forward_->output(states.data() + static_cast<size_t>(m - 1) * E, 1, logits_.get());
     if (progress) progress(i + m, n);
     i += m;
   }
   KVTIER_ASSERT(i == n, "the prefill plan covers {} of {} tokens", i, n);
-  return {logits_.data(), model_.config.n_vocab};
+  return {logits_.get(), model_.config.n_vocab};
 }
 
 bool Session::prefill_cuts_matter() const {
@@ -233,8 +233,8 @@ bool Session::prefill_cuts_matter() const {
 }
 
 std::span<const float> Session::decode(kv::SeqId seq, TokenId token) {
-  forward_->run({&token, 1}, seq, kv(), model::LogitRows::kLast, logits_.data());
-  return {logits_.data(), model_.config.n_vocab};
+  forward_->run({&token, 1}, seq, kv(), model::LogitRows::kLast, logits_.get());
+  return {logits_.get(), model_.config.n_vocab};
 }
 
 std::span<const float> Session::step(std::span<const model::SeqTokens> parts) {
@@ -248,8 +248,8 @@ std::span<const float> Session::step(std::span<const model::SeqTokens> parts) {
     rows += model::logit_rows(p);
   }
   KVTIER_ASSERT(n <= opt_.chunk, "a step of {} tokens (the chunk is {})", n, opt_.chunk);
-  forward_->run_batch(parts, kv(), logits_.data());
-  return {logits_.data(), static_cast<size_t>(rows) * model_.config.n_vocab};
+  forward_->run_batch(parts, kv(), logits_.get());
+  return {logits_.get(), static_cast<size_t>(rows) * model_.config.n_vocab};
 }
 
 std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId> tokens, const LogitsFn& fn,
@@ -264,14 +264,14 @@ std::span<const float> Session::evaluate(kv::SeqId seq, std::span<const TokenId>
                   n);
     const int64_t pos0 = kv().positions(seq);
     forward_->run(tokens.subspan(static_cast<size_t>(i), static_cast<size_t>(m)), seq, kv(),
-                  model::LogitRows::kAll, logits_.data());
-    for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.data() + static_cast<size_t>(t) * V, V});
+                  model::LogitRows::kAll, logits_.get());
+    for (int64_t t = 0; t < m; ++t) fn(pos0 + t, {logits_.get() + static_cast<size_t>(t) * V, V});
     last_row = m - 1;
     if (progress) progress(i + m, n);
     i += m;
   }
   KVTIER_ASSERT(i == n, "the evaluation plan covers {} of {} tokens", i, n);
-  return {logits_.data() + static_cast<size_t>(last_row) * V, V};
+  return {logits_.get() + static_cast<size_t>(last_row) * V, V};
 }
 
 void Session::truncate(kv::SeqId seq, int64_t n) {

@@ -144,8 +144,10 @@ class Session {
   std::unique_ptr<kv::InfinigenEmulationKv> emulation_;
   std::unique_ptr<model::Forward> forward_;
   kv::Reservation logits_reservation_;
-  int64_t logit_rows_ = 1;     // tokens per pass of evaluate() (its logits buffer's rows)
-  std::vector<float> logits_;  // [logit_rows_, n_vocab] f32
+  int64_t logit_rows_ = 1;  // tokens per pass of evaluate() (its logits buffer's rows)
+  // [logit_rows_, n_vocab] f32, left uninitialised: its pages become resident only as passes write
+  // rows (decode writes one; evaluate() and batches write more), not all at construction.
+  std::unique_ptr<float[]> logits_;
 };
 
 // The options as a Session applies them: context from the model when 0, chunk clipped to it; throws

@@ -35,6 +35,7 @@ import os
 import pathlib
 import statistics
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -88,12 +89,27 @@ def cpu_description():
     return {"model": model, "cpus": os.cpu_count(), "simd_flags": [f for f in SIMD_FLAGS if f in flags]}
 
 
+def run_measured(cmd):
+    """cmd's stdout and its own peak resident set in bytes (getrusage of that child, from wait4)."""
+    with tempfile.TemporaryFile(mode="w+") as err:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        out = p.stdout.read()
+        p.stdout.close()
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode != 0:
+            err.seek(0)
+            raise subprocess.CalledProcessError(p.returncode, cmd, out, err.read())
+    return out, usage.ru_maxrss * 1024  # ru_maxrss is in KiB on Linux
+
+
 def run_kvtier(a, path):
     cmd = [a.kvtier, "bench", "-m", str(path), "--prompt-tokens", a.prompt_tokens, "--gen", str(a.gen), "--threads",
            str(a.threads), "--repeat", "1", "--json"]
     if a.isa:
         cmd += ["--isa", a.isa]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    out, rss = run_measured(cmd)
+    return {**json.loads(out), "peak_rss_bytes": rss}
 
 
 def memory_bandwidth(a):
@@ -110,7 +126,8 @@ def memory_bandwidth(a):
 def run_llama(a, path):
     cmd = [a.llama_python, str(pathlib.Path(__file__).resolve()), "--llama-worker", str(path), "--prompt-tokens",
            a.prompt_tokens, "--gen", str(a.gen), "--threads", str(a.threads)]
-    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    out, rss = run_measured(cmd)  # the Python interpreter and NumPy included (about 30-40 MB)
+    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_bytes": rss}
 
 
 def main():
@@ -142,6 +159,7 @@ def main():
     samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
     bw_runs = {"copy": [], "read": [], "read4": []}  # GB/s, one per round and model
     bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
+    peak_rss = {}  # (model, side) -> [peak resident bytes of the process per round]
     for name in a.models.split(","):
         path = kt.model(name)
         for rnd in range(a.rounds):
@@ -169,6 +187,7 @@ def main():
                 print(f"# round {rnd + 1} {name} {side}: " + ", ".join(
                     f"{r['prompt_tokens']}: {r['prefill_tokens_per_s']:.1f} / {r['decode_tokens_per_s']:.1f} tok/s"
                     for r in out["results"]) + f" (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+                peak_rss.setdefault((name, side), []).append(out["peak_rss_bytes"])
                 for r in out["results"]:
                     for phase in ("prefill", "decode"):
                         samples.setdefault((name, r["prompt_tokens"], side, phase), []).append(
@@ -195,6 +214,7 @@ def main():
                 for kind, median in medians.items():
                     row[f"decode_pct_of_{kind}"] = 100 * decode_gbps / median
             table.append(row)
+    header["peak_rss_bytes_runs"] = {f"{name} {side}": runs for (name, side), runs in peak_rss.items()}
     if a.json:
         print(json.dumps({**header, "results": table}))
         return
@@ -210,6 +230,9 @@ def main():
     if medians:
         print("; ".join(f"{labels[kind]}: median {median:.1f} GB/s of {', '.join(f'{r:.1f}' for r in bw_runs[kind])}"
                         for kind, median in medians.items()))
+    print("peak RSS of each process (model, KV for the longest prompt, buffers; medians over rounds): " + "; ".join(
+        f"{name} kvtier {statistics.median(peak_rss[(name, 'kvtier')]) / 1e6:.0f} MB / llama.cpp "
+        f"{statistics.median(peak_rss[(name, 'llama.cpp')]) / 1e6:.0f} MB" for name in a.models.split(",")))
     print()
     print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
           "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read, % of 4-stream read |")
