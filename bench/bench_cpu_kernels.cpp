@@ -249,6 +249,14 @@ void bm_read(benchmark::State& state, int threads, int streams) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * static_cast<int64_t>(kBigBytes));
 }
 
+// m's rows-in-lanes copy, attached to it, where `lanes` (null otherwise); it must outlive m's use.
+std::unique_ptr<cpu::LanesWeights> with_lanes(cpu::WeightMatrix& m, bool lanes) {
+  if (!lanes) return nullptr;
+  auto packed = std::make_unique<cpu::LanesWeights>(cpu::pack_lanes(m));
+  m.lanes = packed->data();
+  return packed;
+}
+
 void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads, bool lanes) {
   const int64_t k = 4096;
   const int64_t row_bytes = static_cast<int64_t>(*ggml_row_bytes(type, k));
@@ -258,11 +266,7 @@ void bm_matvec(benchmark::State& state, GgmlType type, Isa isa, int threads, boo
   std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(type, k, 1));
   ThreadPool pool(threads);
   cpu::WeightMatrix m{type, w.data(), n_rows, k};
-  std::unique_ptr<cpu::LanesWeights> packed;
-  if (lanes) {
-    packed = std::make_unique<cpu::LanesWeights>(cpu::pack_lanes(m));
-    m.lanes = packed->data();
-  }
+  const auto packed = with_lanes(m, lanes);
   for (auto _ : state) {
     cpu::matmul(pool, isa, m, x.data(), 1, y.data(), scratch);
     benchmark::DoNotOptimize(y.data());
@@ -281,11 +285,7 @@ void bm_matmul(benchmark::State& state, GgmlType type, Isa isa, int threads, int
   std::vector<uint8_t> scratch(cpu::matmul_scratch_bytes(type, k, tokens));
   ThreadPool pool(threads);
   cpu::WeightMatrix m{type, w.data(), n, k};
-  std::unique_ptr<cpu::LanesWeights> packed;
-  if (lanes) {
-    packed = std::make_unique<cpu::LanesWeights>(cpu::pack_lanes(m));
-    m.lanes = packed->data();
-  }
+  const auto packed = with_lanes(m, lanes);
   for (auto _ : state) {
     cpu::matmul(pool, isa, m, x.data(), tokens, y.data(), scratch);
     benchmark::DoNotOptimize(y.data());

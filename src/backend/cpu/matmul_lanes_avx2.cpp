@@ -14,6 +14,7 @@
 
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/lanes_prefetch.h"
 #include "backend/cpu/simd_avx2.h"
 #include "backend/cpu/weight_lanes.h"
 
@@ -22,13 +23,7 @@ namespace {
 
 using namespace avx2;
 
-// As the AVX-512 kernels: the group's bytes about 9 KiB ahead of their use, one line at a time.
-constexpr int64_t kPrefetchBytes = 8 * kLanesPairBytes;
-
-inline void prefetch_span(const uint8_t* w, int64_t from, int64_t to) {
-  for (int64_t o = from / 64 * 64; o < to; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + o), _MM_HINT_T0);
-}
+using lanes::prefetch_span;
 
 // The 4 activation bytes of group g as one i32, broadcast.
 inline __m256i group_of(const int8_t* qs, int g) {

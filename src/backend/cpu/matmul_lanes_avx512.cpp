@@ -12,6 +12,7 @@
 
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/lanes_prefetch.h"
 #include "backend/cpu/simd_avx512.h"
 #include "backend/cpu/weight_lanes.h"
 
@@ -20,8 +21,7 @@ namespace {
 
 using avx512::join;
 
-constexpr int64_t kPrefetchPairs = 8;
-constexpr int64_t kPrefetchBytes = kPrefetchPairs * kLanesPairBytes;
+using lanes::prefetch_span;
 
 // The lanes of a group's real rows (rows <= kLaneRows): the outputs a kernel stores.
 inline __mmask16 rows_mask(int rows) {
@@ -59,12 +59,7 @@ void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
     const uint8_t* p = w;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2, p += kLanesPairBytes) {
-      // One core's sequential stream reads slower than the memory allows; prefetching 8 pairs
-      // ahead (9 KiB) reads the Gemma-3 output matrix about 1.3x faster (docs/benchmarks.md).
-#pragma GCC unroll 17
-      for (int i = 0; i < kLanesPairBytes / 64; ++i)
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchPairs * kLanesPairBytes + 64 * i),
-                     _MM_HINT_T0);
+      prefetch_span(p, 0, kLanesPairBytes);  // lanes_prefetch.h
       const __m512i av = join(avx2::load256(a[b].qs), avx2::load256(a[b + 1].qs));
       const __m512i neg128 =
           _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, av));
@@ -119,10 +114,9 @@ void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t a
     const auto* a = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
     __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      // the group's bytes in order, kPrefetchBytes ahead (the regions are read at their own pace;
-      // this keeps the whole stream in flight)
-      for (int64_t o = b * group_bytes / nb / 64 * 64; o < (b + 1) * group_bytes / nb; o += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + o), _MM_HINT_T0);
+      // the group's bytes in order (the regions are read at their own pace; this keeps the whole
+      // stream in flight)
+      prefetch_span(w, b * group_bytes / nb, (b + 1) * group_bytes / nb);
       const uint8_t* nib = w + at.nibbles + b * 256;
       __m512i c0 =
           kOffsetShift != 0 ? _mm512_set1_epi32(-(a[b].sum << kOffsetShift)) : _mm512_setzero_si512();
@@ -160,12 +154,6 @@ template <GgmlType kType, bool kHighBits, bool kMins, int kOffsetShift>
 void lanes_legacy_of(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                      float* y, int64_t ldy, int rows) {
   lanes_legacy<kHighBits, kMins, kOffsetShift>(kType, w, act, act_bytes, n_tokens, k, y, ldy, rows);
-}
-
-// The group's bytes [from, to) kPrefetchBytes ahead, one line at a time.
-inline void prefetch_span(const uint8_t* w, int64_t from, int64_t to) {
-  for (int64_t o = from / 64 * 64; o < to; o += 64)
-    _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + o), _MM_HINT_T0);
 }
 
 // 16 rows' u8 (or, kSigned, i8) values at p as 16 x i32.
