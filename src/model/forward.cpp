@@ -388,6 +388,8 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
                 kv.needs(), kv_needs_);
   const int64_t E = cfg_.n_embd;
   const auto row_bytes = static_cast<int64_t>(*ggml_row_bytes(w_.tok_embd.type, static_cast<uint64_t>(E)));
+  KVTIER_ASSERT(w_.tok_embd.lanes == nullptr || row_bytes <= E * static_cast<int64_t>(sizeof(float)),
+                "an embedding row of {} bytes does not fit a scratch row of {} floats", row_bytes, E);
   const int64_t pos_row_bytes =
       cfg_.learned_pos ? static_cast<int64_t>(*ggml_row_bytes(w_.pos_embd.type, static_cast<uint64_t>(E)))
                        : 0;
@@ -420,7 +422,14 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
       const auto b = sz(token_part_[sz(t)]);
       const int64_t i = t - part_row0_[b];
       float* x = x_.data() + t * E;
-      cpu::dequantize_row(w_.tok_embd.type, w_.tok_embd.data + parts[b].tokens[sz(i)] * row_bytes, x, E);
+      const TokenId tok = parts[b].tokens[sz(i)];
+      const uint8_t* row = w_.tok_embd.data + tok * row_bytes;
+      if (w_.tok_embd.lanes != nullptr) {  // a tied embedding: its row from the output's lanes copy
+        auto* bytes = reinterpret_cast<uint8_t*>(tmp_.data() + t * E);  // [row_bytes] of tmp_'s row t
+        cpu::unpack_lanes_row(w_.tok_embd, tok, bytes);
+        row = bytes;
+      }
+      cpu::dequantize_row(w_.tok_embd.type, row, x, E);
       if (cfg_.embd_scale != 1.0f) {
         for (int64_t e = 0; e < E; ++e) x[e] *= cfg_.embd_scale;
       }

@@ -137,6 +137,9 @@ bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
   w.lanes.push_back(
       std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(w.output)));  // a buffer of its own
   w.output.lanes = w.lanes.back()->data();
+  // A tied embedding looks its rows up in the same copy (forward.cpp), so that those lookups do not
+  // fault the GGUF rows' pages back where load_model hands them back.
+  if (w.tied_output) w.tok_embd.lanes = w.output.lanes;
   const auto type = static_cast<size_t>(w.output.type);
   // Without panel tiles (or where the lanes kernel serves prefill too) every product reads the copy;
   // with them prefill keeps reading the GGUF rows.

@@ -40,7 +40,7 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  cpu::WeightMatrix tok_embd;            // [n_vocab, n_embd]
+  cpu::WeightMatrix tok_embd;            // [n_vocab, n_embd]; .lanes: the output's copy when tied
   const float* output_norm = nullptr;    // [n_embd] f32
   const float* output_norm_b = nullptr;  // [n_embd] f32 (LayerNorm bias, OPT)
   cpu::WeightMatrix pos_embd;            // [n_ctx_train, n_embd]: learned positions (OPT), row = position

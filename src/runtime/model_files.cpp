@@ -12,7 +12,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
     if (model::pack_output_lanes(m->weights, *opt.cpu_isa)) {
       // Every product with the output matrix reads its copy, so its mapped pages are handed back
       // (before the layers' copies are made, so that the two never stand side by side); a tied
-      // embedding reads its rows from the file again, a page at a time.
+      // embedding looks its rows up in the copy too (tok_embd.lanes), so they stay out of memory.
       const cpu::WeightMatrix& o = m->weights.output;
       const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
       m->file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});

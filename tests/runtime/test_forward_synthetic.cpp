@@ -431,15 +431,26 @@ TEST(SyntheticForward, PackedMatricesGiveTheSameLogits) {
   bool any_kernel = false;
   for (cpu::Isa isa : {cpu::Isa::kAvx2, cpu::Isa::kAvx512}) {
     if (!cpu::isa_supported(isa)) continue;
-    for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {  // the synthetic types
-      const std::string f = synth_file(type);
-      const std::string what = std::string(cpu::isa_name(isa)) + " " + std::string(ggml_type_name(type));
+    // tiny-opt's output matrix is its embedding (tied), whose rows are then looked up in the copy.
+    for (const auto& [type, preset] : std::vector<std::pair<GgmlType, std::string>>{
+             {GgmlType::kQ8_0, "tiny-llama"},
+             {GgmlType::kQ4_0, "tiny-llama"},
+             {GgmlType::kQ4_1, "tiny-llama"},
+             {GgmlType::kQ8_0, "tiny-opt"},
+             {GgmlType::kQ4_1, "tiny-opt"}}) {  // the synthetic types
+      const std::string f = synth_file(type, preset);
+      const std::string what =
+          std::string(cpu::isa_name(isa)) + " " + preset + " " + std::string(ggml_type_name(type));
       const auto packed = load_model(f, LoadOptions{.cpu_isa = isa});
       const auto output_only = load_model(f, LoadOptions{.cpu_isa = isa, .pack_layers = false});
       const auto plain = load_model(f, LoadOptions{.cpu_isa = std::nullopt});
       EXPECT_EQ(plain->weights.output.lanes, nullptr);
       EXPECT_EQ(plain->weights.layers[0].wq.lanes, nullptr);
       EXPECT_EQ(output_only->weights.layers[0].wq.lanes, nullptr);
+      EXPECT_EQ(plain->weights.tok_embd.lanes, nullptr);
+      EXPECT_EQ(packed->weights.tok_embd.lanes,
+                packed->weights.tied_output ? packed->weights.output.lanes : nullptr)
+          << preset;
       const cpu::KernelTable& table = cpu::kernel_table(isa);
       const auto ti = static_cast<size_t>(type);
       const bool has_kernel = table.lanes[ti] != nullptr;

@@ -109,11 +109,11 @@ void pack_kquant(const WeightMatrix& w, LanesWeights& out) {
 }
 
 // The inverse of pack_kquant for row r (tests): the q4_K scales go back into GGML's 12-byte form.
-void unpack_kquant_row(const LanesWeights& p, int64_t r, uint8_t* out) {
-  const int64_t nb = p.k() / kQKK;
-  const bool q4 = p.type() == GgmlType::kQ4_K;
+void unpack_kquant_row(const WeightMatrix& p, int64_t r, uint8_t* out) {
+  const int64_t nb = p.k / kQKK;
+  const bool q4 = p.type == GgmlType::kQ4_K;
   const int64_t sb_bytes = q4 ? kQ4KLanesBytes : kQ6KLanesBytes;
-  const uint8_t* group = p.data() + r / kLaneRows * lanes_group_bytes(p.type(), p.k());
+  const uint8_t* group = p.lanes + r / kLaneRows * lanes_group_bytes(p.type, p.k);
   const int lane = static_cast<int>(r % kLaneRows);
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* sb = group + b * sb_bytes;
@@ -295,17 +295,27 @@ void pack_lanes_into(const WeightMatrix& w, LanesWeights& out) {
 }
 
 void unpack_lanes_row(const LanesWeights& p, int64_t r, uint8_t* out) {
-  KVTIER_ASSERT(r >= 0 && r < p.n_rows(), "row {} of {}", r, p.n_rows());
-  const int64_t nb = p.k() / kQK;
-  const uint8_t* group = p.data() + r / kLaneRows * lanes_group_bytes(p.type(), p.k());
+  WeightMatrix w;
+  w.type = p.type();
+  w.n_rows = p.n_rows();
+  w.k = p.k();
+  w.lanes = p.data();
+  unpack_lanes_row(w, r, out);
+}
+
+void unpack_lanes_row(const WeightMatrix& p, int64_t r, uint8_t* out) {
+  KVTIER_ASSERT(p.lanes != nullptr && r >= 0 && r < p.n_rows, "row {} of {} (lanes {})", r, p.n_rows,
+                static_cast<const void*>(p.lanes));
+  const int64_t nb = p.k / kQK;
+  const uint8_t* group = p.lanes + r / kLaneRows * lanes_group_bytes(p.type, p.k);
   const int lane = static_cast<int>(r % kLaneRows);
-  if (p.type() == GgmlType::kQ4_K || p.type() == GgmlType::kQ6_K) {
+  if (p.type == GgmlType::kQ4_K || p.type == GgmlType::kQ6_K) {
     unpack_kquant_row(p, r, out);
     return;
   }
-  if (p.type() != GgmlType::kQ8_0) {
-    const LegacyLanes L = legacy_lanes(p.type());
-    const LegacyRegions at = legacy_regions(p.type(), nb);
+  if (p.type != GgmlType::kQ8_0) {
+    const LegacyLanes L = legacy_lanes(p.type);
+    const LegacyRegions at = legacy_regions(p.type, nb);
     for (int64_t b = 0; b < nb; ++b) {
       uint8_t* blk = out + b * L.block_bytes;
       int field = 0;

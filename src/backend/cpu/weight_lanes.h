@@ -116,7 +116,9 @@ LanesWeights pack_lanes(const WeightMatrix& w);
 void pack_lanes_into(const WeightMatrix& w, LanesWeights& out);
 
 // Row r of a packed matrix back in its GGML layout ([row bytes of the type]): the inverse of
-// pack_lanes, for tests.
+// pack_lanes. The WeightMatrix form reads w.lanes (which must be set), so a row can be had where
+// the GGUF rows' pages were handed back (a tied embedding's lookups).
 void unpack_lanes_row(const LanesWeights& p, int64_t r, uint8_t* out);
+void unpack_lanes_row(const WeightMatrix& w, int64_t r, uint8_t* out);
 
 }  // namespace kvtier::cpu
