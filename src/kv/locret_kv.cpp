@@ -164,7 +164,8 @@ std::span<const PassPositions> LocretKv::begin_batch(std::span<const PassInfo> s
       evicted_at_[p.seq] = length_[p.seq];
     }
   }
-  pass_.begin(seqs, held_);
+  // Compact: the pass's tokens continue from the rows held; original: from the tokens seen.
+  pass_.begin(seqs, locret_compact(opt_) ? held_ : length_);
   if (pass_.total() > max_new_rows(capacity_, opt_)) {
     pass_.abort();
     fail(ErrorKind::kInternal, "locret pass of {} tokens; the cache was sized for {}", pass_.total(),
@@ -215,7 +216,11 @@ void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
   Store& s = store(sp.seq, layer);
   const cpu::AttnParams ap = layer_attn_params(geo_, layer, n_head, la);
   // Compact positions: row i at position i; the pass's queries at held, held + 1, ... (= sp.pos0).
-  const cpu::KvSpan span = s.span(geo_, 0, sp.pos0 + sp.n);
+  // Original: the queries at their true positions sp.pos0 + t, and the rows, in position order with the
+  // pass's own last, numbered up to them (row held + t at sp.pos0 + t), which is all the causal mask
+  // and a window need (the keys carry their true rotations).
+  const int64_t held = held_[sp.seq];
+  const cpu::KvSpan span = s.span(geo_, sp.pos0 - held, held + sp.n);
   const cpu::AttnQueries aq{q, n_head * ap.head_dim_k, sp.n, n_head, sp.pos0};
   const cpu::AttnOutput out{o, n_head * ap.head_dim_v, nullptr, n_head};
   cpu::attend(threads_, isa_, ap, aq, std::span(&span, 1), out, scratch_);
@@ -242,6 +247,11 @@ void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_
     n_rot = 0;
   };
   const bool pre_rope = locret_pre_rope(opt_);
+  if (!locret_compact(opt_)) {  // original positions: the kept rows keep their keys as they are
+    const int64_t kept = s.compact(h, n, keep_);
+    KVTIER_ASSERT(kept == keep, "layer {} head {}: kept {} rows of {}", layer, h, kept, keep);
+    return;
+  }
   const int64_t kept = s.compact(h, n, keep_, [&](int64_t w, int64_t r) {
     const uint8_t* src = (pre_rope ? s.kpre.data() : s.k.data()) + s.cell(h, w) * s.rk;
     load_kv_row(geo_.dtype, src, dk, rot_in_.data() + n_rot * dk);

@@ -13,6 +13,10 @@
 // (KvCompute::rope_k_rows), or (rerotate) its stored key is turned by the distance it moved. Nothing
 // moves while nothing is evicted, so with --kv-budget >= the context every row is the bits the
 // forward pass wrote at its true position and the result is bit-identical to `resident`.
+// With --locret-positions original (spec §8.1's option) a pass's tokens take their true positions and
+// every row keeps the one its key was rotated at: an eviction only drops rows, and attention is the
+// full model's over the rows kept (the causal mask and a sliding window see the rows in order, the
+// pass's own rows last).
 //
 // Memory: per (sequence, layer) b + n_loc + B rows per KV head. A pass outside the prefill plan
 // (decoding, perplexity's passes, batched steps) that would overflow them first evicts down to b as
@@ -43,9 +47,14 @@ namespace kvtier::kv {
 
 // Rows one (sequence, layer, KV head) holds at most: b + n_loc + B, never more than the capacity.
 int64_t locret_rows(int64_t capacity, const KvOptions& o);
-// Whether every row keeps a copy of its key before RoPE (--locret-keys prerope).
+// Whether the kept rows are renumbered compactly after an eviction (--locret-positions compact).
+inline bool locret_compact(const KvOptions& o) {
+  return o.knobs.locret_positions == policy::LocretPositions::kCompact;
+}
+// Whether every row keeps a copy of its key before RoPE (--locret-keys prerope, compact positions:
+// with original positions no key is ever turned).
 inline bool locret_pre_rope(const KvOptions& o) {
-  return o.knobs.locret_keys == policy::LocretKeys::kPreRope;
+  return locret_compact(o) && o.knobs.locret_keys == policy::LocretKeys::kPreRope;
 }
 // Compute-local bytes of a LocretKv: rows (K after RoPE, K before RoPE unless --locret-keys rerotate,
 // V), positions and scores (kv);

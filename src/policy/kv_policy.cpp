@@ -26,6 +26,16 @@ LocretKeys parse_locret_keys(std::string_view name) {
   fail(ErrorKind::kInvalidArgument, "--locret-keys {}: expected prerope or rerotate", name);
 }
 
+std::string_view locret_positions_name(LocretPositions p) {
+  return p == LocretPositions::kOriginal ? "original" : "compact";
+}
+
+LocretPositions parse_locret_positions(std::string_view name) {
+  for (const LocretPositions p : {LocretPositions::kCompact, LocretPositions::kOriginal})
+    if (locret_positions_name(p) == name) return p;
+  fail(ErrorKind::kInvalidArgument, "--locret-positions {}: expected compact or original", name);
+}
+
 std::string_view locret_sliding_name(LocretSliding s) {
   return s == LocretSliding::kScored ? "scored" : "recent";
 }
@@ -304,6 +314,12 @@ void check_knobs(const KvPolicy& p) {
     if (k.locret_pool < 1 || k.locret_pool % 2 == 0)
       fail(ErrorKind::kInvalidArgument, "--locret-pool {}: must be an odd number >= 1", k.locret_pool);
     check_locret_sinks(k);
+    if (k.locret_positions == LocretPositions::kOriginal && p.placement != Placement::kResident) {
+      fail(ErrorKind::kUnsupported,
+           "{}: --locret-positions original is implemented for the resident placement only (an offloaded "
+           "placement's locret keeps compact positions)",
+           spec);
+    }
   }
   if (p.retention == Retention::kH2o && !(k.h2o_recent > 0.0 && k.h2o_recent < 1.0))
     fail(ErrorKind::kInvalidArgument, "--h2o-recent {}: the recent share must be in (0, 1)", k.h2o_recent);

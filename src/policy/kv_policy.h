@@ -98,6 +98,16 @@ enum class LocretKeys { kPreRope, kRerotate };
 std::string_view locret_keys_name(LocretKeys k);
 LocretKeys parse_locret_keys(std::string_view name);  // Error(kInvalidArgument) naming the choices
 
+// The positions of locret's kept rows (spec locret.md §8.1). kCompact (the default, the reference's):
+// row i of a (layer, KV head) sits at position i after every eviction, new tokens continue from the
+// rows held, and moved keys are turned to their new rows (LocretKeys). kOriginal (the spec's
+// documented deviation, for experiments): every row keeps the true position its key was rotated at,
+// new tokens take their true positions, and nothing is re-rotated or copied before RoPE; attention is
+// then the full model's restricted to the kept rows, and positions grow with the context.
+enum class LocretPositions { kCompact, kOriginal };
+std::string_view locret_positions_name(LocretPositions p);
+LocretPositions parse_locret_positions(std::string_view name);  // Error(kInvalidArgument) naming the choices
+
 // What locret keeps on a layer with a sliding window of its own (Gemma-3's local layers; the paper's
 // models have none). kRecent: its most recent rows, as the window itself does and as h2o and
 // streaming keep such layers; the kept rows are then contiguous, so their relative positions are the
@@ -136,8 +146,9 @@ struct PolicyKnobs {
                              // neighbouring units (odd; 1: its own score, the paper)
   int64_t locret_sinks = 0;  // --locret-sinks: locret never evicts the prompt's first this many tokens
                              // (an instruction, a system prompt; 0: none, the paper)
-  LocretKeys locret_keys = LocretKeys::kPreRope;          // --locret-keys
-  LocretSliding locret_sliding = LocretSliding::kRecent;  // --locret-sliding
+  LocretKeys locret_keys = LocretKeys::kPreRope;                 // --locret-keys
+  LocretPositions locret_positions = LocretPositions::kCompact;  // --locret-positions
+  LocretSliding locret_sliding = LocretSliding::kRecent;         // --locret-sliding
   uint64_t pool_limit = 0;  // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   PoolPrefill pool_prefill = PoolPrefill::kOrder;       // --kv-pool-prefill

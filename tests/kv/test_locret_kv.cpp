@@ -83,7 +83,9 @@ struct Driver {
   int64_t plan_end = 0;
   double max_err = 0;
 
-  // One pass of n tokens; checks outputs against attention over the simulated rows at compact positions.
+  bool original = false;  // --locret-positions original: rows and queries at their true positions
+  // One pass of n tokens; checks outputs against attention over the simulated rows at compact
+  // positions (original: at their true positions).
   void pass(int64_t n) {
     std::normal_distribution<float> nd(0.0f, 1.0f);
     if (static_cast<int64_t>(sim[0][0].pos.size()) + n > cap) {  // out of room: evict as a non-final chunk
@@ -94,7 +96,7 @@ struct Driver {
     }
     const PassPositions pp = kv.begin_pass({0, n});
     const int64_t held = static_cast<int64_t>(sim[0][0].pos.size());
-    EXPECT_EQ(pp.pos0, held);  // compact: the pass continues from the rows held
+    EXPECT_EQ(pp.pos0, original ? length : held);  // compact: the pass continues from the rows held
     for (uint32_t l = 0; l < 2; ++l) {
       ToyLayerRows tl = toy_layer_rows(n, pp.pos0, rng, nd);
       auto &q_pre = tl.q_pre, &k_pre = tl.k_pre, &v = tl.v, &q = tl.q, &k = tl.k;
@@ -111,16 +113,16 @@ struct Driver {
           s.kpre.emplace_back(&k_pre[(t * 2 + h) * kDk], &k_pre[(t * 2 + h + 1) * kDk]);
           s.v.emplace_back(&v[(t * 2 + h) * kDv], &v[(t * 2 + h + 1) * kDv]);
         }
-        for (int64_t t = 0; t < n; ++t) {  // attention at compact positions, in double
+        for (int64_t t = 0; t < n; ++t) {  // attention at compact (or true) positions, in double
           for (int64_t g = 0; g < 2; ++g) {
             std::vector<float> qr(kDk);
-            toy_rope(&q_pre[(t * kHead + h * 2 + g) * kDk], held + t, qr.data());
+            toy_rope(&q_pre[(t * kHead + h * 2 + g) * kDk], pp.pos0 + t, qr.data());
             const int64_t visible = held + t + 1;
             std::vector<double> sc(visible);
             double m = -INFINITY, z = 0;
             for (int64_t j = 0; j < visible; ++j) {
               std::vector<float> kr(kDk);
-              toy_rope(s.kpre[j].data(), j, kr.data());
+              toy_rope(s.kpre[j].data(), original ? s.pos[j] : j, kr.data());
               double d = 0;
               for (int64_t i = 0; i < kDk; ++i) d += double{qr[i]} * kr[i];
               sc[j] = d * 0.25;
@@ -174,46 +176,49 @@ struct Driver {
 
 TEST(LocretKv, ABudgetCoveringTheContextIsBitIdenticalToResident) {
   ThreadPool pool(2);
-  for (cpu::KvDtype dt : {cpu::KvDtype::kF32, cpu::KvDtype::kF16}) {
-    const KvGeometry g = geometry(dt);
-    MemoryLedger l0, l1;
-    ResidentKv res(g, 300, kHead, l0, pool, cpu::best_isa());
-    auto sc = std::make_shared<HashScorer>();
-    ToyCompute tc;
-    LocretKv loc(g, 300, kHead, l1, pool, cpu::best_isa(), locret(300, 40, 10, 20, sc));
-    loc.set_compute(&tc);
-    const std::vector<int64_t> plan = loc.plan_prefill(0, 150, 40);
-    EXPECT_EQ(plan, (std::vector<int64_t>{40, 40, 40, 10, 20}));  // 130 evicting, then the 20-token tail
-    std::vector<int64_t> sizes = plan;
-    for (int i = 0; i < 5; ++i) sizes.push_back(1);
-    std::vector<float> out[2];
-    KvCache* caches[2] = {&res, &loc};
-    for (int c = 0; c < 2; ++c) {
-      std::mt19937 rng(9);
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      for (int64_t n : sizes) {
-        const PassPositions pp = caches[c]->begin_pass({0, n});
-        for (uint32_t l = 0; l < 2; ++l) {
-          std::vector<float> q(n * kHead * kDk), k(n * 2 * kDk), v(n * 2 * kDv);
-          for (auto* x : {&q, &k, &v}) {
-            for (float& e : *x) e = nd(rng);
+  for (const auto positions : {policy::LocretPositions::kCompact, policy::LocretPositions::kOriginal})
+    for (cpu::KvDtype dt : {cpu::KvDtype::kF32, cpu::KvDtype::kF16}) {
+      const KvGeometry g = geometry(dt);
+      MemoryLedger l0, l1;
+      ResidentKv res(g, 300, kHead, l0, pool, cpu::best_isa());
+      auto sc = std::make_shared<HashScorer>();
+      ToyCompute tc;
+      KvOptions o = locret(300, 40, 10, 20, sc);
+      o.knobs.locret_positions = positions;
+      LocretKv loc(g, 300, kHead, l1, pool, cpu::best_isa(), o);
+      loc.set_compute(&tc);
+      const std::vector<int64_t> plan = loc.plan_prefill(0, 150, 40);
+      EXPECT_EQ(plan, (std::vector<int64_t>{40, 40, 40, 10, 20}));  // 130 evicting, then the 20-token tail
+      std::vector<int64_t> sizes = plan;
+      for (int i = 0; i < 5; ++i) sizes.push_back(1);
+      std::vector<float> out[2];
+      KvCache* caches[2] = {&res, &loc};
+      for (int c = 0; c < 2; ++c) {
+        std::mt19937 rng(9);
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (int64_t n : sizes) {
+          const PassPositions pp = caches[c]->begin_pass({0, n});
+          for (uint32_t l = 0; l < 2; ++l) {
+            std::vector<float> q(n * kHead * kDk), k(n * 2 * kDk), v(n * 2 * kDv);
+            for (auto* x : {&q, &k, &v}) {
+              for (float& e : *x) e = nd(rng);
+            }
+            LayerRows rows;
+            rows.k = k.data(), rows.v = v.data(), rows.q_pre = q.data(), rows.k_pre = k.data();
+            std::vector<float> o(n * kHead * kDv);
+            (void)pp;
+            caches[c]->write(l, rows);
+            caches[c]->attend(l, q.data(), kHead, {0.25f, 0.0f, 0}, o.data());
+            out[c].insert(out[c].end(), o.begin(), o.end());
           }
-          LayerRows rows;
-          rows.k = k.data(), rows.v = v.data(), rows.q_pre = q.data(), rows.k_pre = k.data();
-          std::vector<float> o(n * kHead * kDv);
-          (void)pp;
-          caches[c]->write(l, rows);
-          caches[c]->attend(l, q.data(), kHead, {0.25f, 0.0f, 0}, o.data());
-          out[c].insert(out[c].end(), o.begin(), o.end());
+          caches[c]->end_pass();
         }
-        caches[c]->end_pass();
       }
+      ASSERT_EQ(out[0].size(), out[1].size());
+      EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+      EXPECT_EQ(loc.evictions(), 0u);
+      EXPECT_EQ(loc.rows(0), 155);
     }
-    ASSERT_EQ(out[0].size(), out[1].size());
-    EXPECT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
-    EXPECT_EQ(loc.evictions(), 0u);
-    EXPECT_EQ(loc.rows(0), 155);
-  }
 }
 
 TEST(LocretKv, KeepsWhatADirectSimulationOfTheSpecKeeps) {
@@ -468,6 +473,37 @@ TEST(LocretKv, RerotatedKeysGiveTheSpecsAttentionWithoutPreRopeCopies) {
     // b + n_loc + B = 56 rows per (layer, KV head) of K, V (and K before RoPE) + position + score.
     EXPECT_EQ(bytes[0], 2u * 2u * 56u * (3u * 16u * row + 8u + 4u));
     EXPECT_EQ(bytes[1], 2u * 2u * 56u * (2u * 16u * row + 8u + 4u));
+  }
+}
+
+// --locret-positions original (spec §8.1's option): a pass's tokens take their true positions, the kept
+// rows keep theirs, and the outputs are attention over the spec's rows at their true positions (keys
+// as the forward pass rotated them: nothing moves in angle), through many evictions and decode steps.
+// The rows kept are the compact mode's (scores do not depend on positions), and no pre-RoPE copy is
+// held: the rows cost what --locret-keys rerotate's do.
+TEST(LocretKv, OriginalPositionsGiveAttentionOverTheKeptRowsAtTheirTruePositions) {
+  ThreadPool pool(2);
+  ToyCompute tc;
+  auto sc = std::make_shared<HashScorer>();
+  for (const cpu::KvDtype dt : {cpu::KvDtype::kF32, cpu::KvDtype::kF16}) {
+    KvOptions o = locret(32, 16, 8, 8, sc);
+    o.knobs.locret_positions = policy::LocretPositions::kOriginal;
+    MemoryLedger ledger;
+    LocretKv kv(geometry(dt), 4096, kHead, ledger, pool, cpu::best_isa(), o);
+    kv.set_compute(&tc);
+    Driver d{kv, *sc, 32, 8};
+    d.original = true;
+    d.kv_local_tail = 8;
+    d.cap = 56;
+    d.prefill(600, 16);
+    for (int i = 0; i < 30; ++i) d.pass(1);  // decode overflows evict too
+    d.expect_same_rows();
+    EXPECT_GT(kv.evictions(), 30u);
+    EXPECT_EQ(kv.positions(0), 630);
+    EXPECT_EQ(kv.position(0, 1, 1, kv.rows(0) - 1), 629);  // the last row at its true position
+    EXPECT_LT(d.max_err, dt == cpu::KvDtype::kF32 ? 2e-4 : 2e-3);
+    const uint64_t row = dt == cpu::KvDtype::kF32 ? 4u : 2u;
+    EXPECT_EQ(ledger.current(Tier::kDevice, Category::kKv), 2u * 2u * 56u * (2u * 16u * row + 8u + 4u));
   }
 }
 

@@ -138,6 +138,28 @@ TEST(KvPolicy, KiviComposesWithKvpr) {
   EXPECT_THROW(check_knobs(bad), Error);
 }
 
+// --locret-positions: compact (the default) or original, the latter on the resident placement only (an
+// offloaded placement's locret store keeps compact rows), refused there with the reason.
+TEST(KvPolicy, LocretOriginalPositionsAreForTheResidentPlacement) {
+  EXPECT_EQ(parse_locret_positions("original"), LocretPositions::kOriginal);
+  EXPECT_EQ(locret_positions_name(LocretPositions::kCompact), "compact");
+  EXPECT_THROW(parse_locret_positions("true"), Error);
+  KvPolicy p = parse_kv_policy("locret");
+  p.knobs.budget = 64;
+  p.knobs.locret_positions = LocretPositions::kOriginal;
+  EXPECT_NO_THROW(check_knobs(p));
+  KvPolicy q = parse_kv_policy("headinfer+locret");
+  q.knobs = p.knobs;
+  try {
+    check_knobs(q);
+    ADD_FAILURE() << "headinfer+locret with original positions was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("resident placement only"), std::string::npos) << e.what();
+  }
+  q.knobs.locret_positions = LocretPositions::kCompact;
+  EXPECT_NO_THROW(check_knobs(q));
+}
+
 TEST(KvPolicy, PoolIsARetentionOfInfinigen) {
   KvPolicy p = parse_kv_policy("layer+infinigen+pool");
   EXPECT_EQ(p.placement, Placement::kLayer);

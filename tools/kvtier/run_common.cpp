@@ -63,6 +63,14 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "rounding per move; docs/locret.md)")
       ->default_str(std::string(policy::locret_keys_name(k.locret_keys)));
   cmd->add_option_function<std::string>(
+         "--locret-positions",
+         [&knobs](const std::string& v) { knobs.locret_positions = policy::parse_locret_positions(v); },
+         "locret: the positions of the kept rows: compact (renumbered 0, 1, ... after every eviction, the "
+         "spec's default: positions stay below budget + tail + chunk + generated) or original (each row "
+         "keeps its true position, nothing is re-rotated and no pre-RoPE copy is kept: the full model's "
+         "attention over the kept rows; resident placement only; docs/locret.md)")
+      ->default_str(std::string(policy::locret_positions_name(k.locret_positions)));
+  cmd->add_option_function<std::string>(
          "--locret-sliding",
          [&knobs](const std::string& v) { knobs.locret_sliding = policy::parse_locret_sliding(v); },
          "locret: what a layer with a sliding window of its own (Gemma-3's local layers) keeps: recent (its "
@@ -156,6 +164,8 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
   add(k.locret_pool != d.locret_pool, "--locret-pool", k.locret_pool);
   add(k.locret_sinks != d.locret_sinks, "--locret-sinks", k.locret_sinks);
   add(k.locret_keys != d.locret_keys, "--locret-keys", policy::locret_keys_name(k.locret_keys));
+  add(k.locret_positions != d.locret_positions, "--locret-positions",
+      policy::locret_positions_name(k.locret_positions));
   add(k.locret_sliding != d.locret_sliding, "--locret-sliding",
       policy::locret_sliding_name(k.locret_sliding));
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
