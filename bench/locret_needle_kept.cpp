@@ -21,6 +21,7 @@
 #include "runtime/model_files.h"
 #include "runtime/session.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/prompt_tokens.h"
 
 namespace {
 
@@ -49,15 +50,9 @@ int run(int argc, char** argv) {
   }
   const auto model = runtime::load_model(model_path, runtime::LoadOptions{.cpu_isa = isa});
   const auto& tok = *model->tokenizer;
-  const tokenizer::ChatTemplate tmpl = tokenizer::chat_template_for(tok.vocab());
-  // As kvtier eval formats a prompt (tools/kvtier/eval_common.cpp, eval_prompt_tokens).
-  auto prompt_tokens = [&](const eval::Prompt& p) {
-    const auto& v = tok.vocab();
-    const std::string bos = v.special.bos != tokenizer::kNoToken ? v.text[v.special.bos] : "";
-    const std::string eos = v.special.eos != tokenizer::kNoToken ? v.text[v.special.eos] : "";
-    const std::vector<tokenizer::ChatMessage> msgs = {{"user", p.user}};
-    const std::string text = tokenizer::format_chat(tmpl, msgs, true, bos, eos) + p.answer_prefix;
-    return tok.encode(text, {.add_special = !tokenizer::template_writes_bos(tmpl), .parse_special = true});
+  const std::optional<tokenizer::ChatTemplate> tmpl = tokenizer::chat_template_for(tok.vocab());
+  auto prompt_tokens = [&](const eval::Prompt& p) {  // as kvtier eval feeds a prompt
+    return tokenizer::one_turn_prompt_tokens(tok, tmpl, p.user, p.answer_prefix);
   };
   eval::GridSpec grid;
   grid.lengths = {length};

@@ -26,10 +26,11 @@ BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_
   for (uint32_t l = 0; l < geo.n_layer(); ++l)
     r.kv_bytes +=
         uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * bounded_row_bytes(geo, locret_pre_rope(o), 1);
+  const uint64_t moved = locret_compact(o) ? rows : 0;  // keys re-rotated at once (none: original)
   r.scratch_bytes = geo.attention_scratch_bytes(n_head, threads) +
                     static_cast<uint64_t>(max_new_rows(capacity, o) * geo.max_head_kv()) * sizeof(float) +
                     rows * (1 + sizeof(int64_t)) +
-                    rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + 2 * sizeof(int64_t));
+                    moved * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + 2 * sizeof(int64_t));
   return r;
 }
 
@@ -122,10 +123,12 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   scratch_.resize(geo_.attention_scratch_bytes(n_head, pool.size()));
   keep_.resize(static_cast<size_t>(cap_));
   order_.resize(static_cast<size_t>(cap_));
-  rot_in_.resize(static_cast<size_t>(cap_ * geo_.head_dim_k));
-  rot_out_.resize(rot_in_.size());
-  rot_pos_.resize(static_cast<size_t>(cap_));
-  rot_row_.resize(static_cast<size_t>(cap_));
+  if (locret_compact(opt_)) {  // with original positions no key is re-rotated
+    rot_in_.resize(static_cast<size_t>(cap_ * geo_.head_dim_k));
+    rot_out_.resize(rot_in_.size());
+    rot_pos_.resize(static_cast<size_t>(cap_));
+    rot_row_.resize(static_cast<size_t>(cap_));
+  }
 }
 
 int64_t LocretKv::positions(SeqId seq) const {
@@ -230,6 +233,11 @@ void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_
   const LocretProtected prot = locret_protected(geo_, opt_.knobs, layer, keep, n_protect);
   locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, prot.last, prot.first, opt_.knobs.locret_pool,
                    order_, keep_);
+  if (!locret_compact(opt_)) {  // original positions: the kept rows keep their keys as they are
+    const int64_t kept = s.compact(h, n, keep_);
+    KVTIER_ASSERT(kept == keep, "layer {} head {}: kept {} rows of {}", layer, h, kept, keep);
+    return;
+  }
   // Compact in place (kept rows in position order) and re-rotate every moved key to its new row: from
   // its pre-RoPE copy to the new row's position, or (rerotate) the moved key by new row - old row.
   const int64_t dk = geo_.head_dim_k;
@@ -247,11 +255,6 @@ void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_
     n_rot = 0;
   };
   const bool pre_rope = locret_pre_rope(opt_);
-  if (!locret_compact(opt_)) {  // original positions: the kept rows keep their keys as they are
-    const int64_t kept = s.compact(h, n, keep_);
-    KVTIER_ASSERT(kept == keep, "layer {} head {}: kept {} rows of {}", layer, h, kept, keep);
-    return;
-  }
   const int64_t kept = s.compact(h, n, keep_, [&](int64_t w, int64_t r) {
     const uint8_t* src = (pre_rope ? s.kpre.data() : s.k.data()) + s.cell(h, w) * s.rk;
     load_kv_row(geo_.dtype, src, dk, rot_in_.data() + n_rot * dk);

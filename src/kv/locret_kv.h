@@ -149,7 +149,7 @@ class LocretKv final : public KvCache {
   std::vector<uint8_t> scratch_;         // attention scratch
   std::vector<uint8_t> keep_;            // [cap] rows an eviction keeps
   std::vector<int64_t> order_;           // [cap] candidate rows
-  std::vector<float> rot_in_, rot_out_;  // [max rows, head_dim_k] f32: keys being re-rotated
+  std::vector<float> rot_in_, rot_out_;  // [max rows, head_dim_k] f32: keys being re-rotated (compact only)
   std::vector<int64_t> rot_pos_;         // [max rows] the angle's position: prerope the new row, rerotate
                                          // new row - old row
   std::vector<int64_t> rot_row_;         // [max rows] their new rows

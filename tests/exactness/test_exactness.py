@@ -155,6 +155,10 @@ def degenerate_configs(n_kv_heads):
     # the keys are the forward's own (test_locret_offloaded.py checks the mode through evictions).
     if "locret" in approximate_values():
         out.append((["--kv-policy", "locret", *DEGENERATE["locret"][0], "--locret-keys", "rerotate"], False))
+        # kept rows at their true positions (--locret-positions original): nothing is evicted or
+        # re-rotated, and the pass's positions are the true ones, as under resident.
+        out.append((["--kv-policy", "locret", *DEGENERATE["locret"][0], "--locret-positions", "original"],
+                    False))
     return out
 
 

@@ -9,6 +9,7 @@
 
 #include "cli_util.h"
 #include "core/error.h"
+#include "tokenizer/prompt_tokens.h"
 
 namespace kvtier::cli {
 namespace {
@@ -75,14 +76,7 @@ std::vector<double> parse_depths(const std::string& s) {
 std::vector<int32_t> eval_prompt_tokens(const runtime::LoadedModel& model,
                                         const std::optional<tokenizer::ChatTemplate>& tmpl,
                                         const eval::Prompt& p) {
-  const auto& tok = *model.tokenizer;
-  if (!tmpl) return tok.encode(p.user + "\n\n" + p.answer_prefix);
-  const auto& v = tok.vocab();
-  const std::string bos = v.special.bos != tokenizer::kNoToken ? v.text[v.special.bos] : "";
-  const std::string eos = v.special.eos != tokenizer::kNoToken ? v.text[v.special.eos] : "";
-  const std::vector<tokenizer::ChatMessage> msgs = {{"user", p.user}};
-  const std::string text = tokenizer::format_chat(*tmpl, msgs, true, bos, eos) + p.answer_prefix;
-  return tok.encode(text, {.add_special = !tokenizer::template_writes_bos(*tmpl), .parse_special = true});
+  return tokenizer::one_turn_prompt_tokens(*model.tokenizer, tmpl, p.user, p.answer_prefix);
 }
 
 std::string source_commit() {
