@@ -75,8 +75,7 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          [&knobs](const std::string& v) { knobs.locret_sliding = policy::parse_locret_sliding(v); },
          "locret: what a layer with a sliding window of its own (Gemma-3's local layers) keeps: recent (its "
          "most recent rows, as its window does) or scored (the retaining heads' best, as a global layer: "
-         "better "
-         "on Gemma-3's passkey at 4K, worse on its niah; docs/accuracy.md)")
+         "better on Gemma-3's passkey at 4K, worse on its niah; docs/accuracy.md)")
       ->default_str(std::string(policy::locret_sliding_name(k.locret_sliding)));
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
