@@ -11,7 +11,8 @@
 //                             where the ISA has a lanes kernel for the type; GB/s of the GGUF bytes
 //   matmul/TYPE/TOKxK->N/threads:T  prefill shapes (2048 -> 640: Gemma-3-270M's FFN down, a K-quant size);
 //                             matmul_lanes/...: the same from the rows-in-lanes copy, for the types whose
-//                             lanes kernel serves prefill (KernelTable::lanes_any_tokens: q8_0)
+//                             lanes kernel serves prefill (KernelTable::lanes_any_tokens: q8_0; on the
+//                             AVX-512 path without AMX every lanes type)
 //   GFLOP/s (2 * tokens * k * n) and pct_peak = GFLOP/s
 //                             / measured FMA peak (f32 lanes of the ISA used, same thread count);
 //                             quantised types also pct_int8_peak = GFLOP/s / measured int8 dot peak

@@ -6,7 +6,9 @@
 //   q4_K 1024 -> 640 (attn_output, ffn_down)  q6_K 2048 -> 640 (ffn_down)
 //   q4_1 576 -> 1536 (SmolLM2's FFN)          f16 640 -> 2048
 // Prints "type tokens x k -> n  GFLOP per CPU second" (2 x tokens x k x n flops), the best of 5
-// timings of `iters` calls each. Then decode: one token against [rows, 2048] weights of each type
+// timings of `iters` calls each, from the GGUF rows and, where the ISA has a lanes kernel for the
+// type, with the rows-in-lanes copy attached (which prefill then reads where the table says
+// lanes_any_tokens). Then decode: one token against [rows, 2048] weights of each type
 // (rows 16384: 23-34 MB, past the L2 but partly in a 32 MB L3; rows 256: in L2, the kernel's own
 // speed), "GB of weights per CPU second", and the same from the rows-in-lanes copy (weight_lanes.h)
 // where the ISA has a lanes kernel for the type.
@@ -101,6 +103,17 @@ int run(int iters, cpu::Isa isa, int64_t matvec_rows) {
     std::printf("%-5s %lld x %lld -> %lld  %.1f GFLOP per CPU second\n", ggml_type_name(s.type).data(),
                 static_cast<long long>(tokens), static_cast<long long>(s.k), static_cast<long long>(s.n),
                 flops / best / 1e9);
+    if (!cpu::has_lanes_layout(s.type) ||
+        cpu::kernel_table(isa).lanes[static_cast<size_t>(s.type)] == nullptr)
+      continue;
+    const cpu::LanesWeights packed = cpu::pack_lanes(m);  // the same product where a copy exists
+    cpu::WeightMatrix ml = m;
+    ml.lanes = packed.data();
+    const double best_lanes =
+        best_seconds(iters, [&] { cpu::matmul(pool, isa, ml, x.data(), tokens, y.data(), scratch); });
+    std::printf("%-5s %lld x %lld -> %lld  %.1f GFLOP per CPU second (with the rows-in-lanes copy)\n",
+                ggml_type_name(s.type).data(), static_cast<long long>(tokens), static_cast<long long>(s.k),
+                static_cast<long long>(s.n), flops / best_lanes / 1e9);
   }
   for (const Shape& s0 : shapes) {
     const Shape s{s0.type, 2048, matvec_rows, s0.f16_fields};

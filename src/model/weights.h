@@ -71,7 +71,9 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 // product (KernelTable::lanes_any_tokens: q8_0); else the copy counts in lanes_extra_bytes.
 bool pack_output_lanes(ModelWeights& w, cpu::Isa isa);
 // The layers' matrices, in one shared buffer. They cost their bytes again (prefill keeps reading the
-// GGUF rows): counted in lanes_extra_bytes.
+// GGUF rows where the table has panel or AMX tiles for the type; where its lanes kernels serve
+// prefill too, lanes_any_tokens, the GGUF rows are not read but stay mapped): counted in
+// lanes_extra_bytes.
 void pack_layer_lanes(ModelWeights& w, cpu::Isa isa);
 // Whether the CPU kernels of `isa` read the output matrix from its rows-in-lanes copy.
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa);

@@ -120,6 +120,19 @@ TEST(WeightLanes, VectorTablesHaveAKernelForEveryLayout) {
     // kernel must serve prefill products too.
     EXPECT_TRUE(kernel_table(isa).lanes_any_tokens[static_cast<size_t>(GgmlType::kQ8_0)]) << isa_name(isa);
   }
+  if (isa_supported(Isa::kAvx512)) {
+    // The AVX-512 vector table's lanes kernels serve prefill for every type (several tokens per pass,
+    // matmul_lanes_avx512_tokens.cpp); where AMX tiles exist, the best table hands those types'
+    // prefill back to them.
+    for (GgmlType type : kLanesTypes) {
+      const auto i = static_cast<size_t>(type);
+      EXPECT_TRUE(kernel_table(Isa::kAvx512, MatrixUnits::kVector).lanes_any_tokens[i])
+          << ggml_type_name(type);
+      const KernelTable& best = kernel_table(Isa::kAvx512);
+      const bool amx_panel = best.panel[i].fn != nullptr && best.panel[i].layout == PanelLayout::kRows;
+      EXPECT_EQ(best.lanes_any_tokens[i], !amx_panel) << ggml_type_name(type);
+    }
+  }
   if (tables == 0) GTEST_SKIP() << "this CPU has no AVX2: no lanes kernel is run here";
 }
 
@@ -211,6 +224,56 @@ TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
   }
   if (kernels_run == 0)
     GTEST_SKIP() << "no ISA of this CPU has a lanes kernel: only the GGML-row fallback was checked";
+}
+
+// The AVX-512 vector table's lanes kernels called directly over one group (partial or whole) with
+// 1 to 19 tokens: whole passes of several tokens, then the one-token kernel for the rest. matmul
+// reaches them through MatmulOverLanesHasVecDotBits on CPUs without AMX; on CPUs with AMX the best
+// table's prefill takes the AMX tiles instead, so this test is what checks them there.
+TEST(WeightLanes, Avx512VectorKernelsOverTokensHaveVecDotBits) {
+  if (!isa_supported(Isa::kAvx512))
+    GTEST_SKIP() << "this CPU has no AVX-512: its lanes kernels are not run here";
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const KernelTable& table = kernel_table(Isa::kAvx512, MatrixUnits::kVector);
+  for (GgmlType type : kLanesTypes) {
+    const LanesFn fn = table.lanes[static_cast<size_t>(type)];
+    ASSERT_NE(fn, nullptr) << ggml_type_name(type);
+    for (int64_t k : inner_sizes(type, false)) {
+      for (int64_t n_rows : {16, 11}) {
+        const auto bytes = test::random_weights(type, n_rows, k, rng);
+        const LanesWeights p = pack_lanes(WeightMatrix{type, bytes.data(), n_rows, k});
+        const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
+        const ActFormat f = act_format_for(type);
+        const auto act_bytes = static_cast<int64_t>(act_row_bytes(f, k));
+        const int64_t max_tokens = 19;
+        std::vector<uint8_t> act(static_cast<size_t>(act_bytes * max_tokens));  // [max_tokens, act_bytes]
+        std::vector<float> x(static_cast<size_t>(k));
+        for (int64_t t = 0; t < max_tokens; ++t) {
+          for (float& v : x) v = normal(rng);
+          quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
+        }
+        for (int64_t n_tokens : {1, 7, 8, 9, 16, 19}) {
+          std::vector<float> y(static_cast<size_t>(n_tokens * kLaneRows), -1.0f);  // [n_tokens, kLaneRows]
+          fn(p.data(), act.data(), act_bytes, n_tokens, k, y.data(), kLaneRows, static_cast<int>(n_rows));
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int64_t r = 0; r < kLaneRows; ++r) {
+              const float got = y[static_cast<size_t>(t * kLaneRows + r)];
+              if (r >= n_rows) {  // rows past the group's real ones are not stored
+                ASSERT_EQ(got, -1.0f) << ggml_type_name(type) << " t=" << t << " r=" << r;
+                continue;
+              }
+              const float want =
+                  vec_dot(Isa::kAvx512, type, bytes.data() + r * row_bytes, act.data() + t * act_bytes, k);
+              ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want))
+                  << ggml_type_name(type) << " k=" << k << " rows=" << n_rows << " tokens=" << n_tokens
+                  << " t=" << t << " r=" << r;
+            }
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

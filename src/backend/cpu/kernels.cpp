@@ -22,6 +22,10 @@ KernelTable make_table(Isa isa, bool amx) {
     if (amx) {  // panel tiles of q4_0, q4_1, q5_0, q5_1, q4_K and q6_K (same bits)
       fill_amx_tiles(t);
       fill_amx_ktiles(t);
+      // prefill of those types takes the AMX tiles rather than the vector lanes kernels
+      for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                            GgmlType::kQ4_K, GgmlType::kQ6_K})
+        t.lanes_any_tokens[static_cast<size_t>(type)] = false;
     }
   }
   t.isa = isa;

@@ -111,7 +111,9 @@ struct KernelTable {
   // that carry one (WeightMatrix::lanes). Null: the type's GGML rows are used.
   std::array<LanesFn, kMaxGgmlTypeId> lanes{};
   // Indexed by GgmlType id: the lanes kernel also serves products of kPanelTokens tokens or more, so
-  // a matrix with a copy skips the panel tiles and its GGUF rows are not read again.
+  // a matrix with a copy skips the panel tiles and its GGUF rows are not read again (q8_0 on both
+  // vector paths; every lanes type on the AVX-512 one, whose kernels take several tokens per pass,
+  // except those the AMX tiles serve).
   std::array<bool, kMaxGgmlTypeId> lanes_any_tokens{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
   std::array<QuantizeActFn, 3> quantize_act{};

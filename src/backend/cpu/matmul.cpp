@@ -14,6 +14,8 @@ namespace kvtier::cpu {
 namespace {
 
 constexpr int64_t kTokenTile = 32;  // tokens per tile: their activations stay in L1/L2 across a row tile
+// Tokens per tile of a product over the rows-in-lanes layout (a multiple of the kernels' passes).
+constexpr int64_t kLanesTokenTile = 128;
 // Weight bytes x tokens below which a sleeping pool's hand-off costs more than it saves
 // (ThreadPool::threads_for; decode's per-layer matvecs are 0.2-1.7 MB).
 constexpr int64_t kSleepingPoolMinBytes = int64_t{4} << 20;
@@ -253,8 +255,8 @@ bool uses_panels(const KernelTable& table, const WeightMatrix& w, int64_t n_toke
 }
 
 // The table's lanes kernel for w, where w carries the rows-in-lanes layout, the table has one, and
-// the product does not take the panel tiles (prefill reads the GGUF rows: its panel and AMX tiles
-// share each weight across 8 or more tokens, which most lanes kernels do not; lanes_any_tokens).
+// the product does not take the panel tiles (where the table has panel or AMX tiles for the type and
+// its lanes kernel does not serve many tokens, prefill reads the GGUF rows; lanes_any_tokens).
 LanesFn lanes_fn(const KernelTable& table, const WeightMatrix& w, int64_t n_tokens) {
   if (w.lanes == nullptr || uses_panels(table, w, n_tokens)) return nullptr;
   return table.lanes[static_cast<size_t>(w.type)];
@@ -267,9 +269,15 @@ void lanes_rows(LanesFn fn, const WeightMatrix& w, const uint8_t* act, int64_t n
   static_assert(kRowAlign % kLaneRows == 0, "parts must split at lane groups");
   const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
   const auto act_bytes = static_cast<int64_t>(act_row_bytes_for(w.type, w.k));
-  for (int64_t r = rows.begin; r < rows.end; r += kLaneRows) {
-    const int n = static_cast<int>(std::min<int64_t>(kLaneRows, rows.end - r));
-    fn(w.lanes + r / kLaneRows * group_bytes, act, act_bytes, n_tokens, w.k, y + r, w.n_rows, n);
+  // Prefill: tiles of kLanesTokenTile tokens outer, so that a tile's activation rows stay in L2
+  // while the part's groups pass over them.
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kLanesTokenTile) {
+    const int64_t nt = std::min(kLanesTokenTile, n_tokens - t0);
+    for (int64_t r = rows.begin; r < rows.end; r += kLaneRows) {
+      const int n = static_cast<int>(std::min<int64_t>(kLaneRows, rows.end - r));
+      fn(w.lanes + r / kLaneRows * group_bytes, act + t0 * act_bytes, act_bytes, nt, w.k,
+         y + t0 * w.n_rows + r, w.n_rows, n);
+    }
   }
 }
 

@@ -13,6 +13,8 @@
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/lanes_prefetch.h"
+#include "backend/cpu/lanes_simd_avx512.h"
+#include "backend/cpu/lanes_tokens_avx512.h"
 #include "backend/cpu/simd_avx512.h"
 #include "backend/cpu/weight_lanes.h"
 
@@ -21,19 +23,10 @@ namespace {
 
 using avx512::join;
 
+using lanes::group_of;
 using lanes::prefetch_span;
-
-// The lanes of a group's real rows (rows <= kLaneRows): the outputs a kernel stores.
-inline __mmask16 rows_mask(int rows) {
-  return rows >= kLaneRows ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << rows) - 1);
-}
-
-// The 4 activation bytes of group g as one i32, broadcast.
-inline __m512i group_of(const int8_t* qs, int g) {
-  int32_t v;
-  std::memcpy(&v, qs + 4 * g, 4);
-  return _mm512_set1_epi32(v);
-}
+using lanes::rows_mask;
+using lanes::widen16;
 
 // One block's 8 group dots for 16 rows: isum[g] = sum_e (q + 128) * a - 128 * sum_e a, exact.
 //   q: [8][16][4] u8 (block's quants as q + 128)    neg128: 16 x i32, lane 8h + g = -128 * sum of group g
@@ -156,11 +149,16 @@ void lanes_legacy_of(const uint8_t* w, const uint8_t* act, int64_t act_bytes, in
   lanes_legacy<kHighBits, kMins, kOffsetShift>(kType, w, act, act_bytes, n_tokens, k, y, ldy, rows);
 }
 
-// 16 rows' u8 (or, kSigned, i8) values at p as 16 x i32.
-template <bool kSigned = false>
-inline __m512i widen16(const uint8_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return kSigned ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
+// A LanesFn: whole passes of kLanesPassTokens tokens by kTokens (lanes_tokens_avx512.h), the
+// remaining tokens (decode's one) by the one-token kernel kOne.
+using TokensFn = int64_t (*)(const uint8_t*, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t, int);
+template <TokensFn kTokens, LanesFn kOne>
+void lanes_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                  float* y, int64_t ldy, int rows) {
+  const int64_t done =
+      n_tokens >= lanes_avx512::kLanesPassTokens ? kTokens(w, act, act_bytes, n_tokens, k, y, ldy, rows) : 0;
+  if (done < n_tokens)
+    kOne(w, act + done * act_bytes, act_bytes, n_tokens - done, k, y + done * ldy, ldy, rows);
 }
 
 // q4_K: vec_dot_avx512.cpp's dot_q4_k per row. Per super-block the exact integers
@@ -254,14 +252,24 @@ void lanes_q6_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
 }  // namespace
 
 void fill_avx512_lanes(KernelTable& t) {
-  t.lanes[static_cast<size_t>(GgmlType::kQ4_K)] = lanes_q4_k;
-  t.lanes[static_cast<size_t>(GgmlType::kQ6_K)] = lanes_q6_k;
+  namespace tok = lanes_avx512;
+  t.lanes[static_cast<size_t>(GgmlType::kQ4_K)] = lanes_tokens<tok::q4_k_tokens, lanes_q4_k>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ6_K)] = lanes_tokens<tok::q6_k_tokens, lanes_q6_k>;
   t.lanes[static_cast<size_t>(GgmlType::kQ8_0)] = lanes_q8_0;
-  t.lanes[static_cast<size_t>(GgmlType::kQ4_0)] = lanes_legacy_of<GgmlType::kQ4_0, false, false, 3>;
-  t.lanes[static_cast<size_t>(GgmlType::kQ4_1)] = lanes_legacy_of<GgmlType::kQ4_1, false, true, 0>;
-  t.lanes[static_cast<size_t>(GgmlType::kQ5_0)] = lanes_legacy_of<GgmlType::kQ5_0, true, false, 4>;
-  t.lanes[static_cast<size_t>(GgmlType::kQ5_1)] = lanes_legacy_of<GgmlType::kQ5_1, true, true, 0>;
-  t.lanes_any_tokens[static_cast<size_t>(GgmlType::kQ8_0)] = true;  // the table has no q8_0 panel tile
+  t.lanes[static_cast<size_t>(GgmlType::kQ4_0)] =
+      lanes_tokens<tok::q4_0_tokens, lanes_legacy_of<GgmlType::kQ4_0, false, false, 3>>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ4_1)] =
+      lanes_tokens<tok::q4_1_tokens, lanes_legacy_of<GgmlType::kQ4_1, false, true, 0>>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ5_0)] =
+      lanes_tokens<tok::q5_0_tokens, lanes_legacy_of<GgmlType::kQ5_0, true, false, 4>>;
+  t.lanes[static_cast<size_t>(GgmlType::kQ5_1)] =
+      lanes_tokens<tok::q5_1_tokens, lanes_legacy_of<GgmlType::kQ5_1, true, true, 0>>;
+  // Every lanes kernel serves prefill too: q8_0 (the table has no q8_0 panel tile) one token at a
+  // time, the others kLanesPassTokens tokens per pass over the group's weights (where AMX tiles
+  // exist, make_table hands prefill back to them).
+  for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
+                        GgmlType::kQ4_K, GgmlType::kQ6_K})
+    t.lanes_any_tokens[static_cast<size_t>(type)] = true;
 }
 
 }  // namespace kvtier::cpu

@@ -1,0 +1,279 @@
+// Prefill over the rows-in-lanes layout on AVX-512: T tokens per pass over one group of kLaneRows
+// rows (lanes_tokens_avx512.h). The one-token kernels (matmul_lanes_avx512.cpp) load and unpack
+// every weight vector once per token; here each weight vector is loaded and unpacked once and feeds
+// T VPDPBUSDs, one per token, whose signed operand is that token's 4 activation bytes broadcast.
+// Per token the arithmetic is the one-token kernel's: the same exact integers per block (integer
+// sums taken in another order are the same integers) and the same float operations in the same
+// order, so every output keeps the bits of the table's vec_dot.
+#include <immintrin.h>
+
+#include "backend/cpu/blocks.h"
+#include "backend/cpu/lanes_simd_avx512.h"
+#include "backend/cpu/lanes_tokens_avx512.h"
+#include "backend/cpu/simd_avx2.h"
+#include "backend/cpu/weight_lanes.h"
+#include "core/ggml_type.h"
+
+namespace kvtier::cpu::lanes_avx512 {
+namespace {
+
+using lanes::rows_mask;
+using lanes::widen16;
+
+// Tokens per pass (at most kLanesPassTokens): as many as the 32 vector registers hold with each
+// token's accumulators (2 per token for q4_0 / q5_0, 3 with q4_1 / q5_1's mins and the K-quants'
+// sub-block dots) beside the weight vectors and constants; more spill to the stack.
+constexpr int kPassLegacy = 8, kPassMins = 6, kPassQ4K = 6, kPassQ6K = 6;
+
+// 16 rows' i16 pairs (lo, hi) as 16 x i32 lanes, from two vectors of 16 x i32 values in i16 range.
+inline __m512i i16_pairs(__m512i lo, __m512i hi) {
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(hi, 16));
+}
+
+// acc + VPDPBUSD(u, the 4 signed bytes at p broadcast), the broadcast taken by the instruction's own
+// memory operand ({1to16}), which GCC does not fold _mm512_set1_epi32 of a loaded value into.
+inline __m512i dpbusd_bcast(__m512i acc, __m512i u, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// acc + VPDPWSSD(x, the i16 pair at p broadcast), likewise.
+inline __m512i dpwssd_bcast(__m512i acc, __m512i x, const int16_t* p) {
+  asm("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(x), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+// q4_0, q4_1, q5_0, q5_1 (lanes_legacy): per token and block the exact integer
+// isum = dot(u, a) - (offset << sum(a)), then s = fma(f32(isum), d * da, s), and for q4_1 / q5_1
+// m = m + (m_w * da) * f32(sum(a)); the result s (+ m).
+template <int T, bool kHighBits, bool kMins, int kOffsetShift>
+void legacy_pass(const uint8_t* w, const LegacyRegions& at, int64_t nb, const uint8_t* act, int64_t act_bytes,
+                 float* y, int64_t ldy, __mmask16 keep) {
+  const ActQ8_32* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  __m512 s[T], m[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) s[t] = m[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* nib = w + at.nibbles + b * 256;
+    __m512i c[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      c[t] = kOffsetShift != 0 ? _mm512_set1_epi32(-(a[t][b].sum << kOffsetShift)) : _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_load_si512(nib + 64 * j);
+      __m512i lo = _mm512_and_si512(v, low4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      if constexpr (kHighBits) {
+        uint64_t ml, mh;
+        std::memcpy(&ml, w + at.high_bits + b * 64 + 8 * j, 8);
+        std::memcpy(&mh, w + at.high_bits + b * 64 + 8 * (j + 4), 8);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, fifth);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, fifth);
+      }
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) c[t] = dpbusd_bcast(c[t], lo, a[t][b].qs + 4 * j);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) c[t] = dpbusd_bcast(c[t], hi, a[t][b].qs + 4 * (j + 4));
+    }
+    const __m512 ws = _mm512_cvtph_ps(avx2::load256(w + at.scales + b * 32));
+    const __m512 wm = kMins ? _mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 da = _mm512_set1_ps(a[t][b].d);
+      s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[t]), _mm512_mul_ps(ws, da), s[t]);
+      if constexpr (kMins)
+        m[t] = _mm512_add_ps(
+            m[t], _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a[t][b].sum))));
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    if constexpr (kMins) s[t] = _mm512_add_ps(s[t], m[t]);
+    _mm512_mask_storeu_ps(y + t * ldy, keep, s[t]);
+  }
+}
+
+template <GgmlType kType, bool kHighBits, bool kMins, int kOffsetShift>
+int64_t legacy_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                      float* y, int64_t ldy, int rows) {
+  const int64_t nb = k / kQK;
+  const LegacyRegions at = legacy_regions(kType, nb);
+  const __mmask16 keep = rows_mask(rows);
+  constexpr int T = kMins ? kPassMins : kPassLegacy;
+  int64_t t = 0;
+  for (; t + T <= n_tokens; t += T)
+    legacy_pass<T, kHighBits, kMins, kOffsetShift>(w, at, nb, act + t * act_bytes, act_bytes, y + t * ldy,
+                                                   ldy, keep);
+  return t;
+}
+
+// q4_K (lanes_q4_k): per token and super-block the exact integers isum = sum_j sc_j * dot(q_j, a_j)
+// and msum = sum_j mn_j * (bsums[2j] + bsums[2j + 1]) (here by VPDPWSSD of (mn_j, mn_j) against the
+// bsums pair), then s += (d * da) * f32(isum) - (dmin * da) * f32(msum).
+template <int T>
+void q4_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_bytes, float* y, int64_t ldy,
+               __mmask16 keep) {
+  const ActQ8_K* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+  __m512 s[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = w + b * kQ4KLanesBytes;
+    __m512i isum[T], dot[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) isum[t] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {  // sub-block 2c + half: the low nibbles, then the high
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int g = 0; g < 8; ++g) {
+          const __m512i v = _mm512_load_si512(sb + (8 * c + g) * 64);
+          const __m512i q =
+              half == 0 ? _mm512_and_si512(v, low4) : _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
+          for (int t = 0; t < T; ++t)
+            dot[t] = dpbusd_bcast(dot[t], q, a[t][b].qs + 64 * c + 32 * half + 4 * g);
+        }
+        const __m512i sc = widen16(sb + 2048 + 16 * (2 * c + half));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) isum[t] = _mm512_add_epi32(isum[t], _mm512_mullo_epi32(dot[t], sc));
+      }
+    }
+    __m512i* msum = dot;
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) msum[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      const __m512i mn = widen16(sb + 2176 + 16 * j);
+      const __m512i pair = i16_pairs(mn, mn);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) msum[t] = dpwssd_bcast(msum[t], pair, a[t][b].bsums + 2 * j);
+    }
+    const __m512 wd = _mm512_cvtph_ps(avx2::load256(sb + 2304));
+    const __m512 wdm = _mm512_cvtph_ps(avx2::load256(sb + 2336));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 da = _mm512_set1_ps(a[t][b].d);
+      const __m512 dd = _mm512_mul_ps(wd, da), dm = _mm512_mul_ps(wdm, da);
+      s[t] = _mm512_add_ps(s[t], _mm512_sub_ps(_mm512_mul_ps(dd, _mm512_cvtepi32_ps(isum[t])),
+                                               _mm512_mul_ps(dm, _mm512_cvtepi32_ps(msum[t]))));
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, keep, s[t]);
+}
+
+// q6_K (lanes_q6_k): per token and super-block the exact integer
+// total = sum_j sc_j * dot(q_j + 32, a_j) - 32 * sum_j sc_j * bsums[j] (the one-token kernel starts
+// each sub-block's dot at -32 * bsums[j]: the same integer), the second sum by VPDPWSSD of the
+// scales' pairs against the bsums' pairs; then s += (d * da) * f32(total).
+template <int T>
+void q6_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_bytes, float* y, int64_t ldy,
+               __mmask16 keep) {
+  const ActQ8_K* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
+  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
+  __m512 s[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* sb = w + b * kQ6KLanesBytes;
+    __m512i total[T], dot[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
+      // sub-block j: elements 16j .. 16j + 15, half h = j / 8, bit pair p = (j % 8) / 2, its 4 groups
+      // the qh vectors gh = 4 (j % 2) .. + 3 and the ql vectors gh (+ 8 for odd p)
+#pragma GCC unroll 2
+    for (int j = 0; j < 16; ++j) {
+      const int h = j / 8, p = (j % 8) / 2;
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const int gh = 4 * (j % 2) + i;
+        const __m512i ql = _mm512_loadu_si512(sb + (16 * h + gh + 8 * (p % 2)) * 64);
+        const __m512i qh = _mm512_loadu_si512(sb + 2048 + (8 * h + gh) * 64);
+        const __m512i lo =
+            p < 2 ? _mm512_and_si512(ql, low4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
+        const __m512i hb = p == 0   ? _mm512_slli_epi16(qh, 4)
+                           : p == 1 ? _mm512_slli_epi16(qh, 2)
+                           : p == 2 ? qh
+                                    : _mm512_srli_epi16(qh, 2);
+        const __m512i q = _mm512_or_si512(lo, _mm512_and_si512(hb, bits45));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; ++t) dot[t] = dpbusd_bcast(dot[t], q, a[t][b].qs + 16 * j + 4 * i);
+      }
+      const __m512i sc = widen16<true>(sb + 3072 + 16 * j);
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(dot[t], sc));
+    }
+    __m512i* scaled_sums = dot;  // sum_j sc_j * bsums[j]
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) scaled_sums[t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p) {
+      const __m512i pair =
+          i16_pairs(widen16<true>(sb + 3072 + 32 * p), widen16<true>(sb + 3072 + 32 * p + 16));
+#pragma GCC unroll 8
+      for (int t = 0; t < T; ++t) scaled_sums[t] = dpwssd_bcast(scaled_sums[t], pair, a[t][b].bsums + 2 * p);
+    }
+    const __m512 wd = _mm512_cvtph_ps(avx2::load256(sb + 3328));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      total[t] = _mm512_sub_epi32(total[t], _mm512_slli_epi32(scaled_sums[t], 5));
+      const __m512 dd = _mm512_mul_ps(wd, _mm512_set1_ps(a[t][b].d));
+      s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(total[t])));
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, keep, s[t]);
+}
+
+template <int T, void (*kPass)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, __mmask16)>
+int64_t kquant_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                      float* y, int64_t ldy, int rows) {
+  const int64_t nb = k / kQKK;
+  const __mmask16 keep = rows_mask(rows);
+  int64_t t = 0;
+  for (; t + T <= n_tokens; t += T) kPass(w, nb, act + t * act_bytes, act_bytes, y + t * ldy, ldy, keep);
+  return t;
+}
+
+}  // namespace
+
+int64_t q4_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return legacy_tokens<GgmlType::kQ4_0, false, false, 3>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+int64_t q4_1_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return legacy_tokens<GgmlType::kQ4_1, false, true, 0>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+int64_t q5_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return legacy_tokens<GgmlType::kQ5_0, true, false, 4>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+int64_t q5_1_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return legacy_tokens<GgmlType::kQ5_1, true, true, 0>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+int64_t q4_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return kquant_tokens<kPassQ4K, q4_k_pass<kPassQ4K>>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+int64_t q6_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return kquant_tokens<kPassQ6K, q6_k_pass<kPassQ6K>>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
+
+}  // namespace kvtier::cpu::lanes_avx512
