@@ -227,7 +227,8 @@ TEST(WeightLanes, MatmulOverLanesHasVecDotBits) {
 }
 
 // The AVX-512 vector table's lanes kernels called directly over one group (partial or whole) with
-// 1 to 19 tokens: whole passes of several tokens, then the one-token kernel for the rest. matmul
+// 1 to 137 tokens: whole passes of several tokens (q6_K's in tiles of 128), then the one-token kernel
+// for the rest. matmul
 // reaches them through MatmulOverLanesHasVecDotBits on CPUs without AMX; on CPUs with AMX the best
 // table's prefill takes the AMX tiles instead, so this test is what checks them there.
 TEST(WeightLanes, Avx512VectorKernelsOverTokensHaveVecDotBits) {
@@ -246,14 +247,14 @@ TEST(WeightLanes, Avx512VectorKernelsOverTokensHaveVecDotBits) {
         const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
         const ActFormat f = act_format_for(type);
         const auto act_bytes = static_cast<int64_t>(act_row_bytes(f, k));
-        const int64_t max_tokens = 19;
+        const int64_t max_tokens = 137;
         std::vector<uint8_t> act(static_cast<size_t>(act_bytes * max_tokens));  // [max_tokens, act_bytes]
         std::vector<float> x(static_cast<size_t>(k));
         for (int64_t t = 0; t < max_tokens; ++t) {
           for (float& v : x) v = normal(rng);
           quantize_act_row(f, x.data(), k, act.data() + t * act_bytes);
         }
-        for (int64_t n_tokens : {1, 7, 8, 9, 16, 19}) {
+        for (int64_t n_tokens : {1, 7, 8, 9, 16, 19, 137}) {
           std::vector<float> y(static_cast<size_t>(n_tokens * kLaneRows), -1.0f);  // [n_tokens, kLaneRows]
           fn(p.data(), act.data(), act_bytes, n_tokens, k, y.data(), kLaneRows, static_cast<int>(n_rows));
           for (int64_t t = 0; t < n_tokens; ++t) {

@@ -7,6 +7,8 @@
 // order, so every output keeps the bits of the table's vec_dot.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "backend/cpu/blocks.h"
 #include "backend/cpu/lanes_simd_avx512.h"
 #include "backend/cpu/lanes_tokens_avx512.h"
@@ -23,7 +25,7 @@ using lanes::widen16;
 // Tokens per pass (at most kLanesPassTokens): as many as the 32 vector registers hold with each
 // token's accumulators (2 per token for q4_0 / q5_0, 3 with q4_1 / q5_1's mins and the K-quants'
 // sub-block dots) beside the weight vectors and constants; more spill to the stack.
-constexpr int kPassLegacy = 8, kPassMins = 6, kPassQ4K = 6, kPassQ6K = 6;
+constexpr int kPassLegacy = 8, kPassMins = 6, kPassQ4K = 6, kPassQ6K = 8;
 
 // 16 rows' i16 pairs (lo, hi) as 16 x i32 lanes, from two vectors of 16 x i32 values in i16 range.
 inline __m512i i16_pairs(__m512i lo, __m512i hi) {
@@ -175,29 +177,31 @@ void q4_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_byt
 // q6_K (lanes_q6_k): per token and super-block the exact integer
 // total = sum_j sc_j * dot(q_j + 32, a_j) - 32 * sum_j sc_j * bsums[j] (the one-token kernel starts
 // each sub-block's dot at -32 * bsums[j]: the same integer), the second sum by VPDPWSSD of the
-// scales' pairs against the bsums' pairs; then s += (d * da) * f32(total).
-template <int T>
-void q6_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_bytes, float* y, int64_t ldy,
-               __mmask16 keep) {
-  const ActQ8_K* a[T];
-#pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
+// scales' pairs against the bsums' pairs; then s += (d * da) * f32(total), super-block by
+// super-block. Unpacking a q6_K vector (two planes, a shift per bit pair) costs about as much as
+// the T products it feeds, so a chunk of kQ6KChunk super-blocks is unpacked once into Q6KChunk for
+// every pass of a tile of up to kQ6KTile tokens, whose accumulators wait in memory between chunks
+// (each row's and token's float chain still runs over the super-blocks in order).
+constexpr int kQ6KChunk = 2;
+constexpr int kQ6KTile = 128;
+
+struct Q6KChunk {
+  alignas(64) uint8_t q[kQ6KChunk][16][4][64];  // [super-block][sub-block j][group i][row * 4 + e] q + 32
+  alignas(64) int32_t sc[kQ6KChunk][16][16];    // [super-block][j][row] the sub-block scale
+  alignas(64) int32_t pairs[kQ6KChunk][8][16];  // [super-block][p][row] scales 2p, 2p + 1 as i16 pairs
+  alignas(64) float d[kQ6KChunk][16];           // [super-block][row] f32(d)
+};
+
+// Super-blocks [b0, b0 + n) of the group w into c.
+void q6k_unpack(const uint8_t* w, int64_t b0, int n, Q6KChunk& c) {
   const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
-  __m512 s[T];
+  for (int cb = 0; cb < n; ++cb) {
+    const uint8_t* sb = w + (b0 + cb) * kQ6KLanesBytes;
+    // sub-block j: elements 16j .. 16j + 15, half h = j / 8, bit pair p = (j % 8) / 2, its 4 groups
+    // the qh vectors gh = 4 (j % 2) .. + 3 and the ql vectors gh (+ 8 for odd p)
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* sb = w + b * kQ6KLanesBytes;
-    __m512i total[T], dot[T];
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
-      // sub-block j: elements 16j .. 16j + 15, half h = j / 8, bit pair p = (j % 8) / 2, its 4 groups
-      // the qh vectors gh = 4 (j % 2) .. + 3 and the ql vectors gh (+ 8 for odd p)
-#pragma GCC unroll 2
     for (int j = 0; j < 16; ++j) {
       const int h = j / 8, p = (j % 8) / 2;
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const int gh = 4 * (j % 2) + i;
@@ -209,12 +213,44 @@ void q6_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_byt
                            : p == 1 ? _mm512_slli_epi16(qh, 2)
                            : p == 2 ? qh
                                     : _mm512_srli_epi16(qh, 2);
-        const __m512i q = _mm512_or_si512(lo, _mm512_and_si512(hb, bits45));
-#pragma GCC unroll 8
-        for (int t = 0; t < T; ++t) dot[t] = dpbusd_bcast(dot[t], q, a[t][b].qs + 16 * j + 4 * i);
+        _mm512_store_si512(c.q[cb][j][i], _mm512_or_si512(lo, _mm512_and_si512(hb, bits45)));
       }
-      const __m512i sc = widen16<true>(sb + 3072 + 16 * j);
+      _mm512_store_si512(c.sc[cb][j], widen16<true>(sb + 3072 + 16 * j));
+    }
 #pragma GCC unroll 8
+    for (int p = 0; p < 8; ++p)
+      _mm512_store_si512(c.pairs[cb][p], i16_pairs(widen16<true>(sb + 3072 + 32 * p),
+                                                   widen16<true>(sb + 3072 + 32 * p + 16)));
+    _mm512_store_ps(c.d[cb], _mm512_cvtph_ps(avx2::load256(sb + 3328)));
+  }
+}
+
+// T tokens' accumulators acc[0..T) ([T][16] f32) continued over the chunk's n super-blocks, whose
+// activations are super-blocks b0 .. b0 + n - 1 of each token's row.
+template <int T>
+void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, int64_t act_bytes, float* acc) {
+  const ActQ8_K* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes) + b0;
+  __m512 s[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) s[t] = _mm512_load_ps(acc + 16 * t);
+  for (int cb = 0; cb < n; ++cb) {
+    __m512i total[T], dot[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        const __m512i q = _mm512_load_si512(c.q[cb][j][i]);
+#pragma GCC unroll 16
+        for (int t = 0; t < T; ++t) dot[t] = dpbusd_bcast(dot[t], q, a[t][cb].qs + 16 * j + 4 * i);
+      }
+      const __m512i sc = _mm512_load_si512(c.sc[cb][j]);
+#pragma GCC unroll 16
       for (int t = 0; t < T; ++t) total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(dot[t], sc));
     }
     __m512i* scaled_sums = dot;  // sum_j sc_j * bsums[j]
@@ -222,21 +258,20 @@ void q6_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_byt
     for (int t = 0; t < T; ++t) scaled_sums[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int p = 0; p < 8; ++p) {
-      const __m512i pair =
-          i16_pairs(widen16<true>(sb + 3072 + 32 * p), widen16<true>(sb + 3072 + 32 * p + 16));
-#pragma GCC unroll 8
-      for (int t = 0; t < T; ++t) scaled_sums[t] = dpwssd_bcast(scaled_sums[t], pair, a[t][b].bsums + 2 * p);
+      const __m512i pair = _mm512_load_si512(c.pairs[cb][p]);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) scaled_sums[t] = dpwssd_bcast(scaled_sums[t], pair, a[t][cb].bsums + 2 * p);
     }
-    const __m512 wd = _mm512_cvtph_ps(avx2::load256(sb + 3328));
+    const __m512 wd = _mm512_load_ps(c.d[cb]);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
       total[t] = _mm512_sub_epi32(total[t], _mm512_slli_epi32(scaled_sums[t], 5));
-      const __m512 dd = _mm512_mul_ps(wd, _mm512_set1_ps(a[t][b].d));
+      const __m512 dd = _mm512_mul_ps(wd, _mm512_set1_ps(a[t][cb].d));
       s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(total[t])));
     }
   }
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, keep, s[t]);
+  for (int t = 0; t < T; ++t) _mm512_store_ps(acc + 16 * t, s[t]);
 }
 
 template <int T, void (*kPass)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, __mmask16)>
@@ -273,7 +308,24 @@ int64_t q4_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int
 }
 int64_t q6_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                     float* y, int64_t ldy, int rows) {
-  return kquant_tokens<kPassQ6K, q6_k_pass<kPassQ6K>>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+  constexpr int T = kPassQ6K;
+  static_assert(kQ6KTile % T == 0, "a tile is whole passes");
+  const int64_t nb = k / kQKK, n_done = n_tokens / T * T;
+  const __mmask16 keep = rows_mask(rows);
+  Q6KChunk chunk;
+  alignas(64) float acc[kQ6KTile][16];  // [token of the tile][row] the float chains
+  for (int64_t t0 = 0; t0 < n_done; t0 += kQ6KTile) {
+    const int64_t nt = std::min<int64_t>(kQ6KTile, n_done - t0);
+    for (int64_t t = 0; t < nt; ++t) _mm512_store_ps(acc[t], _mm512_setzero_ps());
+    for (int64_t b0 = 0; b0 < nb; b0 += kQ6KChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kQ6KChunk, nb - b0));
+      q6k_unpack(w, b0, n, chunk);
+      for (int64_t t = 0; t < nt; t += T)
+        q6k_chunk_pass<T>(chunk, n, b0, act + (t0 + t) * act_bytes, act_bytes, acc[t]);
+    }
+    for (int64_t t = 0; t < nt; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, keep, _mm512_load_ps(acc[t]));
+  }
+  return n_done;
 }
 
 }  // namespace kvtier::cpu::lanes_avx512
