@@ -129,6 +129,13 @@ bool to_pack(const cpu::WeightMatrix& m, const cpu::KernelTable& table) {
          table.lanes[static_cast<size_t>(m.type)] != nullptr;
 }
 
+// Whether the table's lanes kernel serves every product of a matrix of this type that carries a copy
+// (no panel tiles, or lanes_any_tokens), so that the copy replaces its GGUF rows.
+bool copy_replaces_rows(const cpu::KernelTable& table, GgmlType type) {
+  const auto i = static_cast<size_t>(type);
+  return table.panel[i].fn == nullptr || table.lanes_any_tokens[i];
+}
+
 }  // namespace
 
 bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
@@ -140,15 +147,14 @@ bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
   // A tied embedding looks its rows up in the same copy (forward.cpp), so that those lookups do not
   // fault the GGUF rows' pages back where load_model hands them back.
   if (w.tied_output) w.tok_embd.lanes = w.output.lanes;
-  const auto type = static_cast<size_t>(w.output.type);
   // Without panel tiles (or where the lanes kernel serves prefill too) every product reads the copy;
   // with them prefill keeps reading the GGUF rows.
-  const bool replaces = table.panel[type].fn == nullptr || table.lanes_any_tokens[type];
+  const bool replaces = copy_replaces_rows(table, w.output.type);
   if (!replaces) w.lanes_extra_bytes += w.lanes.back()->size();
   return replaces;
 }
 
-void pack_layer_lanes(ModelWeights& w, cpu::Isa isa) {
+void pack_layer_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file) {
   const cpu::KernelTable& table = cpu::kernel_table(isa);
   // One buffer for all: each matrix alone would take whole 2 MiB pages (Gemma-3-270M's 126 matrices
   // of 0.1-0.9 MB held 250 MB for their 68 MB that way).
@@ -169,9 +175,15 @@ void pack_layer_lanes(ModelWeights& w, cpu::Isa isa) {
     cpu::pack_lanes_into(*m, *packed);
     offset += packed->size();
     m->lanes = packed->data();
+    if (!copy_replaces_rows(table, m->type)) {
+      w.lanes_extra_bytes += packed->size();
+    } else if (file != nullptr) {  // the rows are read no more: their pages go back now, one matrix
+                                   // at a time, so that the copies and the rows never all stand together
+      const uint64_t row = *ggml_row_bytes(m->type, static_cast<uint64_t>(m->k));
+      file->drop_pages({m->data, static_cast<size_t>(row * static_cast<uint64_t>(m->n_rows))});
+    }
     w.lanes.push_back(std::move(packed));
   }
-  w.lanes_extra_bytes += total;
 }
 
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa) {

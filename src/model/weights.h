@@ -70,11 +70,12 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 // mapped pages back): where its type has no panel tiles, or the table's lanes kernel serves every
 // product (KernelTable::lanes_any_tokens: q8_0); else the copy counts in lanes_extra_bytes.
 bool pack_output_lanes(ModelWeights& w, cpu::Isa isa);
-// The layers' matrices, in one shared buffer. They cost their bytes again (prefill keeps reading the
-// GGUF rows where the table has panel or AMX tiles for the type; where its lanes kernels serve
-// prefill too, lanes_any_tokens, the GGUF rows are not read but stay mapped): counted in
-// lanes_extra_bytes.
-void pack_layer_lanes(ModelWeights& w, cpu::Isa isa);
+// The layers' matrices, in one shared buffer. A copy replaces its matrix's GGUF rows by the rule of
+// pack_output_lanes (on the AVX-512 path without AMX every lanes type: its lanes kernels serve
+// prefill too), and then, where `file` is given, the rows' mapped pages are handed back as soon as
+// the copy is made; else (prefill keeps reading the GGUF rows: the AVX2 path's panel tiles, AMX) the
+// copy costs its bytes again, counted in lanes_extra_bytes.
+void pack_layer_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file = nullptr);
 // Whether the CPU kernels of `isa` read the output matrix from its rows-in-lanes copy.
 bool output_in_lanes(const ModelWeights& w, cpu::Isa isa);
 

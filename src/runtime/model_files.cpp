@@ -17,7 +17,7 @@ std::unique_ptr<LoadedModel> load_model(const std::string& path, const LoadOptio
       const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
       m->file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
     }
-    if (opt.pack_layers) model::pack_layer_lanes(m->weights, *opt.cpu_isa);
+    if (opt.pack_layers) model::pack_layer_lanes(m->weights, *opt.cpu_isa, m->file.get());
   }
   m->tokenizer = std::make_unique<tokenizer::Tokenizer>(*m->file);
   return m;

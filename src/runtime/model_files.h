@@ -28,7 +28,8 @@ struct LoadOptions {
   // (model::pack_output_lanes), and its mapped pages are handed back. nullopt: the weights stay as
   // mapped (a GPU session, which uploads the file's bytes).
   std::optional<cpu::Isa> cpu_isa = cpu::best_isa();
-  // Also the layers' matrices (model::pack_layer_lanes), at the cost of their bytes again: for sessions
+  // Also the layers' matrices (model::pack_layer_lanes; their pages handed back where the copies
+  // replace their rows, else at the cost of their bytes again): for sessions
   // that hold every layer (no weight streaming).
   bool pack_layers = true;
 };

@@ -212,9 +212,11 @@ void add_engine_flags(CLI::App* cmd, EngineArgs& a, bool with_policy) {
                   "beside two staging buffers, the others are streamed into them on every pass, layer l+1 "
                   "while layer l computes (exact); default: all weights resident");
   cmd->add_flag("--no-layer-lanes", a.no_layer_lanes,
-                "keep the layers' matrices in their GGUF rows only: no second, rows-in-lanes copy for the "
-                "one-token kernels (decode is slower; the copy costs the layers' bytes again, shown as "
-                "device weights). Implied by --weights-mem");
+                "keep the layers' matrices in their GGUF rows only: no rows-in-lanes copy (decode is "
+                "slower, and on the AVX-512 path without AMX prefill too; where prefill reads the GGUF "
+                "rows, on the AVX2 path and with AMX, the copy costs the layers' bytes again, shown as "
+                "device weights; elsewhere it replaces them and their pages are handed back). Implied by "
+                "--weights-mem");
   cmd->add_option("--weights-from", a.weights_from,
                   "where streamed layers come from: host (a copy in host memory, counted against "
                   "--host-mem) or file (read from the GGUF file on every pass, O_DIRECT where the file "
