@@ -47,7 +47,92 @@ inline __m512i dpwssd_bcast(__m512i acc, __m512i x, const int16_t* p) {
 
 // q4_0, q4_1, q5_0, q5_1 (lanes_legacy): per token and block the exact integer
 // isum = dot(u, a) - (offset << sum(a)), then s = fma(f32(isum), d * da, s), and for q4_1 / q5_1
-// m = m + (m_w * da) * f32(sum(a)); the result s (+ m).
+// m = m + (m_w * da) * f32(sum(a)); the result s (+ m). For q4_0 / q5_0 a chunk of kLegacyChunk
+// blocks is unpacked once (nibbles split, fifth bits added, scales widened) into LegacyChunk for
+// every pass of a tile of 16 passes, whose float chains wait in memory between chunks (each row's
+// and token's chains still run over the blocks in order).
+constexpr int kLegacyChunk = 24;
+
+struct LegacyChunk {
+  alignas(64) uint8_t q[kLegacyChunk][8][64];  // [block][g][row * 4 + e] u: group g's 4 elements, g < 4 the
+                                               // low nibbles' (elements 4g + e), else the high (16 + ...)
+  alignas(64) float sc[kLegacyChunk][16];      // [block][row] f32(d)
+  alignas(64) float mn[kLegacyChunk][16];      // [block][row] f32(m), q4_1 / q5_1
+};
+
+template <bool kHighBits, bool kMins>
+void legacy_unpack(const uint8_t* w, const LegacyRegions& at, int64_t b0, int n, LegacyChunk& c) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
+  for (int cb = 0; cb < n; ++cb) {
+    const int64_t b = b0 + cb;
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_load_si512(w + at.nibbles + b * 256 + 64 * j);
+      __m512i lo = _mm512_and_si512(v, low4);
+      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      if constexpr (kHighBits) {
+        uint64_t ml, mh;
+        std::memcpy(&ml, w + at.high_bits + b * 64 + 8 * j, 8);
+        std::memcpy(&mh, w + at.high_bits + b * 64 + 8 * (j + 4), 8);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, fifth);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, fifth);
+      }
+      _mm512_store_si512(c.q[cb][j], lo);
+      _mm512_store_si512(c.q[cb][4 + j], hi);
+    }
+    _mm512_store_ps(c.sc[cb], _mm512_cvtph_ps(avx2::load256(w + at.scales + b * 32)));
+    if constexpr (kMins) _mm512_store_ps(c.mn[cb], _mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)));
+  }
+}
+
+// T tokens' chains s_acc, m_acc ([T][16] f32 each) continued over the chunk's n blocks, whose
+// activations are blocks b0 .. b0 + n - 1 of each token's row.
+template <int T, bool kMins, int kOffsetShift>
+void legacy_chunk_pass(const LegacyChunk& c, int n, int64_t b0, const uint8_t* act, int64_t act_bytes,
+                       float* s_acc, float* m_acc) {
+  const ActQ8_32* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes) + b0;
+  __m512 s[T], m[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    s[t] = _mm512_load_ps(s_acc + 16 * t);
+    m[t] = kMins ? _mm512_load_ps(m_acc + 16 * t) : _mm512_setzero_ps();
+  }
+  for (int cb = 0; cb < n; ++cb) {
+    __m512i acc[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t)
+      acc[t] =
+          kOffsetShift != 0 ? _mm512_set1_epi32(-(a[t][cb].sum << kOffsetShift)) : _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i q = _mm512_load_si512(c.q[cb][g]);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) acc[t] = dpbusd_bcast(acc[t], q, a[t][cb].qs + 4 * g);
+    }
+    const __m512 ws = _mm512_load_ps(c.sc[cb]);
+    const __m512 wm = kMins ? _mm512_load_ps(c.mn[cb]) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) {
+      const __m512 da = _mm512_set1_ps(a[t][cb].d);
+      s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(ws, da), s[t]);
+      if constexpr (kMins)
+        m[t] = _mm512_add_ps(
+            m[t], _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a[t][cb].sum))));
+    }
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    _mm512_store_ps(s_acc + 16 * t, s[t]);
+    if constexpr (kMins) _mm512_store_ps(m_acc + 16 * t, m[t]);
+  }
+}
+
+// q4_1 / q5_1: T tokens over the whole row in registers, each block unpacked once per pass. Their
+// second (mins) chain leaves fewer registers and more float work per block, and here the unpacked
+// chunk's extra loads and the chains' trips through memory cost more than the unpacking they save
+// (docs/benchmarks.md, stop 48).
 template <int T, bool kHighBits, bool kMins, int kOffsetShift>
 void legacy_pass(const uint8_t* w, const LegacyRegions& at, int64_t nb, const uint8_t* act, int64_t act_bytes,
                  float* y, int64_t ldy, __mmask16 keep) {
@@ -102,15 +187,39 @@ void legacy_pass(const uint8_t* w, const LegacyRegions& at, int64_t nb, const ui
 template <GgmlType kType, bool kHighBits, bool kMins, int kOffsetShift>
 int64_t legacy_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                       float* y, int64_t ldy, int rows) {
-  const int64_t nb = k / kQK;
+  constexpr int T = kMins ? kPassMins : kPassLegacy;
+  constexpr int64_t kTile = 16 * T;  // tokens per tile: whole passes
+  const int64_t nb = k / kQK, n_done = n_tokens / T * T;
   const LegacyRegions at = legacy_regions(kType, nb);
   const __mmask16 keep = rows_mask(rows);
-  constexpr int T = kMins ? kPassMins : kPassLegacy;
-  int64_t t = 0;
-  for (; t + T <= n_tokens; t += T)
-    legacy_pass<T, kHighBits, kMins, kOffsetShift>(w, at, nb, act + t * act_bytes, act_bytes, y + t * ldy,
-                                                   ldy, keep);
-  return t;
+  if constexpr (kMins) {
+    for (int64_t t = 0; t < n_done; t += T)
+      legacy_pass<T, kHighBits, kMins, kOffsetShift>(w, at, nb, act + t * act_bytes, act_bytes, y + t * ldy,
+                                                     ldy, keep);
+    return n_done;
+  }
+  LegacyChunk chunk;
+  alignas(64) float s_acc[kTile][16], m_acc[kTile][16];  // [token of the tile][row] the float chains
+  for (int64_t t0 = 0; t0 < n_done; t0 += kTile) {
+    const int64_t nt = std::min<int64_t>(kTile, n_done - t0);
+    for (int64_t t = 0; t < nt; ++t) {
+      _mm512_store_ps(s_acc[t], _mm512_setzero_ps());
+      _mm512_store_ps(m_acc[t], _mm512_setzero_ps());
+    }
+    for (int64_t b0 = 0; b0 < nb; b0 += kLegacyChunk) {
+      const int n = static_cast<int>(std::min<int64_t>(kLegacyChunk, nb - b0));
+      legacy_unpack<kHighBits, kMins>(w, at, b0, n, chunk);
+      for (int64_t t = 0; t < nt; t += T)
+        legacy_chunk_pass<T, kMins, kOffsetShift>(chunk, n, b0, act + (t0 + t) * act_bytes, act_bytes,
+                                                  s_acc[t], m_acc[t]);
+    }
+    for (int64_t t = 0; t < nt; ++t) {
+      __m512 out = _mm512_load_ps(s_acc[t]);
+      if constexpr (kMins) out = _mm512_add_ps(out, _mm512_load_ps(m_acc[t]));
+      _mm512_mask_storeu_ps(y + (t0 + t) * ldy, keep, out);
+    }
+  }
+  return n_done;
 }
 
 // q4_K (lanes_q4_k): per token and super-block the exact integers isum = sum_j sc_j * dot(q_j, a_j)
