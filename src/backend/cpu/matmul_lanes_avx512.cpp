@@ -102,7 +102,6 @@ void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t a
   const LegacyRegions at = legacy_regions(type, nb);
   const int64_t group_bytes = lanes_group_bytes(type, k);
   const __mmask16 keep = rows_mask(rows);
-  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
     __m512 s = _mm512_setzero_ps(), m = _mm512_setzero_ps();
@@ -110,22 +109,13 @@ void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t a
       // the group's bytes in order (the regions are read at their own pace; this keeps the whole
       // stream in flight)
       prefetch_span(w, b * group_bytes / nb, (b + 1) * group_bytes / nb);
-      const uint8_t* nib = w + at.nibbles + b * 256;
       __m512i c0 =
           kOffsetShift != 0 ? _mm512_set1_epi32(-(a[b].sum << kOffsetShift)) : _mm512_setzero_si512();
       __m512i c1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int j = 0; j < 4; ++j) {
-        const __m512i v = _mm512_load_si512(nib + 64 * j);
-        __m512i lo = _mm512_and_si512(v, low4);
-        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-        if constexpr (kHighBits) {
-          uint64_t ml, mh;
-          std::memcpy(&ml, w + at.high_bits + b * 64 + 8 * j, 8);
-          std::memcpy(&mh, w + at.high_bits + b * 64 + 8 * (j + 4), 8);
-          lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, fifth);
-          hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, fifth);
-        }
+        __m512i lo, hi;
+        lanes::legacy_unpack_vector<kHighBits>(w, at, b, j, lo, hi);
         c0 = _mm512_dpbusd_epi32(c0, lo, group_of(a[b].qs, j));
         c1 = _mm512_dpbusd_epi32(c1, hi, group_of(a[b].qs, j + 4));
       }
@@ -211,7 +201,6 @@ void lanes_q6_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
                 float* y, int64_t ldy, int rows) {
   const int64_t nb = k / kQKK;
   const __mmask16 keep = rows_mask(rows);
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes);
     __m512 s = _mm512_setzero_ps();
@@ -219,27 +208,12 @@ void lanes_q6_k(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
       const uint8_t* sb = w + b * kQ6KLanesBytes;
       prefetch_span(sb, 0, kQ6KLanesBytes);
       __m512i total = _mm512_setzero_si512();
-      // sub-block j: elements 16j .. 16j + 15, half h = j / 8, bit pair p = (j % 8) / 2, its 4
-      // groups the qh vectors gh = 4 (j % 2) .. + 3 and the ql vectors gh (+ 8 for odd p)
 #pragma GCC unroll 2
-      for (int j = 0; j < 16; ++j) {
-        const int h = j / 8, p = (j % 8) / 2;
+      for (int j = 0; j < 16; ++j) {  // sub-block j (lanes_simd_avx512.h, q6k_lanes_vector)
         __m512i dot = _mm512_set1_epi32(-32 * a[b].bsums[j]);
 #pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const int gh = 4 * (j % 2) + i;
-          const __m512i ql = _mm512_loadu_si512(sb + (16 * h + gh + 8 * (p % 2)) * 64);
-          const __m512i qh = _mm512_loadu_si512(sb + 2048 + (8 * h + gh) * 64);
-          const __m512i lo =
-              p < 2 ? _mm512_and_si512(ql, low4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
-          // bits 2p, 2p + 1 of qh to bits 4, 5
-          const __m512i hb = p == 0   ? _mm512_slli_epi16(qh, 4)
-                             : p == 1 ? _mm512_slli_epi16(qh, 2)
-                             : p == 2 ? qh
-                                      : _mm512_srli_epi16(qh, 2);
-          const __m512i q = _mm512_or_si512(lo, _mm512_and_si512(hb, bits45));
-          dot = _mm512_dpbusd_epi32(dot, q, group_of(a[b].qs + 16 * j, i));
-        }
+        for (int i = 0; i < 4; ++i)
+          dot = _mm512_dpbusd_epi32(dot, lanes::q6k_lanes_vector(sb, j, i), group_of(a[b].qs + 16 * j, i));
         total = _mm512_add_epi32(total, _mm512_mullo_epi32(dot, widen16<true>(sb + 3072 + 16 * j)));
       }
       const __m512 dd = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(sb + 3328)), _mm512_set1_ps(a[b].d));

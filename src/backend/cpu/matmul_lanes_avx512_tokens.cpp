@@ -60,23 +60,24 @@ struct LegacyChunk {
   alignas(64) float mn[kLegacyChunk][16];      // [block][row] f32(m), q4_1 / q5_1
 };
 
+// One legacy block's float step for a token: s = fma(f32(isum), d * da, s), and where kMins
+// m = m + (m_w * da) * f32(sum(a)). ws, wm: the 16 rows' f32(d), f32(m).
+template <bool kMins>
+inline void legacy_float_step(__m512i isum, __m512 ws, __m512 wm, const ActQ8_32& a, __m512& s, __m512& m) {
+  const __m512 da = _mm512_set1_ps(a.d);
+  s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws, da), s);
+  if constexpr (kMins)
+    m = _mm512_add_ps(m, _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a.sum))));
+}
+
 template <bool kHighBits, bool kMins>
 void legacy_unpack(const uint8_t* w, const LegacyRegions& at, int64_t b0, int n, LegacyChunk& c) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
   for (int cb = 0; cb < n; ++cb) {
     const int64_t b = b0 + cb;
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const __m512i v = _mm512_load_si512(w + at.nibbles + b * 256 + 64 * j);
-      __m512i lo = _mm512_and_si512(v, low4);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      if constexpr (kHighBits) {
-        uint64_t ml, mh;
-        std::memcpy(&ml, w + at.high_bits + b * 64 + 8 * j, 8);
-        std::memcpy(&mh, w + at.high_bits + b * 64 + 8 * (j + 4), 8);
-        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, fifth);
-        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, fifth);
-      }
+      __m512i lo, hi;
+      lanes::legacy_unpack_vector<kHighBits>(w, at, b, j, lo, hi);
       _mm512_store_si512(c.q[cb][j], lo);
       _mm512_store_si512(c.q[cb][4 + j], hi);
     }
@@ -114,13 +115,7 @@ void legacy_chunk_pass(const LegacyChunk& c, int n, int64_t b0, const uint8_t* a
     const __m512 ws = _mm512_load_ps(c.sc[cb]);
     const __m512 wm = kMins ? _mm512_load_ps(c.mn[cb]) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512 da = _mm512_set1_ps(a[t][cb].d);
-      s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[t]), _mm512_mul_ps(ws, da), s[t]);
-      if constexpr (kMins)
-        m[t] = _mm512_add_ps(
-            m[t], _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a[t][cb].sum))));
-    }
+    for (int t = 0; t < T; ++t) legacy_float_step<kMins>(acc[t], ws, wm, a[t][cb], s[t], m[t]);
   }
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
@@ -139,28 +134,18 @@ void legacy_pass(const uint8_t* w, const LegacyRegions& at, int64_t nb, const ui
   const ActQ8_32* a[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
-  const __m512i low4 = _mm512_set1_epi8(0x0F), fifth = _mm512_set1_epi8(0x10);
   __m512 s[T], m[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) s[t] = m[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* nib = w + at.nibbles + b * 256;
     __m512i c[T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t)
       c[t] = kOffsetShift != 0 ? _mm512_set1_epi32(-(a[t][b].sum << kOffsetShift)) : _mm512_setzero_si512();
 #pragma GCC unroll 4
     for (int j = 0; j < 4; ++j) {
-      const __m512i v = _mm512_load_si512(nib + 64 * j);
-      __m512i lo = _mm512_and_si512(v, low4);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      if constexpr (kHighBits) {
-        uint64_t ml, mh;
-        std::memcpy(&ml, w + at.high_bits + b * 64 + 8 * j, 8);
-        std::memcpy(&mh, w + at.high_bits + b * 64 + 8 * (j + 4), 8);
-        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(ml), lo, fifth);
-        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(mh), hi, fifth);
-      }
+      __m512i lo, hi;
+      lanes::legacy_unpack_vector<kHighBits>(w, at, b, j, lo, hi);
 #pragma GCC unroll 8
       for (int t = 0; t < T; ++t) c[t] = dpbusd_bcast(c[t], lo, a[t][b].qs + 4 * j);
 #pragma GCC unroll 8
@@ -169,13 +154,7 @@ void legacy_pass(const uint8_t* w, const LegacyRegions& at, int64_t nb, const ui
     const __m512 ws = _mm512_cvtph_ps(avx2::load256(w + at.scales + b * 32));
     const __m512 wm = kMins ? _mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) {
-      const __m512 da = _mm512_set1_ps(a[t][b].d);
-      s[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(c[t]), _mm512_mul_ps(ws, da), s[t]);
-      if constexpr (kMins)
-        m[t] = _mm512_add_ps(
-            m[t], _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a[t][b].sum))));
-    }
+    for (int t = 0; t < T; ++t) legacy_float_step<kMins>(c[t], ws, wm, a[t][b], s[t], m[t]);
   }
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
@@ -303,27 +282,12 @@ struct Q6KChunk {
 
 // Super-blocks [b0, b0 + n) of the group w into c.
 void q6k_unpack(const uint8_t* w, int64_t b0, int n, Q6KChunk& c) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F), bits45 = _mm512_set1_epi8(0x30);
   for (int cb = 0; cb < n; ++cb) {
     const uint8_t* sb = w + (b0 + cb) * kQ6KLanesBytes;
-    // sub-block j: elements 16j .. 16j + 15, half h = j / 8, bit pair p = (j % 8) / 2, its 4 groups
-    // the qh vectors gh = 4 (j % 2) .. + 3 and the ql vectors gh (+ 8 for odd p)
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) {
-      const int h = j / 8, p = (j % 8) / 2;
 #pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        const int gh = 4 * (j % 2) + i;
-        const __m512i ql = _mm512_loadu_si512(sb + (16 * h + gh + 8 * (p % 2)) * 64);
-        const __m512i qh = _mm512_loadu_si512(sb + 2048 + (8 * h + gh) * 64);
-        const __m512i lo =
-            p < 2 ? _mm512_and_si512(ql, low4) : _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4);
-        const __m512i hb = p == 0   ? _mm512_slli_epi16(qh, 4)
-                           : p == 1 ? _mm512_slli_epi16(qh, 2)
-                           : p == 2 ? qh
-                                    : _mm512_srli_epi16(qh, 2);
-        _mm512_store_si512(c.q[cb][j][i], _mm512_or_si512(lo, _mm512_and_si512(hb, bits45)));
-      }
+      for (int i = 0; i < 4; ++i) _mm512_store_si512(c.q[cb][j][i], lanes::q6k_lanes_vector(sb, j, i));
       _mm512_store_si512(c.sc[cb][j], widen16<true>(sb + 3072 + 16 * j));
     }
 #pragma GCC unroll 8
