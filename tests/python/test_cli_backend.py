@@ -1,6 +1,7 @@
 """--backend and --device-mem: clear errors wherever the CUDA path cannot run (a build without CUDA,
 a machine without a GPU, a command that has no CUDA path yet), and the CPU path unchanged."""
 from kvtier_testlib import model, run, run_json
+from kvtier_testlib import test_isa as forced_isa  # (an alias: pytest would collect test_isa)
 
 
 def has_gpu() -> bool:
@@ -62,10 +63,13 @@ def test_cpu_backend_is_the_default_and_unchanged():
     assert a.stdout.split('"tokens":')[1].split("]")[0] == b.stdout.split('"tokens":')[1].split("]")[0]
 
 
-def test_layer_lanes_cost_their_bytes_and_change_no_token():
+def test_layer_lanes_bytes_where_rows_stay_and_change_no_token():
     """The vector paths' rows-in-lanes copies of the layers' matrices (README `--no-layer-lanes`): the
-    same tokens and logits digest either way; where the copy is made, its bytes show as device weights
-    in `run --json` and in `kvtier plan`'s prediction, and --no-layer-lanes or --weights-mem leave it out."""
+    same tokens and logits digest either way; where the copy stands beside GGUF rows that prefill still
+    reads (the AVX2 path, AVX-512 with AMX), its bytes show as device weights in `run --json` and in
+    `kvtier plan`'s prediction; where it replaces them (AVX-512 without AMX: its lanes kernels serve
+    prefill too, and the rows' pages are handed back) the device weights are the same either way;
+    --no-layer-lanes or --weights-mem leave the copies out."""
     args = ["-m", model("gemma3"), "-p", "The printing press", "-n", "6", "--ctx", "256", "--json"]
     with_lanes = run_json("run", *args, "--logits-digest")
     without = run_json("run", *args, "--logits-digest", "--no-layer-lanes")
@@ -73,11 +77,13 @@ def test_layer_lanes_cost_their_bytes_and_change_no_token():
     assert with_lanes["logits_digest"] == without["logits_digest"]
     w_with = with_lanes["peak_memory_bytes"]["device"]["weights"]
     w_without = without["peak_memory_bytes"]["device"]["weights"]
-    if with_lanes["output_lanes"]:  # a CPU path with lanes kernels (AVX2, AVX-512)
+    copies_replace_rows = with_lanes["isa"] == "avx512" and not with_lanes["amx"]
+    if with_lanes["output_lanes"] and not copies_replace_rows:  # AVX2, or AVX-512 with AMX
         assert w_with > w_without, (w_with, w_without)
     else:
-        assert w_with == w_without
-    plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json")
+        assert w_with == w_without, (w_with, w_without)
+    isa = ["--isa", forced_isa()] if forced_isa() else []  # plan predicts for the path run took
+    plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json", *isa)
     assert plan["engine"]["policies"][0]["memory"]["device"]["weights"] == w_with
-    plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json", "--no-layer-lanes")
+    plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json", "--no-layer-lanes", *isa)
     assert plan["engine"]["policies"][0]["memory"]["device"]["weights"] == w_without

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_features.h"
 #include "cli_util.h"
 #include "cmd_plan_engine.h"
 #include "commands.h"
@@ -50,6 +51,7 @@ struct PlanArgs {
   std::string weights_mem;   // with -m: weight budget (streamed layers), as for run
   policy::WeightSource weights_from = policy::WeightSource::kHost;
   bool no_layer_lanes = false;  // with -m: as for run
+  std::string isa;              // with -m: the CPU kernel path, as for run (empty: the best)
 };
 
 policy::ModelShape shape_of(const PlanArgs& a, std::string& name) {
@@ -187,6 +189,13 @@ int run_plan(const PlanArgs& a) {
     e.engine.weights_mem = a.weights_mem;
     e.engine.weights_from = a.weights_from;
     e.engine.no_layer_lanes = a.no_layer_lanes;
+    if (!a.isa.empty()) {  // the path decides which rows-in-lanes copies replace GGUF rows
+      const cpu::Isa isa = a.isa == "scalar" ? cpu::Isa::kScalar
+                           : a.isa == "avx2" ? cpu::Isa::kAvx2
+                                             : cpu::Isa::kAvx512;
+      if (!cpu::isa_supported(isa)) fail(ErrorKind::kUnsupported, "--isa {}: this CPU lacks it", a.isa);
+    }
+    e.engine.isa = a.isa;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     e.link_bytes_per_s = a.link_gbps * 1e9;
     engine = plan_engine(e, a.json);
@@ -259,6 +268,11 @@ void add_plan(CLI::App& app, Runner& run) {
       ->default_str("host");
   cmd->add_flag("--no-layer-lanes", a->no_layer_lanes,
                 "With -m: without the rows-in-lanes copies of the layers' matrices, as for run");
+  cmd->add_option(
+         "--isa", a->isa,
+         "With -m: the CPU kernel path, as for run (default: the best the CPU has); it decides which "
+         "rows-in-lanes copies replace GGUF rows and which cost their bytes again")
+      ->check(CLI::IsMember({"scalar", "avx2", "avx512"}));
   add_knob_flags(cmd, a->knobs);
   cmd->add_option("--locret-heads", a->locret_heads,
                   "With -m: locret's retaining heads, as for run (checked against the model); not needed: "
