@@ -164,7 +164,8 @@ TEST(WeightLanes, ExtremeQuantsAndActivationsKeepVecDotBits) {
         const int64_t row_bytes = static_cast<int64_t>(bytes.size()) / n_rows;
         const ActFormat f = act_format_for(type);
         std::vector<uint8_t> act(act_row_bytes(f, k));
-        // 1 and 3 tokens: every type's lanes kernel (decode); 9: q8_0's two-token passes (prefill)
+        // 1 and 3 tokens: every type's lanes kernel (decode); 9: the passes of several tokens (prefill:
+        // q8_0's on AVX2, every type's on AVX-512)
         for (int64_t n_tokens : {1, 3, 9}) {
           for (float sign : {1.0f, -1.0f}) {
             std::vector<float> x(static_cast<size_t>(n_tokens * k), sign);

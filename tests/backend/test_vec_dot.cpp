@@ -224,20 +224,23 @@ TEST(QuantizeAct, SimdEqualsScalarBytes) {
   }
 }
 
-// The AVX-512 q4_K / q6_K dot products compute the AVX2 ones' integers and float expression, so
-// they agree bit for bit (the matmul tiles of both tables rely on the same integers).
-TEST(VecDot, Avx512KQuantsEqualAvx2Bits) {
+// The AVX-512 table's quantised dot products compute the AVX2 ones' integers and float expression,
+// so they agree bit for bit: q4_K / q6_K (the matmul tiles of both tables rely on the same integers)
+// and the legacy types' chain (legacy_chain.h; q8_0 the AVX2 table's own kernels).
+TEST(VecDot, Avx512QuantsEqualAvx2Bits) {
   if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512 on this CPU";
   std::mt19937 rng(29);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K}) {
+  for (GgmlType type : {GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1,
+                        GgmlType::kQ5_0, GgmlType::kQ5_1}) {
+    const ActFormat f = act_format_for(type);
     for (int64_t k : {256, 768, 2048}) {
       for (int trial = 0; trial < 8; ++trial) {
         const auto w = test::random_weights(type, 1, k, rng);
         std::vector<float> x(static_cast<size_t>(k));
         for (float& v : x) v = normal(rng);
-        std::vector<uint8_t> act(act_row_bytes(ActFormat::kQ8_K, k));
-        quantize_act_row(ActFormat::kQ8_K, x.data(), k, act.data());
+        std::vector<uint8_t> act(act_row_bytes(f, k));
+        quantize_act_row(f, x.data(), k, act.data());
         const float a2 = vec_dot(Isa::kAvx2, type, w.data(), act.data(), k);
         const float a5 = vec_dot(Isa::kAvx512, type, w.data(), act.data(), k);
         ASSERT_EQ(std::bit_cast<uint32_t>(a2), std::bit_cast<uint32_t>(a5))

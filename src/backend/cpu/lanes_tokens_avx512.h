@@ -11,6 +11,8 @@ namespace kvtier::cpu::lanes_avx512 {
 
 constexpr int kLanesPassTokens = 8;  // the most tokens of one pass; products of fewer skip the passes
 
+int64_t q8_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows);
 int64_t q4_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                     float* y, int64_t ldy, int rows);
 int64_t q4_1_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,

@@ -1,8 +1,9 @@
-// AVX-512 (+VNNI) matmul tiles (kernels.h TileFn) for f32, f16 and q8_0 (fill_avx512_tiles also sets
+// AVX-512 (+VNNI) matmul tiles (kernels.h TileFn) for f32 and f16 (fill_avx512_tiles also sets
 // legacy_chain.h's kernels for q4_0, q4_1, q5_0 and q5_1 with this file's 512-bit panel tile of
-// theirs, and the K-quant tiles of matmul_avx512_kquants.cpp). R weight rows x T tokens per pass; per output
-// the arithmetic is exactly vec_dot_avx512.cpp's (same 16-lane integer sums by VPDPBUSD, same per-lane scale
-// products, same FMA chains and reductions), so every output is bit-identical to vec_dot.
+// theirs, and the K-quant tiles of matmul_avx512_kquants.cpp; q8_0 keeps the AVX2 table's chain
+// kernels). R weight rows x T tokens per pass; per output the arithmetic is exactly vec_dot's (same
+// integer sums, same scale products, same FMA chains and reductions), so every output is
+// bit-identical to vec_dot.
 #include <algorithm>
 
 #include "backend/cpu/block_unpack.h"
@@ -40,89 +41,6 @@ void tile_float(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t
       float s = reduce_add(acc[r][t]);
       for (int64_t i = vec_end; i < k; ++i) s += w_scalar<kHalf>(w + r * row_bytes, i) * a[i];
       y[t * ldy + r] = s;
-    }
-  }
-}
-
-// Row-side data of one block pair, prepared once per chunk of pairs and reused by every token group.
-struct PairRow {
-  __m512i q;      // the two blocks' quants (q8_0_pair)
-  __m512i start;  // VPDPBUSD start value: -128 * each lane's 4 weights
-  __m512 dw;      // weight scales, 8 lanes per block
-};
-
-// As vec_dot_avx512's dot_q8_0 per (row, token): two blocks per 16-lane FMA step, an odd last block
-// on 256 bits. R rows x 4 NG tokens: the rows' block pairs are unpacked once per chunk of kPairs
-// pairs into `prep`, then each group of 4 tokens runs over the chunk with its R x 4 accumulators in
-// registers (carried across chunks in `acc`), so each output still adds its block pairs in order.
-template <int R, int NG>
-void tile_q8_0(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t act_bytes, int64_t k,
-               float* y, int64_t ldy) {
-  constexpr int T = 4 * NG;
-  constexpr int64_t kPairs = 8;
-  const BlockQ8_0* x[R];
-  const ActQ8_32* a[T];
-  for (int r = 0; r < R; ++r) x[r] = reinterpret_cast<const BlockQ8_0*>(w + r * row_bytes);
-  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
-  const int64_t nb = k / kQK;
-  __m512 acc[NG][R][4];  // [group][row][token in group]
-  for (int g = 0; g < NG; ++g)
-    for (int r = 0; r < R; ++r)
-      for (int t = 0; t < 4; ++t) acc[g][r][t] = _mm512_setzero_ps();
-  PairRow prep[kPairs][R];
-  for (int64_t b0 = 0; b0 + 2 <= nb; b0 += 2 * kPairs) {
-    const int64_t n_pairs = std::min(kPairs, (nb - b0) / 2);
-    for (int64_t p = 0; p < n_pairs; ++p) {
-      const int64_t b = b0 + 2 * p;
-      for (int r = 0; r < R; ++r) {
-        PairRow& pr = prep[p][r];
-        pr.q = q8_0_pair(x[r][b], x[r][b + 1]);
-        // Signed weights: the activations biased to unsigned (a + 128 in [1, 255]) and the bias taken
-        // out through the start value. VPDPBUSD does not saturate, so each lane is exactly vec_dot's
-        // sum of the same 4 products.
-        pr.start = _mm512_setzero_si512();  // [16] i32
-        pr.start = _mm512_sub_epi32(pr.start, _mm512_dpbusd_epi32(pr.start, _mm512_set1_epi8(-128), pr.q));
-        pr.dw = join_ps(f16(x[r][b].d), f16(x[r][b + 1].d));
-      }
-    }
-    for (int g = 0; g < NG; ++g) {
-      const ActQ8_32* const* ag = a + 4 * g;
-      __m512 ac[R][4];
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < 4; ++t) ac[r][t] = acc[g][r][t];
-      for (int64_t p = 0; p < n_pairs; ++p) {
-        const int64_t b = b0 + 2 * p;
-        __m512i av[4];
-        __m512 da[4];
-        for (int t = 0; t < 4; ++t) {
-          av[t] =
-              _mm512_xor_si512(join(load256(ag[t][b].qs), load256(ag[t][b + 1].qs)), _mm512_set1_epi8(-128));
-          da[t] = join_ps(ag[t][b].d, ag[t][b + 1].d);
-        }
-        for (int r = 0; r < R; ++r) {
-          const PairRow& pr = prep[p][r];
-          for (int t = 0; t < 4; ++t) {
-            const __m512i isum = _mm512_dpbusd_epi32(pr.start, av[t], pr.q);
-            ac[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(pr.dw, da[t]), ac[r][t]);
-          }
-        }
-      }
-      for (int r = 0; r < R; ++r)
-        for (int t = 0; t < 4; ++t) acc[g][r][t] = ac[r][t];
-    }
-  }
-  const int64_t b = nb & ~int64_t{1};  // odd block count: the last block on 256 bits
-  for (int g = 0; g < NG; ++g) {
-    for (int r = 0; r < R; ++r) {
-      for (int t = 0; t < 4; ++t) {
-        const ActQ8_32* at = a[4 * g + t];
-        float s = reduce_add(acc[g][r][t]);
-        if (b < nb) {
-          const __m256i isum = dot_s8s8_256(load256(x[r][b].qs), load256(at[b].qs));
-          s += hsum_f32(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[r][b].d) * at[b].d)));
-        }
-        y[(4 * g + t) * ldy + r] = s;
-      }
     }
   }
 }
@@ -205,10 +123,11 @@ void fill_avx512_tiles(KernelTable& t) {
   };
   set(GgmlType::kF32, TileKernel{tile_float<false, 4, 4>, 4, 4});
   set(GgmlType::kF16, TileKernel{tile_float<true, 4, 4>, 4, 4});
-  // q8_0: 4 rows x 4 tokens, and 4 rows x 16 tokens (row unpacking shared by 16 tokens). The 4- and
-  // 5-bit legacy quants take legacy_chain.h's panel tiles with VPDPBUSD (vec_dot and one-token tiles
-  // with them, replacing vec_dot_avx512.cpp's for those types).
-  set(GgmlType::kQ8_0, TileKernel{tile_q8_0<4, 1>, 4, 4}, TileKernel{tile_q8_0<4, 4>, 4, 16});
+  // q8_0 keeps the AVX2 table's kernels: legacy_chain.h's chain (vec_dot, one-token tile) and
+  // matmul_avx2_panel.cpp's panel tile, so its outputs are the AVX2 path's bit for bit; prefill and
+  // decode over the layers' copies run the same chain (matmul_lanes_avx512*.cpp). The 4- and 5-bit
+  // legacy quants take legacy_chain.h's panel tiles with VPDPBUSD (vec_dot and one-token tiles with
+  // them, replacing vec_dot_avx512.cpp's for those types).
   fill_legacy_chain<true>(t);
   // 2 rows x 2 group pairs (4 token groups, two 16-token vectors) per call: bench_matmul_cputime 3
   // avx512 on a 2-vCPU Intel Xeon (family 6 model 207, AVX-512 VNNI), 3 rounds beside builds, GFLOP

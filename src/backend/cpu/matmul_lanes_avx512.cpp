@@ -2,10 +2,6 @@
 // 4-element group of 16 rows, so VPDPBUSD advances all 16 rows' dots and each row's float chain
 // lives in one lane, with no horizontal reduction per block.
 //
-// q8_0: vec_dot_avx512.cpp's dot_q8_0 keeps, per row, 16 float lanes: lane g (g < 8) sums group g of
-// the even blocks, lane 8 + g group g of the odd blocks, each step acc += f32(isum) * (d * da) by
-// FMA; then reduce_add's tree, and an odd last block as hsum_f32 of its 8 products. Here acc[l] holds
-// lane l of all 16 rows, and the same operations run lane-wise, so every output has its bits.
 #include <immintrin.h>
 
 #include <cstring>
@@ -21,71 +17,33 @@
 namespace kvtier::cpu {
 namespace {
 
-using avx512::join;
-
 using lanes::group_of;
 using lanes::prefetch_span;
 using lanes::rows_mask;
 using lanes::widen16;
 
-// One block's 8 group dots for 16 rows: isum[g] = sum_e (q + 128) * a - 128 * sum_e a, exact.
-//   q: [8][16][4] u8 (block's quants as q + 128)    neg128: 16 x i32, lane 8h + g = -128 * sum of group g
-template <int H>
-inline void block_dots(const uint8_t* q, const int8_t* qs, __m512i neg128, __m512i (&isum)[8]) {
-#pragma GCC unroll 8
-  for (int g = 0; g < 8; ++g) {
-    const __m512i init = _mm512_permutexvar_epi32(_mm512_set1_epi32(8 * H + g), neg128);
-    isum[g] = _mm512_dpbusd_epi32(init, _mm512_load_si512(q + 64 * g), group_of(qs, g));
-  }
-}
-
+// q8_0: legacy_chain.h's chain per row, as the q8_0 vec_dot and tiles of this table (the AVX2
+// table's): per block the exact integer isum = dot(q + 128, a) - 128 * sum(a) (the layout keeps
+// q + 128 as unsigned bytes; VPDPBUSD does not saturate), then s = fma(f32(isum), d * da, s).
 void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                 float* y, int64_t ldy, int rows) {
   const int64_t nb = k / kQK;
   const __mmask16 keep = rows_mask(rows);
-  const __m512i x80 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t t = 0; t < n_tokens; ++t) {
     const auto* a = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
-    __m512 acc[16];
-#pragma GCC unroll 16
-    for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
-    const uint8_t* p = w;
-    int64_t b = 0;
-    for (; b + 2 <= nb; b += 2, p += kLanesPairBytes) {
-      prefetch_span(p, 0, kLanesPairBytes);  // lanes_prefetch.h
-      const __m512i av = join(avx2::load256(a[b].qs), avx2::load256(a[b + 1].qs));
-      const __m512i neg128 =
-          _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), x80, av));
-      // d * da of each row, the same IEEE products as the scalar f16(d) * da
-      const __m512 s0 = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(p + 1024)), _mm512_set1_ps(a[b].d));
-      const __m512 s1 = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(p + 1056)), _mm512_set1_ps(a[b + 1].d));
-      __m512i isum[8];
-      block_dots<0>(p, a[b].qs, neg128, isum);
-#pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) acc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), s0, acc[g]);
-      block_dots<1>(p + 512, a[b + 1].qs, neg128, isum);
-#pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) acc[8 + g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[g]), s1, acc[8 + g]);
-    }
-    // reduce_add's tree, lane-wise: halves, then hsum_f32's three levels
-#pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) acc[l] = _mm512_add_ps(acc[l], acc[l + 8]);
+    __m512 s = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      if (b % 2 == 0) prefetch_span(w + b / 2 * kLanesPairBytes, 0, kLanesPairBytes);  // lanes_prefetch.h
+      const uint8_t* q = lanes::q8_0_quants(w, b);                                     // [8][16][4] u8
+      __m512i c0 = _mm512_set1_epi32(-(a[b].sum << 7)), c1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
-    for (int l = 0; l < 4; ++l) acc[l] = _mm512_add_ps(acc[l], acc[l + 4]);
-    __m512 s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-    if (b < nb) {  // the odd last block: hsum_f32 of its 8 products, added
-      const __m256i one = _mm256_dpbusd_epi32(
-          _mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), avx2::load256(a[b].qs));
-      const __m512i neg128 = _mm512_castsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), one));
-      const __m512 sb = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(p + 512)), _mm512_set1_ps(a[b].d));
-      __m512i isum[8];
-      block_dots<0>(p, a[b].qs, neg128, isum);
-      __m512 prod[8];
-#pragma GCC unroll 8
-      for (int g = 0; g < 8; ++g) prod[g] = _mm512_mul_ps(_mm512_cvtepi32_ps(isum[g]), sb);
-#pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) prod[g] = _mm512_add_ps(prod[g], prod[g + 4]);
-      s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(prod[0], prod[2]), _mm512_add_ps(prod[1], prod[3])));
+      for (int g = 0; g < 4; ++g) {
+        c0 = _mm512_dpbusd_epi32(c0, _mm512_load_si512(q + 64 * g), group_of(a[b].qs, g));
+        c1 = _mm512_dpbusd_epi32(c1, _mm512_load_si512(q + 64 * (g + 4)), group_of(a[b].qs, g + 4));
+      }
+      const __m512 sc =
+          _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(lanes::q8_0_scales(w, b, nb))), _mm512_set1_ps(a[b].d));
+      s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0, c1)), sc, s);
     }
     _mm512_mask_storeu_ps(y + t * ldy, keep, s);
   }
@@ -229,7 +187,7 @@ void fill_avx512_lanes(KernelTable& t) {
   namespace tok = lanes_avx512;
   t.lanes[static_cast<size_t>(GgmlType::kQ4_K)] = lanes_tokens<tok::q4_k_tokens, lanes_q4_k>;
   t.lanes[static_cast<size_t>(GgmlType::kQ6_K)] = lanes_tokens<tok::q6_k_tokens, lanes_q6_k>;
-  t.lanes[static_cast<size_t>(GgmlType::kQ8_0)] = lanes_q8_0;
+  t.lanes[static_cast<size_t>(GgmlType::kQ8_0)] = lanes_tokens<tok::q8_0_tokens, lanes_q8_0>;
   t.lanes[static_cast<size_t>(GgmlType::kQ4_0)] =
       lanes_tokens<tok::q4_0_tokens, lanes_legacy_of<GgmlType::kQ4_0, false, false, 3>>;
   t.lanes[static_cast<size_t>(GgmlType::kQ4_1)] =
@@ -238,9 +196,8 @@ void fill_avx512_lanes(KernelTable& t) {
       lanes_tokens<tok::q5_0_tokens, lanes_legacy_of<GgmlType::kQ5_0, true, false, 4>>;
   t.lanes[static_cast<size_t>(GgmlType::kQ5_1)] =
       lanes_tokens<tok::q5_1_tokens, lanes_legacy_of<GgmlType::kQ5_1, true, true, 0>>;
-  // Every lanes kernel serves prefill too: q8_0 (the table has no q8_0 panel tile) one token at a
-  // time, the others kLanesPassTokens tokens per pass over the group's weights (where AMX tiles
-  // exist, make_table hands prefill back to them).
+  // Every lanes kernel serves prefill too, several tokens per pass over the group's weights (where
+  // AMX tiles exist, make_table hands prefill of the types they cover back to them; q8_0 has none).
   for (GgmlType type : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ5_0, GgmlType::kQ5_1,
                         GgmlType::kQ4_K, GgmlType::kQ6_K})
     t.lanes_any_tokens[static_cast<size_t>(type)] = true;

@@ -25,7 +25,7 @@ using lanes::widen16;
 // Tokens per pass (at most kLanesPassTokens): as many as the 32 vector registers hold with each
 // token's accumulators (2 per token for q4_0 / q5_0, 3 with q4_1 / q5_1's mins and the K-quants'
 // sub-block dots) beside the weight vectors and constants; more spill to the stack.
-constexpr int kPassLegacy = 8, kPassMins = 6, kPassQ4K = 6, kPassQ6K = 8;
+constexpr int kPassLegacy = 8, kPassMins = 6, kPassQ8_0 = 8, kPassQ4K = 6, kPassQ6K = 8;
 
 // 16 rows' i16 pairs (lo, hi) as 16 x i32 lanes, from two vectors of 16 x i32 values in i16 range.
 inline __m512i i16_pairs(__m512i lo, __m512i hi) {
@@ -201,6 +201,37 @@ int64_t legacy_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, i
   return n_done;
 }
 
+// q8_0 (lanes_q8_0): per token and block the exact integer isum = dot(q + 128, a) - 128 * sum(a),
+// then s = fma(f32(isum), d * da, s). The layout holds the quants as VPDPBUSD takes them, so a pass
+// runs over the whole group with its chains in registers, each weight vector loaded once for T tokens.
+template <int T>
+void q8_0_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_bytes, float* y, int64_t ldy,
+               __mmask16 keep) {
+  const ActQ8_32* a[T];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes);
+  __m512 s[T], no_mins = _mm512_setzero_ps();
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* q = lanes::q8_0_quants(w, b);  // [8][16][4] u8
+    __m512i c[T];
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) c[t] = _mm512_set1_epi32(-(a[t][b].sum << 7));
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m512i v = _mm512_load_si512(q + 64 * g);
+#pragma GCC unroll 16
+      for (int t = 0; t < T; ++t) c[t] = dpbusd_bcast(c[t], v, a[t][b].qs + 4 * g);
+    }
+    const __m512 ws = _mm512_cvtph_ps(avx2::load256(lanes::q8_0_scales(w, b, nb)));
+#pragma GCC unroll 16
+    for (int t = 0; t < T; ++t) legacy_float_step<false>(c[t], ws, ws, a[t][b], s[t], no_mins);
+  }
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) _mm512_mask_storeu_ps(y + t * ldy, keep, s[t]);
+}
+
 // q4_K (lanes_q4_k): per token and super-block the exact integers isum = sum_j sc_j * dot(q_j, a_j)
 // and msum = sum_j mn_j * (bsums[2j] + bsums[2j + 1]) (here by VPDPWSSD of (mn_j, mn_j) against the
 // bsums pair), then s += (d * da) * f32(isum) - (dmin * da) * f32(msum).
@@ -263,21 +294,25 @@ void q4_k_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_byt
 }
 
 // q6_K (lanes_q6_k): per token and super-block the exact integer
-// total = sum_j sc_j * dot(q_j + 32, a_j) - 32 * sum_j sc_j * bsums[j] (the one-token kernel starts
-// each sub-block's dot at -32 * bsums[j]: the same integer), the second sum by VPDPWSSD of the
-// scales' pairs against the bsums' pairs; then s += (d * da) * f32(total), super-block by
+// total = sum_j sc_j * (dot(q_j + 32, a_j) - 32 * bsums[j]), each sub-block's dot started at
+// -32 * bsums[j] as in the one-token kernel, then s += (d * da) * f32(total), super-block by
 // super-block. Unpacking a q6_K vector (two planes, a shift per bit pair) costs about as much as
 // the T products it feeds, so a chunk of kQ6KChunk super-blocks is unpacked once into Q6KChunk for
 // every pass of a tile of up to kQ6KTile tokens, whose accumulators wait in memory between chunks
-// (each row's and token's float chain still runs over the super-blocks in order).
+// (each row's and token's float chain still runs over the super-blocks in order); the tile's
+// starting values -32 * bsums[j] are widened once per chunk into Q6KStarts, so each sub-block's dot
+// starts from a broadcast load.
 constexpr int kQ6KChunk = 2;
 constexpr int kQ6KTile = 128;
 
 struct Q6KChunk {
   alignas(64) uint8_t q[kQ6KChunk][16][4][64];  // [super-block][sub-block j][group i][row * 4 + e] q + 32
   alignas(64) int32_t sc[kQ6KChunk][16][16];    // [super-block][j][row] the sub-block scale
-  alignas(64) int32_t pairs[kQ6KChunk][8][16];  // [super-block][p][row] scales 2p, 2p + 1 as i16 pairs
   alignas(64) float d[kQ6KChunk][16];           // [super-block][row] f32(d)
+};
+
+struct Q6KStarts {
+  alignas(64) int32_t v[kQ6KTile][kQ6KChunk][16];  // [token of the tile][super-block][j] -32 * bsums[j]
 };
 
 // Super-blocks [b0, b0 + n) of the group w into c.
@@ -290,18 +325,28 @@ void q6k_unpack(const uint8_t* w, int64_t b0, int n, Q6KChunk& c) {
       for (int i = 0; i < 4; ++i) _mm512_store_si512(c.q[cb][j][i], lanes::q6k_lanes_vector(sb, j, i));
       _mm512_store_si512(c.sc[cb][j], widen16<true>(sb + 3072 + 16 * j));
     }
-#pragma GCC unroll 8
-    for (int p = 0; p < 8; ++p)
-      _mm512_store_si512(c.pairs[cb][p], i16_pairs(widen16<true>(sb + 3072 + 32 * p),
-                                                   widen16<true>(sb + 3072 + 32 * p + 16)));
     _mm512_store_ps(c.d[cb], _mm512_cvtph_ps(avx2::load256(sb + 3328)));
   }
 }
 
+// The starting values of nt tokens (act, act_bytes apart) for super-blocks [b0, b0 + n).
+void q6k_starts(const uint8_t* act, int64_t act_bytes, int64_t nt, int64_t b0, int n, Q6KStarts& st) {
+  for (int64_t t = 0; t < nt; ++t) {
+    const ActQ8_K* a = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes) + b0;
+    for (int cb = 0; cb < n; ++cb) {
+      const __m512i bs =
+          _mm512_cvtepi16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[cb].bsums)));
+      _mm512_store_si512(st.v[t][cb], _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(bs, 5)));
+    }
+  }
+}
+
 // T tokens' accumulators acc[0..T) ([T][16] f32) continued over the chunk's n super-blocks, whose
-// activations are super-blocks b0 .. b0 + n - 1 of each token's row.
+// activations are super-blocks b0 .. b0 + n - 1 of each token's row; starts: the T tokens' rows of
+// Q6KStarts.
 template <int T>
-void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, int64_t act_bytes, float* acc) {
+void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, int64_t act_bytes,
+                    const int32_t (*starts)[kQ6KChunk][16], float* acc) {
   const ActQ8_K* a[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_K*>(act + t * act_bytes) + b0;
@@ -312,10 +357,11 @@ void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, in
     __m512i total[T], dot[T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
-#pragma GCC unroll 16
+      // two sub-blocks per step: unrolled further, the chains spill to the stack
+#pragma GCC unroll 2
     for (int j = 0; j < 16; ++j) {
 #pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) dot[t] = _mm512_setzero_si512();
+      for (int t = 0; t < T; ++t) dot[t] = _mm512_set1_epi32(starts[t][cb][j]);
 #pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         const __m512i q = _mm512_load_si512(c.q[cb][j][i]);
@@ -326,19 +372,9 @@ void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, in
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) total[t] = _mm512_add_epi32(total[t], _mm512_mullo_epi32(dot[t], sc));
     }
-    __m512i* scaled_sums = dot;  // sum_j sc_j * bsums[j]
-#pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) scaled_sums[t] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-    for (int p = 0; p < 8; ++p) {
-      const __m512i pair = _mm512_load_si512(c.pairs[cb][p]);
-#pragma GCC unroll 16
-      for (int t = 0; t < T; ++t) scaled_sums[t] = dpwssd_bcast(scaled_sums[t], pair, a[t][cb].bsums + 2 * p);
-    }
     const __m512 wd = _mm512_load_ps(c.d[cb]);
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) {
-      total[t] = _mm512_sub_epi32(total[t], _mm512_slli_epi32(scaled_sums[t], 5));
       const __m512 dd = _mm512_mul_ps(wd, _mm512_set1_ps(a[t][cb].d));
       s[t] = _mm512_add_ps(s[t], _mm512_mul_ps(dd, _mm512_cvtepi32_ps(total[t])));
     }
@@ -347,10 +383,12 @@ void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, in
   for (int t = 0; t < T; ++t) _mm512_store_ps(acc + 16 * t, s[t]);
 }
 
-template <int T, void (*kPass)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, __mmask16)>
-int64_t kquant_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
-                      float* y, int64_t ldy, int rows) {
-  const int64_t nb = k / kQKK;
+// Whole passes of T tokens by kPass over a group of blocks of kBlock elements each.
+template <int T, int64_t kBlock,
+          void (*kPass)(const uint8_t*, int64_t, const uint8_t*, int64_t, float*, int64_t, __mmask16)>
+int64_t whole_passes(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                     float* y, int64_t ldy, int rows) {
+  const int64_t nb = k / kBlock;
   const __mmask16 keep = rows_mask(rows);
   int64_t t = 0;
   for (; t + T <= n_tokens; t += T) kPass(w, nb, act + t * act_bytes, act_bytes, y + t * ldy, ldy, keep);
@@ -375,9 +413,13 @@ int64_t q5_1_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int
                     float* y, int64_t ldy, int rows) {
   return legacy_tokens<GgmlType::kQ5_1, true, true, 0>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
 }
+int64_t q8_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
+                    float* y, int64_t ldy, int rows) {
+  return whole_passes<kPassQ8_0, kQK, q8_0_pass<kPassQ8_0>>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+}
 int64_t q4_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                     float* y, int64_t ldy, int rows) {
-  return kquant_tokens<kPassQ4K, q4_k_pass<kPassQ4K>>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
+  return whole_passes<kPassQ4K, kQKK, q4_k_pass<kPassQ4K>>(w, act, act_bytes, n_tokens, k, y, ldy, rows);
 }
 int64_t q6_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,
                     float* y, int64_t ldy, int rows) {
@@ -386,6 +428,7 @@ int64_t q6_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int
   const int64_t nb = k / kQKK, n_done = n_tokens / T * T;
   const __mmask16 keep = rows_mask(rows);
   Q6KChunk chunk;
+  Q6KStarts starts;
   alignas(64) float acc[kQ6KTile][16];  // [token of the tile][row] the float chains
   for (int64_t t0 = 0; t0 < n_done; t0 += kQ6KTile) {
     const int64_t nt = std::min<int64_t>(kQ6KTile, n_done - t0);
@@ -393,8 +436,9 @@ int64_t q6_k_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int
     for (int64_t b0 = 0; b0 < nb; b0 += kQ6KChunk) {
       const int n = static_cast<int>(std::min<int64_t>(kQ6KChunk, nb - b0));
       q6k_unpack(w, b0, n, chunk);
+      q6k_starts(act + t0 * act_bytes, act_bytes, nt, b0, n, starts);
       for (int64_t t = 0; t < nt; t += T)
-        q6k_chunk_pass<T>(chunk, n, b0, act + (t0 + t) * act_bytes, act_bytes, acc[t]);
+        q6k_chunk_pass<T>(chunk, n, b0, act + (t0 + t) * act_bytes, act_bytes, starts.v + t, acc[t]);
     }
     for (int64_t t = 0; t < nt; ++t) _mm512_mask_storeu_ps(y + (t0 + t) * ldy, keep, _mm512_load_ps(acc[t]));
   }

@@ -1,8 +1,8 @@
-// AVX-512 (+VNNI) dot products for f32, f16 and q8_0 (two 32-element blocks per 512-bit register,
-// integer sums by VPDPBUSD), and q4_K and q6_K (the same bits as their AVX2 vec_dot). q4_0, q4_1,
-// q5_0 and q5_1 take legacy_chain.h's kernels (set by matmul_avx512.cpp's fill_avx512_tiles); the
-// other K-quants keep their AVX2 kernels (their per-sub-block scales need 16-bit multiplies; decode
-// is memory-bound, so the wider path gains little).
+// AVX-512 (+VNNI) dot products for f32 and f16, and q4_K and q6_K (the same bits as their AVX2
+// vec_dot). q4_0, q4_1, q5_0 and q5_1 take legacy_chain.h's kernels (set by matmul_avx512.cpp's
+// fill_avx512_tiles), q8_0 keeps the AVX2 table's (the same chain); the other K-quants keep their
+// AVX2 kernels (their per-sub-block scales need 16-bit multiplies; decode is memory-bound, so the
+// wider path gains little).
 #include <immintrin.h>
 
 #include <cstring>
@@ -34,62 +34,6 @@ float dot_float(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   float s = reduce_add(acc);
   for (; i < k; ++i) s += w_scalar<kHalf>(w8, i) * a[i];
   return s;
-}
-
-// q8_0 for R weight rows (row_bytes apart) and one activation row: per row, two blocks per 16-lane
-// FMA step, an odd last block on 256 bits. R = 1 is the vec_dot; R = 4 the one-token tile (each
-// row's arithmetic is the same, so the bits are; the rows' chains overlap and share the activation
-// loads).
-template <int R>
-void dot_q8_0_rows(const uint8_t* w8, int64_t row_bytes, const uint8_t* a8, int64_t k, float* y,
-                   int64_t ldy) {
-  const BlockQ8_0* x[R];
-  for (int r = 0; r < R; ++r) x[r] = as<BlockQ8_0>(w8 + r * row_bytes);
-  const ActQ8_32* a = as<ActQ8_32>(a8);
-  const int64_t nb = k / kQK;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  // Scale products as vectors, the same IEEE products as the scalar expression f16(d) * da: lanes
-  // [0, 1] = [d0 * da0, d1 * da1]; the FMA scale spreads lane 0 and lane 1 over 8 lanes each.
-  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    if constexpr (R > 1) avx2::prefetch_ahead(w8, b / 2, 2 * R * static_cast<int64_t>(sizeof(BlockQ8_0)));
-    const __m512i av = join(load256(a[b].qs), load256(a[b + 1].qs));
-    // [da0, asum0, da1, asum1] (raw bits of the two blocks' leading float and int32)
-    const __m128i dsum = _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(&a[b])),
-                                            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(&a[b + 1])));
-    const __m128 da = _mm_permute_ps(_mm_castsi128_ps(dsum), 0x08);  // [da0, da1, ., .]
-    for (int r = 0; r < R; ++r) {
-      // [16] i32: each lane the exact sum of its 4 products quant * activation
-      const __m512i isum = dot_s8s8_512(q8_0_pair(x[r][b], x[r][b + 1]), av);
-      // the f16 scales of the two blocks
-      const __m128i wh = _mm_cvtsi32_si128(static_cast<int>(x[r][b].d | (uint32_t{x[r][b + 1].d} << 16)));
-      const __m128 p = _mm_mul_ps(_mm_cvtph_ps(wh), da);
-      const __m512 scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(p));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    float s = reduce_add(acc[r]);
-    if (b < nb) {  // odd block count: the last block on 256 bits
-      const __m256i isum = dot_s8s8_256(load256(x[r][b].qs), load256(a[b].qs));
-      s += hsum_f32(_mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(f16(x[r][b].d) * a[b].d)));
-    }
-    y[r * ldy] = s;
-  }
-}
-
-float dot_q8_0(const uint8_t* w8, const uint8_t* a8, int64_t k) {
-  float y;
-  dot_q8_0_rows<1>(w8, 0, a8, k, &y, 0);
-  return y;
-}
-
-// The one-token tile (kernels.h TileFn with tokens = 1): y[r] for r < 4.
-void narrow_q8_0(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64_t /*act_bytes*/, int64_t k,
-                 float* y, int64_t /*ldy*/) {
-  dot_q8_0_rows<4>(w, row_bytes, act, k, y, 1);
 }
 
 // q4_K and q6_K, 64 elements per step (simd_avx512.h), per super-block the same exact integers and
@@ -156,11 +100,9 @@ void fill_avx512_kernels(KernelTable& t) {
   set(GgmlType::kF32, dot_float<false>);
   set(GgmlType::kF16, dot_float<true>);
   // q4_0, q4_1, q5_0 (and q5_1): legacy_chain.h's kernels, set by fill_avx512_tiles.
-  set(GgmlType::kQ8_0, dot_q8_0);
-  auto narrow = [&t](GgmlType type, TileFn fn) {
-    t.tile_narrow[static_cast<size_t>(type)] = TileKernel{fn, 4, 1};
-  };
-  narrow(GgmlType::kQ8_0, narrow_q8_0);
+  // q8_0 keeps the AVX2 table's chain (legacy_chain.h), whose single float chain per output the
+  // several-token passes over the layers' copies can run per token (matmul_lanes_avx512_tokens.cpp);
+  // this file's earlier 16-lane q8_0 dot kept 16 partial chains per output.
   set(GgmlType::kQ4_K, dot_q4_k);
   set(GgmlType::kQ6_K, dot_q6_k);
 }
