@@ -215,6 +215,8 @@ TEST(QuantizeAct, SimdEqualsScalarBytes) {
         // Block 2: amax 127 (d = 1, 1 / d = 1) and halves, so rounding meets exact ties.
         for (int i = 0; i < bs; ++i) x[static_cast<size_t>(2 * bs + i)] = static_cast<float>(i % 40) - 20.5f;
         x[static_cast<size_t>(2 * bs)] = -127.0f;
+        // Block 3: quants at +127 then -127 (the largest block sums of either sign).
+        for (int i = 0; i < bs; ++i) x[static_cast<size_t>(3 * bs + i)] = i < bs / 2 ? 3.0f : -3.0f;
         std::vector<uint8_t> want(act_row_bytes(f, k)), got(act_row_bytes(f, k), 0xAB);
         quantize_act_row(f, x.data(), k, want.data());
         fn(x.data(), k, got.data());
