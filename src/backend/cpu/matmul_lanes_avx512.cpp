@@ -97,8 +97,8 @@ void lanes_legacy_of(const uint8_t* w, const uint8_t* act, int64_t act_bytes, in
   lanes_legacy<kHighBits, kMins, kOffsetShift>(kType, w, act, act_bytes, n_tokens, k, y, ldy, rows);
 }
 
-// A LanesFn: whole passes of kLanesPassTokens tokens by kTokens (lanes_tokens_avx512.h), the
-// remaining tokens (decode's one) by the one-token kernel kOne.
+// A LanesFn: products of at least kLanesPassTokens tokens in whole passes of several tokens by
+// kTokens (lanes_tokens_avx512.h), the remaining tokens (decode's one) by the one-token kernel kOne.
 using TokensFn = int64_t (*)(const uint8_t*, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t, int);
 template <TokensFn kTokens, LanesFn kOne>
 void lanes_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens, int64_t k,

@@ -57,7 +57,6 @@ struct LegacyChunk {
   alignas(64) uint8_t q[kLegacyChunk][8][64];  // [block][g][row * 4 + e] u: group g's 4 elements, g < 4 the
                                                // low nibbles' (elements 4g + e), else the high (16 + ...)
   alignas(64) float sc[kLegacyChunk][16];      // [block][row] f32(d)
-  alignas(64) float mn[kLegacyChunk][16];      // [block][row] f32(m), q4_1 / q5_1
 };
 
 // One legacy block's float step for a token: s = fma(f32(isum), d * da, s), and where kMins
@@ -70,7 +69,7 @@ inline void legacy_float_step(__m512i isum, __m512 ws, __m512 wm, const ActQ8_32
     m = _mm512_add_ps(m, _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a.sum))));
 }
 
-template <bool kHighBits, bool kMins>
+template <bool kHighBits>
 void legacy_unpack(const uint8_t* w, const LegacyRegions& at, int64_t b0, int n, LegacyChunk& c) {
   for (int cb = 0; cb < n; ++cb) {
     const int64_t b = b0 + cb;
@@ -82,24 +81,20 @@ void legacy_unpack(const uint8_t* w, const LegacyRegions& at, int64_t b0, int n,
       _mm512_store_si512(c.q[cb][4 + j], hi);
     }
     _mm512_store_ps(c.sc[cb], _mm512_cvtph_ps(avx2::load256(w + at.scales + b * 32)));
-    if constexpr (kMins) _mm512_store_ps(c.mn[cb], _mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)));
   }
 }
 
-// T tokens' chains s_acc, m_acc ([T][16] f32 each) continued over the chunk's n blocks, whose
-// activations are blocks b0 .. b0 + n - 1 of each token's row.
-template <int T, bool kMins, int kOffsetShift>
+// T tokens' chains s_acc ([T][16] f32) continued over the chunk's n blocks, whose activations are
+// blocks b0 .. b0 + n - 1 of each token's row (q4_0 / q5_0: no mins chain).
+template <int T, int kOffsetShift>
 void legacy_chunk_pass(const LegacyChunk& c, int n, int64_t b0, const uint8_t* act, int64_t act_bytes,
-                       float* s_acc, float* m_acc) {
+                       float* s_acc) {
   const ActQ8_32* a[T];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) a[t] = reinterpret_cast<const ActQ8_32*>(act + t * act_bytes) + b0;
-  __m512 s[T], m[T];
+  __m512 s[T], no_mins = _mm512_setzero_ps();
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) {
-    s[t] = _mm512_load_ps(s_acc + 16 * t);
-    m[t] = kMins ? _mm512_load_ps(m_acc + 16 * t) : _mm512_setzero_ps();
-  }
+  for (int t = 0; t < T; ++t) s[t] = _mm512_load_ps(s_acc + 16 * t);
   for (int cb = 0; cb < n; ++cb) {
     __m512i acc[T];
 #pragma GCC unroll 16
@@ -113,15 +108,11 @@ void legacy_chunk_pass(const LegacyChunk& c, int n, int64_t b0, const uint8_t* a
       for (int t = 0; t < T; ++t) acc[t] = dpbusd_bcast(acc[t], q, a[t][cb].qs + 4 * g);
     }
     const __m512 ws = _mm512_load_ps(c.sc[cb]);
-    const __m512 wm = kMins ? _mm512_load_ps(c.mn[cb]) : _mm512_setzero_ps();
 #pragma GCC unroll 16
-    for (int t = 0; t < T; ++t) legacy_float_step<kMins>(acc[t], ws, wm, a[t][cb], s[t], m[t]);
+    for (int t = 0; t < T; ++t) legacy_float_step<false>(acc[t], ws, ws, a[t][cb], s[t], no_mins);
   }
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) {
-    _mm512_store_ps(s_acc + 16 * t, s[t]);
-    if constexpr (kMins) _mm512_store_ps(m_acc + 16 * t, m[t]);
-  }
+  for (int t = 0; t < T; ++t) _mm512_store_ps(s_acc + 16 * t, s[t]);
 }
 
 // q4_1 / q5_1: T tokens over the whole row in registers, each block unpacked once per pass. Their
@@ -178,25 +169,18 @@ int64_t legacy_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, i
     return n_done;
   }
   LegacyChunk chunk;
-  alignas(64) float s_acc[kTile][16], m_acc[kTile][16];  // [token of the tile][row] the float chains
+  alignas(64) float s_acc[kTile][16];  // [token of the tile][row] the float chains
   for (int64_t t0 = 0; t0 < n_done; t0 += kTile) {
     const int64_t nt = std::min<int64_t>(kTile, n_done - t0);
-    for (int64_t t = 0; t < nt; ++t) {
-      _mm512_store_ps(s_acc[t], _mm512_setzero_ps());
-      _mm512_store_ps(m_acc[t], _mm512_setzero_ps());
-    }
+    for (int64_t t = 0; t < nt; ++t) _mm512_store_ps(s_acc[t], _mm512_setzero_ps());
     for (int64_t b0 = 0; b0 < nb; b0 += kLegacyChunk) {
       const int n = static_cast<int>(std::min<int64_t>(kLegacyChunk, nb - b0));
-      legacy_unpack<kHighBits, kMins>(w, at, b0, n, chunk);
+      legacy_unpack<kHighBits>(w, at, b0, n, chunk);
       for (int64_t t = 0; t < nt; t += T)
-        legacy_chunk_pass<T, kMins, kOffsetShift>(chunk, n, b0, act + (t0 + t) * act_bytes, act_bytes,
-                                                  s_acc[t], m_acc[t]);
+        legacy_chunk_pass<T, kOffsetShift>(chunk, n, b0, act + (t0 + t) * act_bytes, act_bytes, s_acc[t]);
     }
-    for (int64_t t = 0; t < nt; ++t) {
-      __m512 out = _mm512_load_ps(s_acc[t]);
-      if constexpr (kMins) out = _mm512_add_ps(out, _mm512_load_ps(m_acc[t]));
-      _mm512_mask_storeu_ps(y + (t0 + t) * ldy, keep, out);
-    }
+    for (int64_t t = 0; t < nt; ++t)
+      _mm512_mask_storeu_ps(y + (t0 + t) * ldy, keep, _mm512_load_ps(s_acc[t]));
   }
   return n_done;
 }
