@@ -87,3 +87,24 @@ def test_layer_lanes_bytes_where_rows_stay_and_change_no_token():
     assert plan["engine"]["policies"][0]["memory"]["device"]["weights"] == w_with
     plan = run_json("plan", "-m", model("gemma3"), "--ctx", "256", "--json", "--no-layer-lanes", *isa)
     assert plan["engine"]["policies"][0]["memory"]["device"]["weights"] == w_without
+
+
+def test_avx2_and_avx512_paths_give_the_same_logits_on_the_default_models():
+    """Every weight type of both default models (q4_1, q5_0, q4_K, q6_K, q8_0) and their attention
+    compute the same integers and float chains on the AVX2 and the AVX-512 path (with or without AMX
+    tiles), so a conversation moved between machines gets the same logits bit for bit (docs/benchmarks.md,
+    "AVX-512 q8_0 on one float chain per output"). An AVX2-only machine runs only one of the paths."""
+    import json
+    import pytest
+    for name in ("smollm2", "gemma3"):
+        args = ["run", "-m", model(name), "-p", "The printing press changed", "-n", "6", "--ctx", "256", "--json",
+                "--logits-digest"]
+        p = run(*args, "--isa", "avx512", check=False)
+        if p.returncode != 0 and "does not support the avx512 kernels" in p.stderr:
+            pytest.skip("this CPU has no AVX-512 kernels: only the AVX2 path runs here")
+        assert p.returncode == 0, p.stderr
+        avx512 = json.loads(p.stdout)
+        avx2 = run_json(*args, "--isa", "avx2")
+        assert avx2["isa"] == "avx2" and avx512["isa"] == "avx512"
+        assert avx2["tokens"] == avx512["tokens"], name
+        assert avx2["logits_digest"] == avx512["logits_digest"], name
