@@ -24,7 +24,9 @@ The checks:
   * perplexity over data/declaration.txt (llama-perplexity's method, 762 scored tokens) within PPL_TOL
     of llama.cpp's. Measured: Gemma-3 11.005 / 11.264 / 11.104 (scalar / avx2 / avx512), llama.cpp
     0.3.16 (AVX-512) 11.017, llama.cpp 0.3.36 built for an AVX2 CPU 11.110 (issue 22), the NumPy f64
-    reference 11.143; SmolLM2 21.135 / 21.225 / 21.142, llama.cpp 21.266. The largest gap to the
+    reference 11.143; SmolLM2 21.135 / 21.225 / 21.142, llama.cpp 21.266 (the avx512 figures from before
+    its q8_0 took the AVX2 chain; since then both models' avx512 logits are avx2's bit for bit, so
+    avx512 reads 11.264 and 21.225). The largest gap to the
     recorded figure is +2.24 % (avx2, Gemma-3); the per-token NLL differences between correct paths
     give the log-perplexity ratio a standard error of 0.3-0.55 % (SmolLM2) and 0.44-1.22 % (Gemma-3;
     from the tokens, or from the 6 windows' means). PPL_TOL = 4 % is > 3 of the largest standard error.
