@@ -338,10 +338,10 @@ void q6k_chunk_pass(const Q6KChunk& c, int n, int64_t b0, const uint8_t* act, in
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) s[t] = _mm512_load_ps(acc + 16 * t);
   for (int cb = 0; cb < n; ++cb) {
+    // The sub-blocks below go two per step: unrolled further, the tokens' chains spill to the stack.
     __m512i total[T], dot[T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) total[t] = _mm512_setzero_si512();
-      // two sub-blocks per step: unrolled further, the chains spill to the stack
 #pragma GCC unroll 2
     for (int j = 0; j < 16; ++j) {
 #pragma GCC unroll 16
