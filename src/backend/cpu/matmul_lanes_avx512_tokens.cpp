@@ -23,9 +23,11 @@ using lanes::rows_mask;
 using lanes::widen16;
 
 // Tokens per pass (at most kLanesPassTokens): as many as the 32 vector registers hold with each
-// token's accumulators (2 per token for q4_0 / q5_0, 3 with q4_1 / q5_1's mins and the K-quants'
-// sub-block dots) beside the weight vectors and constants; more spill to the stack.
-constexpr int kPassLegacy = 8, kPassMins = 6, kPassQ8_0 = 8, kPassQ4K = 6, kPassQ6K = 8;
+// token's accumulators (2 per token for q4_0 / q5_0 / q8_0, 3 with q4_1 / q5_1's mins and the
+// K-quants' sub-block dots) beside the weight vectors and constants; more spill to the stack.
+// q4_1 / q5_1 at 8 (24 accumulators) do not spill and measured 1.05-1.08x their 6-token passes
+// (docs/benchmarks.md, stop 49); q4_K at 8 measured no faster than at 6.
+constexpr int kPassLegacy = 8, kPassMins = 8, kPassQ8_0 = 8, kPassQ4K = 6, kPassQ6K = 8;
 
 // 16 rows' i16 pairs (lo, hi) as 16 x i32 lanes, from two vectors of 16 x i32 values in i16 range.
 inline __m512i i16_pairs(__m512i lo, __m512i hi) {
