@@ -31,17 +31,6 @@ static inline __m512i widen16(const uint8_t* p) {
   return kSigned ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v);
 }
 
-// Block b's quants ([8][16][4] u8, q + 128) and f16 scales ([16]) in a q8_0 group of nb blocks
-// (weight_lanes.h): half b % 2 of pair b / 2, an odd last block's scales right after its quants.
-static inline const uint8_t* q8_0_quants(const uint8_t* w, int64_t b) {
-  return w + b / 2 * kLanesPairBytes + b % 2 * 512;
-}
-static inline const uint8_t* q8_0_scales(const uint8_t* w, int64_t b, int64_t nb) {
-  const uint8_t* pair = w + b / 2 * kLanesPairBytes;
-  if (b % 2 == 0 && b + 1 == nb) return pair + 512;
-  return pair + 1024 + 32 * (b % 2);
-}
-
 // Vector j (0..3) of block b of a legacy type's group (weight_lanes.h), unpacked: lo = the low
 // nibbles (group j's 4 elements of 16 rows), hi = the high ones (group j + 4), each with its fifth
 // bits added where kHighBits (q5_0, q5_1), as unsigned bytes.

@@ -81,10 +81,9 @@ void q8_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_
   for (int64_t b = 0; b < nb; ++b) {
     // block b: half b % 2 of pair b / 2 (quants [2][8][16][4], scales [2][16] f16 at 1024), or an odd
     // last block (quants [8][16][4], scales at 512)
-    const uint8_t* pair = w + b / 2 * kLanesPairBytes;
-    if (b % 2 == 0) prefetch_span(pair, 0, kLanesPairBytes);
-    const uint8_t* q = pair + 512 * (b % 2);
-    const uint8_t* d = b % 2 == 0 && b + 1 == nb ? pair + 512 : pair + 1024 + 32 * (b % 2);
+    if (b % 2 == 0) prefetch_span(w + b / 2 * kLanesPairBytes, 0, kLanesPairBytes);
+    const uint8_t* q = w + q8_0_quants_at(b);
+    const uint8_t* d = w + q8_0_scales_at(b, nb);
     for (int h = 0; h < 2; ++h) {
       __m256i isum[NT];
       for (auto& v : isum) v = _mm256_setzero_si256();

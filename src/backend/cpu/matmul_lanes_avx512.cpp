@@ -34,7 +34,7 @@ void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
     __m512 s = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
       if (b % 2 == 0) prefetch_span(w + b / 2 * kLanesPairBytes, 0, kLanesPairBytes);  // lanes_prefetch.h
-      const uint8_t* q = lanes::q8_0_quants(w, b);                                     // [8][16][4] u8
+      const uint8_t* q = w + q8_0_quants_at(b);                                        // [8][16][4] u8
       __m512i c0 = _mm512_set1_epi32(-(a[b].sum << 7)), c1 = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int g = 0; g < 4; ++g) {
@@ -42,7 +42,7 @@ void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
         c1 = _mm512_dpbusd_epi32(c1, _mm512_load_si512(q + 64 * (g + 4)), group_of(a[b].qs, g + 4));
       }
       const __m512 sc =
-          _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(lanes::q8_0_scales(w, b, nb))), _mm512_set1_ps(a[b].d));
+          _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(w + q8_0_scales_at(b, nb))), _mm512_set1_ps(a[b].d));
       s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(c0, c1)), sc, s);
     }
     _mm512_mask_storeu_ps(y + t * ldy, keep, s);

@@ -200,7 +200,7 @@ void q8_0_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_byt
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) s[t] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* q = lanes::q8_0_quants(w, b);  // [8][16][4] u8
+    const uint8_t* q = w + q8_0_quants_at(b);  // [8][16][4] u8
     __m512i c[T];
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) c[t] = _mm512_set1_epi32(-(a[t][b].sum << 7));
@@ -210,7 +210,7 @@ void q8_0_pass(const uint8_t* w, int64_t nb, const uint8_t* act, int64_t act_byt
 #pragma GCC unroll 16
       for (int t = 0; t < T; ++t) c[t] = dpbusd_bcast(c[t], v, a[t][b].qs + 4 * g);
     }
-    const __m512 ws = _mm512_cvtph_ps(avx2::load256(lanes::q8_0_scales(w, b, nb)));
+    const __m512 ws = _mm512_cvtph_ps(avx2::load256(w + q8_0_scales_at(b, nb)));
 #pragma GCC unroll 16
     for (int t = 0; t < T; ++t) legacy_float_step<false>(c[t], ws, ws, a[t][b], s[t], no_mins);
   }

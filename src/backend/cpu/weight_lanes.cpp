@@ -17,15 +17,6 @@ namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 
-// Offsets of block b's quants and scales within a q8_0 group of nb blocks.
-int64_t q8_0_quants_at(int64_t b) {
-  return b / 2 * kLanesPairBytes + b % 2 * 512;
-}
-int64_t q8_0_scales_at(int64_t b, int64_t nb) {
-  if (b == nb - 1 && nb % 2 == 1) return b / 2 * kLanesPairBytes + 512;  // the odd last block
-  return b / 2 * kLanesPairBytes + 1024 + b % 2 * 32;
-}
-
 // The legacy 4- and 5-bit types: which regions their groups have (weight_lanes.h).
 struct LegacyLanes {
   bool high_bits = false;  // q5_0, q5_1

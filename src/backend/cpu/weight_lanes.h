@@ -49,6 +49,16 @@ constexpr int64_t kLanesOddBytes = 576;                         // q8_0: an odd 
 constexpr int64_t kQ4KLanesBytes = 2048 + 128 + 128 + 32 + 32;  // q4_K: one super-block of 16 rows
 constexpr int64_t kQ6KLanesBytes = 2048 + 1024 + 256 + 32;      // q6_K: one super-block of 16 rows
 
+// Byte offsets of q8_0 block b's quants ([8][16][4] u8) and f16 scales ([16]) within a group of nb
+// blocks: half b % 2 of pair b / 2, an odd last block's scales right after its quants.
+constexpr int64_t q8_0_quants_at(int64_t b) {
+  return b / 2 * kLanesPairBytes + b % 2 * 512;
+}
+constexpr int64_t q8_0_scales_at(int64_t b, int64_t nb) {
+  if (b == nb - 1 && nb % 2 == 1) return b / 2 * kLanesPairBytes + 512;
+  return b / 2 * kLanesPairBytes + 1024 + b % 2 * 32;
+}
+
 // Byte offsets of a legacy type's regions within a group of nb blocks (end: the unrounded size).
 struct LegacyRegions {
   int64_t nibbles = 0, high_bits = 0, scales = 0, mins = 0, end = 0;
