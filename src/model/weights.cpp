@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -138,18 +139,37 @@ bool copy_replaces_rows(const cpu::KernelTable& table, GgmlType type) {
 
 }  // namespace
 
-bool pack_output_lanes(ModelWeights& w, cpu::Isa isa) {
+bool pack_output_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file) {
   const cpu::KernelTable& table = cpu::kernel_table(isa);
-  if (!to_pack(w.output, table)) return false;
-  w.lanes.push_back(
-      std::make_shared<const cpu::LanesWeights>(cpu::pack_lanes(w.output)));  // a buffer of its own
-  w.output.lanes = w.lanes.back()->data();
-  // A tied embedding looks its rows up in the same copy (forward.cpp), so that those lookups do not
-  // fault the GGUF rows' pages back where load_model hands them back.
-  if (w.tied_output) w.tok_embd.lanes = w.output.lanes;
+  cpu::WeightMatrix& o = w.output;
+  if (!to_pack(o, table)) return false;
   // Without panel tiles (or where the lanes kernel serves prefill too) every product reads the copy;
   // with them prefill keeps reading the GGUF rows.
-  const bool replaces = copy_replaces_rows(table, w.output.type);
+  const bool replaces = copy_replaces_rows(table, o.type);
+  auto packed = std::make_shared<cpu::LanesWeights>(o.type, o.n_rows, o.k);  // a buffer of its own
+  const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
+  const int64_t groups = cpu::lanes_groups(o.n_rows);
+  if (replaces && file != nullptr) {
+    // Slice by slice, each slice's rows handed back once packed (Gemma-3-270M: 178 MB of rows).
+    const int64_t per_slice =
+        std::max<int64_t>(1, static_cast<int64_t>(kOutputSliceBytes / (row * cpu::kLaneRows)));
+    for (int64_t g = 0; g < groups; g += per_slice) {
+      const int64_t g_end = std::min(groups, g + per_slice);
+      cpu::pack_lanes_groups(o, *packed, g, g_end);
+      const int64_t r0 = g * cpu::kLaneRows, r1 = std::min(o.n_rows, g_end * cpu::kLaneRows);
+      file->drop_pages({o.data + static_cast<uint64_t>(r0) * row,
+                        static_cast<size_t>(static_cast<uint64_t>(r1 - r0) * row)});
+    }
+    // The pages that straddle two slices (drop_pages hands back only whole pages of its range).
+    file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
+  } else {
+    cpu::pack_lanes_groups(o, *packed, 0, groups);
+  }
+  w.lanes.push_back(std::move(packed));
+  o.lanes = w.lanes.back()->data();
+  // A tied embedding looks its rows up in the same copy (forward.cpp), so that those lookups do not
+  // fault the GGUF rows' pages back where they are handed back.
+  if (w.tied_output) w.tok_embd.lanes = o.lanes;
   if (!replaces) w.lanes_extra_bytes += w.lanes.back()->size();
   return replaces;
 }

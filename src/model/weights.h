@@ -66,10 +66,14 @@ ModelWeights load_weights(const gguf::File& file, const ModelConfig& cfg);
 // `isa` have a lanes kernel for; matmul then reads them for one-token products (decode), with the
 // same bits.
 // The output matrix (most of a small model's bytes per decoded token: Gemma-3-270M 178 of 257 MB).
-// Returns whether its copy replaces its GGUF rows for every product (the caller may hand their
-// mapped pages back): where its type has no panel tiles, or the table's lanes kernel serves every
-// product (KernelTable::lanes_any_tokens: q8_0); else the copy counts in lanes_extra_bytes.
-bool pack_output_lanes(ModelWeights& w, cpu::Isa isa);
+// Returns whether its copy replaces its GGUF rows for every product: where its type has no panel
+// tiles, or the table's lanes kernel serves every product (KernelTable::lanes_any_tokens: q8_0);
+// else the copy counts in lanes_extra_bytes. Where it replaces them and `file` is given, the rows'
+// mapped pages are handed back slice by slice as the copy is made (kOutputSliceBytes of rows at a
+// time), so that the whole matrix never stands in memory twice.
+bool pack_output_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file = nullptr);
+// GGUF bytes of the output matrix's rows packed between two hand-backs (pack_output_lanes).
+constexpr uint64_t kOutputSliceBytes = uint64_t{16} << 20;
 // The layers' matrices, in one shared buffer. A copy replaces its matrix's GGUF rows by the rule of
 // pack_output_lanes (on the AVX-512 path without AMX every lanes type: its lanes kernels serve
 // prefill too), and then, where `file` is given, the rows' mapped pages are handed back as soon as

@@ -25,8 +25,8 @@ struct LoadedModel {
 
 struct LoadOptions {
   // The CPU path the sessions will use: the output matrix is packed for its kernels
-  // (model::pack_output_lanes), and its mapped pages are handed back. nullopt: the weights stay as
-  // mapped (a GPU session, which uploads the file's bytes).
+  // (model::pack_output_lanes), and its mapped pages are handed back as it is packed. nullopt: the weights
+  // stay as mapped (a GPU session, which uploads the file's bytes).
   std::optional<cpu::Isa> cpu_isa = cpu::best_isa();
   // Also the layers' matrices (model::pack_layer_lanes; their pages handed back where the copies
   // replace their rows, else at the cost of their bytes again): for sessions

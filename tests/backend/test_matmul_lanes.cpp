@@ -8,6 +8,7 @@
 // keep exact, and every fifth-bit pattern of q5_0 / q5_1.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <memory>
@@ -91,6 +92,33 @@ TEST(WeightLanes, MatricesShareOneBuffer) {
     const LanesWeights alone = pack_lanes(w);
     ASSERT_EQ(alone.size(), views[i].size());
     EXPECT_EQ(0, std::memcmp(alone.data(), views[i].data(), alone.size())) << ggml_type_name(shapes[i].type);
+  }
+}
+
+// A matrix packed slice by slice (pack_lanes_groups: the output matrix, whose rows are handed back
+// slice by slice) writes every byte of the copy, and the same bytes as packed whole, whatever the
+// slices: one group, two, or a slice ending at the partial last group.
+TEST(WeightLanes, PackedInSlicesEqualsPackedWhole) {
+  std::mt19937 rng(12);
+  for (GgmlType type : kLanesTypes) {
+    for (int64_t k : inner_sizes(type, false)) {
+      for (int64_t n_rows : {16, 37, 53}) {
+        const auto bytes = test::random_weights(type, n_rows, k, rng);
+        const WeightMatrix w{type, bytes.data(), n_rows, k};
+        const LanesWeights whole = pack_lanes(w);
+        const int64_t groups = lanes_groups(n_rows);
+        EXPECT_EQ(groups, (n_rows + 15) / 16);
+        for (int64_t per_slice : {1, 2, 3}) {
+          LanesWeights sliced(type, n_rows, k);
+          std::memset(sliced.data(), 0xA5, sliced.size());  // bytes no slice writes would stay so
+          for (int64_t g = 0; g < groups; g += per_slice)
+            pack_lanes_groups(w, sliced, g, std::min(groups, g + per_slice));
+          ASSERT_EQ(sliced.size(), whole.size());
+          EXPECT_EQ(0, std::memcmp(sliced.data(), whole.data(), whole.size()))
+              << ggml_type_name(type) << " k=" << k << " rows=" << n_rows << " groups per slice=" << per_slice;
+        }
+      }
+    }
   }
 }
 

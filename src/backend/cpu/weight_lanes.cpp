@@ -61,13 +61,13 @@ LegacyFields legacy_fields(GgmlType type, const uint8_t* blk) {
 }
 
 // q4_K / q6_K: each row's super-blocks into the group's slots (weight_lanes.h).
-void pack_kquant(const WeightMatrix& w, LanesWeights& out) {
+void pack_kquant(const WeightMatrix& w, LanesWeights& out, int64_t g_begin, int64_t g_end) {
   const int64_t nb = w.k / kQKK;
   const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
   const bool q4 = w.type == GgmlType::kQ4_K;
   const int64_t sb_bytes = q4 ? kQ4KLanesBytes : kQ6KLanesBytes;
   const size_t block = q4 ? sizeof(BlockQ4_K) : sizeof(BlockQ6_K);
-  for (int64_t g0 = 0; g0 < w.n_rows; g0 += kLaneRows) {
+  for (int64_t g0 = g_begin * kLaneRows; g0 < g_end * kLaneRows; g0 += kLaneRows) {
     uint8_t* group = out.data() + g0 / kLaneRows * group_bytes;
     std::memset(group, 0, static_cast<size_t>(group_bytes));  // padding rows: scales 0
     for (int r = 0; r < kLaneRows && g0 + r < w.n_rows; ++r) {
@@ -137,12 +137,12 @@ void unpack_kquant_row(const WeightMatrix& p, int64_t r, uint8_t* out) {
   }
 }
 
-void pack_legacy(const WeightMatrix& w, LanesWeights& out) {
+void pack_legacy(const WeightMatrix& w, LanesWeights& out, int64_t g_begin, int64_t g_end) {
   const LegacyLanes L = legacy_lanes(w.type);
   const int64_t nb = w.k / kQK;
   const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
   const LegacyRegions at = legacy_regions(w.type, nb);
-  for (int64_t g0 = 0; g0 < w.n_rows; g0 += kLaneRows) {
+  for (int64_t g0 = g_begin * kLaneRows; g0 < g_end * kLaneRows; g0 += kLaneRows) {
     uint8_t* group = out.data() + g0 / kLaneRows * group_bytes;
     std::memset(group, 0, static_cast<size_t>(group_bytes));  // padding rows: scale 0, quants 0
     for (int r = 0; r < kLaneRows && g0 + r < w.n_rows; ++r) {
@@ -249,21 +249,27 @@ LanesWeights pack_lanes(const WeightMatrix& w) {
 }
 
 void pack_lanes_into(const WeightMatrix& w, LanesWeights& out) {
+  pack_lanes_groups(w, out, 0, lanes_groups(w.n_rows));
+}
+
+void pack_lanes_groups(const WeightMatrix& w, LanesWeights& out, int64_t g_begin, int64_t g_end) {
   KVTIER_ASSERT(out.type() == w.type && out.n_rows() == w.n_rows && out.k() == w.k,
                 "packing a [{}, {}] {} matrix into lanes of a [{}, {}] {}", w.n_rows, w.k,
                 ggml_type_name(w.type), out.n_rows(), out.k(), ggml_type_name(out.type()));
+  KVTIER_ASSERT(0 <= g_begin && g_begin <= g_end && g_end <= lanes_groups(w.n_rows),
+                "row groups [{}, {}) of a matrix of {} rows", g_begin, g_end, w.n_rows);
   if (w.type == GgmlType::kQ4_K || w.type == GgmlType::kQ6_K) {
-    pack_kquant(w, out);
+    pack_kquant(w, out, g_begin, g_end);
     return;
   }
   if (w.type != GgmlType::kQ8_0) {
-    pack_legacy(w, out);
+    pack_legacy(w, out, g_begin, g_end);
     return;
   }
   const int64_t nb = w.k / kQK;
   const int64_t group_bytes = lanes_group_bytes(w.type, w.k);
   const auto* rows = reinterpret_cast<const BlockQ8_0*>(w.data);  // [n_rows, nb]
-  for (int64_t g0 = 0; g0 < w.n_rows; g0 += kLaneRows) {
+  for (int64_t g0 = g_begin * kLaneRows; g0 < g_end * kLaneRows; g0 += kLaneRows) {
     uint8_t* group = out.data() + g0 / kLaneRows * group_bytes;
     if (nb % 2 == 1) std::memset(group + group_bytes - 32, 0, 32);  // the odd block's padding
     for (int64_t b = 0; b < nb; ++b) {

@@ -124,6 +124,13 @@ WeightMatrix row_slice(const WeightMatrix& w, int64_t r0, int64_t n_rows);
 LanesWeights pack_lanes(const WeightMatrix& w);
 // The same into `out`, whose type and shape must be w's.
 void pack_lanes_into(const WeightMatrix& w, LanesWeights& out);
+// Groups of kLaneRows rows in a matrix of n_rows rows (the last one padded).
+constexpr int64_t lanes_groups(int64_t n_rows) {
+  return (n_rows + kLaneRows - 1) / kLaneRows;
+}
+// Only row groups [g_begin, g_end) of w into `out` (the rows from g_begin * kLaneRows on): a large
+// matrix packed in slices, each slice's GGUF rows read no more once it is packed.
+void pack_lanes_groups(const WeightMatrix& w, LanesWeights& out, int64_t g_begin, int64_t g_end);
 
 // Row r of a packed matrix back in its GGML layout ([row bytes of the type]): the inverse of
 // pack_lanes. The WeightMatrix form reads w.lanes (which must be set), so a row can be had where
