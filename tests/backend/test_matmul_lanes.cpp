@@ -115,7 +115,8 @@ TEST(WeightLanes, PackedInSlicesEqualsPackedWhole) {
             pack_lanes_groups(w, sliced, g, std::min(groups, g + per_slice));
           ASSERT_EQ(sliced.size(), whole.size());
           EXPECT_EQ(0, std::memcmp(sliced.data(), whole.data(), whole.size()))
-              << ggml_type_name(type) << " k=" << k << " rows=" << n_rows << " groups per slice=" << per_slice;
+              << ggml_type_name(type) << " k=" << k << " rows=" << n_rows
+              << " groups per slice=" << per_slice;
         }
       }
     }
