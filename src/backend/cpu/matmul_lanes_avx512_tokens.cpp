@@ -51,8 +51,8 @@ inline __m512i dpwssd_bcast(__m512i acc, __m512i x, const int16_t* p) {
 // unsigned weights. Taken in the vector registers from a broadcast load: written as
 // _mm512_set1_epi32 of the scalar, GCC computes it in general registers and, short of them with 8
 // tokens' pointers live, passes most tokens' values through the stack to a broadcast load, a store
-// forwarded to a vector load per token and block. q8_0's pass ran 1.13-1.17x faster this way (about
-// 51 -> 60 % of the int8 peak); q4_0 / q5_0's chunk pass measured the same either way and keeps the
+// forwarded to a vector load per token and block. q8_0's pass ran 1.11-1.18x faster this way (about
+// 50 -> 60 % of the int8 peak); q4_0 / q5_0's chunk pass measured the same either way and keeps the
 // scalar form (docs/benchmarks.md, stop 50).
 template <int kShift>
 inline __m512i neg_shifted_sum(const ActQ8_32& a) {
