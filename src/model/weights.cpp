@@ -137,6 +137,14 @@ bool copy_replaces_rows(const cpu::KernelTable& table, GgmlType type) {
   return table.panel[i].fn == nullptr || table.lanes_any_tokens[i];
 }
 
+// Hands back the mapped pages of rows [r0, r1) of m, a matrix of `file` whose copy replaced them
+// (MappedFile::drop_pages: only the whole pages of the range).
+void hand_back_rows(const gguf::File& file, const cpu::WeightMatrix& m, int64_t r0, int64_t r1) {
+  const uint64_t row = *ggml_row_bytes(m.type, static_cast<uint64_t>(m.k));
+  file.drop_pages(
+      {m.data + static_cast<uint64_t>(r0) * row, static_cast<size_t>(static_cast<uint64_t>(r1 - r0) * row)});
+}
+
 }  // namespace
 
 bool pack_output_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file) {
@@ -147,21 +155,18 @@ bool pack_output_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file) {
   // with them prefill keeps reading the GGUF rows.
   const bool replaces = copy_replaces_rows(table, o.type);
   auto packed = std::make_shared<cpu::LanesWeights>(o.type, o.n_rows, o.k);  // a buffer of its own
-  const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
   const int64_t groups = cpu::lanes_groups(o.n_rows);
   if (replaces && file != nullptr) {
     // Slice by slice, each slice's rows handed back once packed (Gemma-3-270M: 178 MB of rows).
+    const uint64_t row = *ggml_row_bytes(o.type, static_cast<uint64_t>(o.k));
     const int64_t per_slice =
         std::max<int64_t>(1, static_cast<int64_t>(kOutputSliceBytes / (row * cpu::kLaneRows)));
     for (int64_t g = 0; g < groups; g += per_slice) {
       const int64_t g_end = std::min(groups, g + per_slice);
       cpu::pack_lanes_groups(o, *packed, g, g_end);
-      const int64_t r0 = g * cpu::kLaneRows, r1 = std::min(o.n_rows, g_end * cpu::kLaneRows);
-      file->drop_pages({o.data + static_cast<uint64_t>(r0) * row,
-                        static_cast<size_t>(static_cast<uint64_t>(r1 - r0) * row)});
+      hand_back_rows(*file, o, g * cpu::kLaneRows, std::min(o.n_rows, g_end * cpu::kLaneRows));
     }
-    // The pages that straddle two slices (drop_pages hands back only whole pages of its range).
-    file->drop_pages({o.data, static_cast<size_t>(row * static_cast<uint64_t>(o.n_rows))});
+    hand_back_rows(*file, o, 0, o.n_rows);  // the pages that straddle two slices
   } else {
     cpu::pack_lanes_groups(o, *packed, 0, groups);
   }
@@ -199,8 +204,7 @@ void pack_layer_lanes(ModelWeights& w, cpu::Isa isa, const gguf::File* file) {
       w.lanes_extra_bytes += packed->size();
     } else if (file != nullptr) {  // the rows are read no more: their pages go back now, one matrix
                                    // at a time, so that the copies and the rows never all stand together
-      const uint64_t row = *ggml_row_bytes(m->type, static_cast<uint64_t>(m->k));
-      file->drop_pages({m->data, static_cast<size_t>(row * static_cast<uint64_t>(m->n_rows))});
+      hand_back_rows(*file, *m, 0, m->n_rows);
     }
     w.lanes.push_back(std::move(packed));
   }
