@@ -116,7 +116,7 @@ inline std::vector<double> act_values(ActFormat f, const uint8_t* act, const std
   std::vector<double> out(x.size());
   if (f == ActFormat::kF32) {
     for (size_t i = 0; i < x.size(); ++i) out[i] = x[i];
-  } else if (f == ActFormat::kQ8_32) {
+  } else if (f == ActFormat::kQ8_32 || f == ActFormat::kQ8_32Min) {
     for (size_t b = 0; b < x.size() / kQK; ++b) {
       ActQ8_32 a;
       std::memcpy(&a, act + b * sizeof(a), sizeof(a));

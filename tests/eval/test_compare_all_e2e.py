@@ -55,10 +55,12 @@ def test_every_discovered_policy_runs(swept):
         takes_budget = any(a["value"] in c["policy"].split("+") and "--kv-budget" in a["flags"].split()
                            and a["axis"] != "placement" for a in axes())
         assert (c["budget"] is not None) == takes_budget, c["policy"]
-    # Exact policies give resident's answer; offloaded ones move bytes.
+    # Exact policies give resident's answer; offloaded ones move bytes. f32 rows are exact but not
+    # resident's f16 bits, so its greedy text may part from resident's once the key is out: same score.
     by = {c["policy"]: c for c in cells}
-    for s in ("layer", "headinfer", "layer+kvpr", "layer+hybrid", "resident+f32", "resident+sliding"):
+    for s in ("layer", "headinfer", "layer+kvpr", "layer+hybrid", "resident+sliding"):
         assert by[s]["samples"][0]["answer"] == by["resident"]["samples"][0]["answer"], s
+    assert by["resident+f32"]["samples"][0]["score"] == by["resident"]["samples"][0]["score"]
     for s in ("layer", "layer+infinigen", "layer+quest"):
         assert by[s]["bytes_loaded"] > 0, s
     assert f"{len(cells)} cells run, {len(cells)} in" in p.stdout

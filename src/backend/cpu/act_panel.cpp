@@ -8,7 +8,7 @@
 namespace kvtier::cpu {
 
 bool has_act_panels(ActFormat format) {
-  return format == ActFormat::kQ8_32 || format == ActFormat::kQ8_K;
+  return format == ActFormat::kQ8_32 || format == ActFormat::kQ8_32Min || format == ActFormat::kQ8_K;
 }
 
 size_t act_panel_bytes(ActFormat format, PanelLayout layout, int64_t k, int64_t n_tokens) {
@@ -16,6 +16,7 @@ size_t act_panel_bytes(ActFormat format, PanelLayout layout, int64_t k, int64_t 
   if (layout == PanelLayout::kRows) return 0;
   switch (format) {
     case ActFormat::kQ8_32:
+    case ActFormat::kQ8_32Min:
       return groups * static_cast<size_t>(k / kQK) *
              (layout == PanelLayout::kPairs16 ? sizeof(PanelQ8_32Pairs) : sizeof(PanelQ8_32));
     case ActFormat::kQ8_K:
@@ -51,13 +52,16 @@ void pack_act_panel(ActFormat format, PanelLayout layout, const uint8_t* act, in
         out[b].d[t] = a[b].d;
         out[b].sum[t] = a[b].sum;
       }
-    } else if (format == ActFormat::kQ8_32) {
+    } else if (format == ActFormat::kQ8_32 || format == ActFormat::kQ8_32Min) {
       const auto* a = reinterpret_cast<const ActQ8_32*>(row);
       auto* out = reinterpret_cast<PanelQ8_32*>(panel);
       for (int64_t b = 0; b < k / kQK; ++b) {
         for (int g = 0; g < kQK / 4; ++g) std::memcpy(out[b].qs[g][t], a[b].qs + 4 * g, 4);
         out[b].d[t] = a[b].d;
-        out[b].sum[t] = a[b].sum;
+        if (format == ActFormat::kQ8_32Min)
+          out[b].dsum[t] = a[b].dsum;
+        else
+          out[b].sum[t] = a[b].sum;
       }
     } else {
       const auto* a = reinterpret_cast<const ActQ8_K*>(row);

@@ -23,7 +23,10 @@ constexpr int kPanelTokens = 8;
 struct PanelQ8_32 {
   int8_t qs[kQK / 4][kPanelTokens][4];  // [group of 4 elements][token][4]
   float d[kPanelTokens];                // [token] the block's scale
-  int32_t sum[kPanelTokens];            // [token] the sum of the block's 32 quants
+  union {
+    int32_t sum[kPanelTokens];  // [token] kQ8_32: the sum of the block's 32 quants
+    float dsum[kPanelTokens];   // [token] kQ8_32Min: d * f32(that sum)
+  };
 };
 static_assert(sizeof(PanelQ8_32) == 320);
 

@@ -85,11 +85,16 @@ static_assert(sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144);
 static_assert(sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
-// Quantised activations for the legacy (32-element) weight types: a[i] ~= d * qs[i],
-// qs in [-127, 127], sum = sum of qs (lets offset/min terms be applied once per block).
+// Quantised activations for the legacy (32-element) weight types: a[i] ~= d * qs[i], qs in
+// [-127, 127]. The second field, by ActFormat (quantize_act.h), lets a block's offset or min term be
+// applied once: kQ8_32 (q4_0, q5_0, q8_0) keeps the integer sum of qs; kQ8_32Min (q4_1, q5_1) keeps
+// dsum = d * f32(sum of qs), rounded once, so the min term is one FMA: m = fma(f32(m_w), dsum, m).
 struct ActQ8_32 {
   float d;
-  int32_t sum;
+  union {
+    int32_t sum;  // kQ8_32
+    float dsum;   // kQ8_32Min
+  };
   int8_t qs[kQK];
 };
 // Quantised activations for the K-quants: bsums[j] = sum of qs[16 j .. 16 j + 15].

@@ -116,7 +116,7 @@ struct KernelTable {
   // except those the AMX tiles serve).
   std::array<bool, kMaxGgmlTypeId> lanes_any_tokens{};
   // Indexed by ActFormat (quantize_act.h); null for kF32 (activations used in place).
-  std::array<QuantizeActFn, 3> quantize_act{};
+  std::array<QuantizeActFn, 4> quantize_act{};
   FloatKernels fops{};
 };
 

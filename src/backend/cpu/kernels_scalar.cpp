@@ -20,6 +20,7 @@ void fill_scalar_kernels(KernelTable& t) {
   set(GgmlType::kQ5_K, ref::dot_q5_k);
   set(GgmlType::kQ6_K, ref::dot_q6_k);
   t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32)] = ref::quantize_q8_32;
+  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32Min)] = ref::quantize_q8_32_min;
   t.quantize_act[static_cast<size_t>(ActFormat::kQ8_K)] = ref::quantize_q8_k;
   t.fops = FloatKernels{ref::rms_norm, ref::layer_norm, ref::silu, ref::gelu_tanh,  ref::relu,
                         ref::softmax,  ref::add,        ref::mul,  ref::rope_rotate};

@@ -1,7 +1,8 @@
 // SIMD kernels of the legacy quants (q4_0, q4_1, q5_0, q5_1; on AVX2 also q8_0's vec_dot and one-token
 // tile; its panel tile is in matmul_avx2_panel.cpp) built on one scalar chain per output: for each block b,
 //     s = fma(float(isum_b), dw_b * da_b, s)          (isum_b: the block's exact integer dot)
-// and, for q4_1 / q5_1, a second chain m = m + (mw_b * da_b) * float(asum_b), the result s + m.
+// and, for q4_1 / q5_1, a second chain m = fma(mw_b, dsum_b, m), the result s + m (dsum_b = da_b *
+// float(asum_b), rounded once when the activations are quantised: ActFormat::kQ8_32Min, blocks.h).
 // The integer isum_b is exact whichever lanes compute it, so the matmul tile may place tokens in
 // lanes (8 tokens of an activation panel, act_panel.h) and the one-token tile rows in lanes: every
 // output still runs the same float chain, bit for bit, as vec_dot below.
@@ -84,9 +85,7 @@ float dot_chain(const uint8_t* w8, const uint8_t* a8, int64_t k) {
   for (int64_t b = 0; b < k / kQK; ++b) {
     const float isum = static_cast<float>(block_isum<kType>(x[b], a[b]));
     s = _mm_fmadd_ss(_mm_set_ss(isum), _mm_set_ss(scale_of(x[b]) * a[b].d), s);
-    if constexpr (kHasMin<kType>)
-      m = _mm_add_ss(m,
-                     _mm_mul_ss(_mm_set_ss(min_of(x[b]) * a[b].d), _mm_set_ss(static_cast<float>(a[b].sum))));
+    if constexpr (kHasMin<kType>) m = _mm_fmadd_ss(_mm_set_ss(min_of(x[b])), _mm_set_ss(a[b].dsum), m);
   }
   if constexpr (kHasMin<kType>) return _mm_cvtss_f32(_mm_add_ss(s, m));
   return _mm_cvtss_f32(s);
@@ -131,7 +130,7 @@ void narrow_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* act, int64
           _mm256_permutevar8x32_ps(_mm256_cvtph_ps(dm), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7));
       const __m128 dw = _mm256_castps256_ps128(split), mw = _mm256_extractf128_ps(split, 1);
       s = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, da), s);
-      m = _mm_add_ps(m, _mm_mul_ps(_mm_mul_ps(mw, da), _mm_set1_ps(static_cast<float>(a[b].sum))));
+      m = _mm_fmadd_ps(mw, _mm_set1_ps(a[b].dsum), m);
     } else {
       __m128i d = _mm_cvtsi32_si128(x[0][b].d);
       d = _mm_insert_epi16(d, x[1][b].d, 1);
@@ -195,10 +194,8 @@ void panel_chain(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, int6
           isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(asum, kOffsetShift<kType>));
         const __m256 scale = _mm256_mul_ps(_mm256_set1_ps(scale_of(x[r][b])), da);
         s[r][g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, s[r][g]);
-        if constexpr (kHasMin<kType>) {
-          const __m256 mw_da = _mm256_mul_ps(_mm256_set1_ps(min_of(x[r][b])), da);
-          m[r][g] = _mm256_add_ps(m[r][g], _mm256_mul_ps(mw_da, _mm256_cvtepi32_ps(asum)));
-        }
+        if constexpr (kHasMin<kType>)
+          m[r][g] = _mm256_fmadd_ps(_mm256_set1_ps(min_of(x[r][b])), _mm256_loadu_ps(p[g][b].dsum), m[r][g]);
       }
     }
   }

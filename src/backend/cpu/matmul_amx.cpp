@@ -11,7 +11,7 @@
 //   C = [16 tokens][16 rows] i32, stored to memory for the float work.
 // Integer sums are exact whichever unit forms them, so C holds the same isum_b as the vector tiles.
 // The float chain per output is legacy_chain.h's, in the same order: s = fma(float(isum_b), dw_b *
-// da_b, s), for q4_1 / q5_1 the min chain m = m + (mw_b * da_b) * float(asum_b), then s + m. Here a
+// da_b, s), for q4_1 / q5_1 the min chain m = fma(mw_b, dsum_b, m) (blocks.h), then s + m. Here a
 // vector holds one token's 16 rows. So every output has the table's vec_dot bits.
 //
 // Blocks go a chunk at a time: the chunk's B tiles and scales are built once, then every token tile
@@ -129,9 +129,7 @@ void tile_chunk(const uint8_t* act, int64_t act_bytes, int64_t t0, int64_t b0, i
     for (int64_t i = 0; i < n; ++i) {
       const __m512 mwv = _mm512_load_ps(cw.mw[i]);
       for (int t = 0; t < NT; ++t) {
-        const ActQ8_32* a = block(t, i);
-        const __m512 asum = _mm512_cvtepi32_ps(_mm512_set1_epi32(a->sum));
-        m[t] = _mm512_add_ps(m[t], _mm512_mul_ps(_mm512_mul_ps(mwv, _mm512_set1_ps(a->d)), asum));
+        m[t] = _mm512_fmadd_ps(mwv, _mm512_set1_ps(block(t, i)->dsum), m[t]);
       }
     }
     for (int t = 0; t < NT; ++t) _mm512_store_ps(acc_m[t], m[t]);

@@ -80,16 +80,17 @@ void panel_chain512(const uint8_t* w, int64_t row_bytes, const uint8_t* panel, i
       const __m512 da = _mm512_castsi512_ps(join(_mm256_castps_si256(_mm256_loadu_ps(p[2 * gp][b].d)),
                                                  _mm256_castps_si256(_mm256_loadu_ps(p[2 * gp + 1][b].d))));
       const __m512i asum = join(load256(p[2 * gp][b].sum), load256(p[2 * gp + 1][b].sum));
+      const __m512 dsum =
+          _mm512_castsi512_ps(join(_mm256_castps_si256(_mm256_loadu_ps(p[2 * gp][b].dsum)),
+                                   _mm256_castps_si256(_mm256_loadu_ps(p[2 * gp + 1][b].dsum))));
       for (int r = 0; r < R; ++r) {
         __m512i is = isum[r][gp];
         if constexpr (kOffsetShift<kType> != 0)
           is = _mm512_sub_epi32(is, _mm512_slli_epi32(asum, kOffsetShift<kType>));
         const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(scale_of(x[r][b])), da);
         s[r][gp] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), scale, s[r][gp]);
-        if constexpr (kHasMin<kType>) {
-          const __m512 mw_da = _mm512_mul_ps(_mm512_set1_ps(min_of(x[r][b])), da);
-          m[r][gp] = _mm512_add_ps(m[r][gp], _mm512_mul_ps(mw_da, _mm512_cvtepi32_ps(asum)));
-        }
+        if constexpr (kHasMin<kType>)
+          m[r][gp] = _mm512_fmadd_ps(_mm512_set1_ps(min_of(x[r][b])), dsum, m[r][gp]);
       }
     }
   }

@@ -118,7 +118,7 @@ void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
 
 // q4_0, q4_1, q5_0, q5_1: legacy_chain.h's chain per row. Per block the exact integer
 // isum = dot(u, a) - (offset << sum(a)), then s = fma(f32(isum), d * da, s), and q4_1 / q5_1's second
-// chain m = m + (m_w * da) * f32(sum(a)); the result s (+ m). VPMADDUBSW's pair sums are at most
+// chain m = fma(m_w, dsum(a), m) (blocks.h); the result s (+ m). VPMADDUBSW's pair sums are at most
 // 2 * 15 * 128 (q4) or 2 * 31 * 128 (q5) in magnitude, so 8 of q4's (30720) or 4 of q5's (31744)
 // add up in i16 exactly.
 template <bool kHighBits, bool kMins, int kOffsetShift>
@@ -160,10 +160,8 @@ void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t a
           isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(a[b].sum << kOffsetShift));
         const __m256 sc = _mm256_mul_ps(f16x8(w + at.scales + b * 32 + 16 * h), da);
         s[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), sc, s[h]);
-        if constexpr (kMins) {
-          const __m256 mw = _mm256_mul_ps(f16x8(w + at.mins + b * 32 + 16 * h), da);
-          m[h] = _mm256_add_ps(m[h], _mm256_mul_ps(mw, _mm256_set1_ps(static_cast<float>(a[b].sum))));
-        }
+        if constexpr (kMins)
+          m[h] = _mm256_fmadd_ps(f16x8(w + at.mins + b * 32 + 16 * h), _mm256_set1_ps(a[b].dsum), m[h]);
       }
     }
     if constexpr (kMins) {

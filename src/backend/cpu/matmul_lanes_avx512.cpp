@@ -52,7 +52,7 @@ void lanes_q8_0(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t
 // q4_0, q4_1, q5_0, q5_1: legacy_chain.h's chain per row, one lane each. Per block the exact integer
 // isum = dot(u, a) - (offset << sum(a)) (VPDPBUSD of the unsigned quants from nibbles, the fifth bits
 // added by a masked byte add), then s = fma(f32(isum), d * da, s), and q4_1 / q5_1's second chain
-// m = m + (m_w * da) * f32(sum(a)); the result s (+ m).
+// m = fma(m_w, dsum(a), m) (blocks.h); the result s (+ m).
 template <bool kHighBits, bool kMins, int kOffsetShift>
 void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_t n_tokens,
                   int64_t k, float* y, int64_t ldy, int rows) {
@@ -81,10 +81,9 @@ void lanes_legacy(GgmlType type, const uint8_t* w, const uint8_t* act, int64_t a
       const __m512 da = _mm512_set1_ps(a[b].d);
       const __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(w + at.scales + b * 32)), da);
       s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, s);
-      if constexpr (kMins) {
-        const __m512 mw = _mm512_mul_ps(_mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)), da);
-        m = _mm512_add_ps(m, _mm512_mul_ps(mw, _mm512_set1_ps(static_cast<float>(a[b].sum))));
-      }
+      if constexpr (kMins)
+        m = _mm512_fmadd_ps(_mm512_cvtph_ps(avx2::load256(w + at.mins + b * 32)), _mm512_set1_ps(a[b].dsum),
+                            m);
     }
     if constexpr (kMins) s = _mm512_add_ps(s, m);
     _mm512_mask_storeu_ps(y + t * ldy, keep, s);

@@ -63,7 +63,7 @@ inline __m512i neg_shifted_sum(const ActQ8_32& a) {
 
 // q4_0, q4_1, q5_0, q5_1 (lanes_legacy): per token and block the exact integer
 // isum = dot(u, a) - (offset << sum(a)), then s = fma(f32(isum), d * da, s), and for q4_1 / q5_1
-// m = m + (m_w * da) * f32(sum(a)); the result s (+ m). For q4_0 / q5_0 a chunk of kLegacyChunk
+// m = fma(m_w, dsum(a), m) (blocks.h); the result s (+ m). For q4_0 / q5_0 a chunk of kLegacyChunk
 // blocks is unpacked once (nibbles split, fifth bits added, scales widened) into LegacyChunk for
 // every pass of a tile of 16 passes, whose float chains wait in memory between chunks (each row's
 // and token's chains still run over the blocks in order).
@@ -76,13 +76,12 @@ struct LegacyChunk {
 };
 
 // One legacy block's float step for a token: s = fma(f32(isum), d * da, s), and where kMins
-// m = m + (m_w * da) * f32(sum(a)). ws, wm: the 16 rows' f32(d), f32(m).
+// m = fma(m_w, dsum(a), m). ws, wm: the 16 rows' f32(d), f32(m).
 template <bool kMins>
 inline void legacy_float_step(__m512i isum, __m512 ws, __m512 wm, const ActQ8_32& a, __m512& s, __m512& m) {
   const __m512 da = _mm512_set1_ps(a.d);
   s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(ws, da), s);
-  if constexpr (kMins)
-    m = _mm512_add_ps(m, _mm512_mul_ps(_mm512_mul_ps(wm, da), _mm512_cvtepi32_ps(_mm512_set1_epi32(a.sum))));
+  if constexpr (kMins) m = _mm512_fmadd_ps(wm, _mm512_set1_ps(a.dsum), m);
 }
 
 template <bool kHighBits>

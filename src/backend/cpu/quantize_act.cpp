@@ -33,11 +33,12 @@ ActFormat act_format_for(GgmlType weight_type) {
     case GgmlType::kBF16:
       return ActFormat::kF32;
     case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
     case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
     case GgmlType::kQ8_0:
       return ActFormat::kQ8_32;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+      return ActFormat::kQ8_32Min;
     case GgmlType::kQ2_K:
     case GgmlType::kQ3_K:
     case GgmlType::kQ4_K:
@@ -55,6 +56,7 @@ int act_block_size(ActFormat format) {
     case ActFormat::kF32:
       return 1;
     case ActFormat::kQ8_32:
+    case ActFormat::kQ8_32Min:
       return kQK;
     case ActFormat::kQ8_K:
       return kQKK;
@@ -68,6 +70,7 @@ size_t act_row_bytes(ActFormat format, int64_t k) {
     case ActFormat::kF32:
       return static_cast<size_t>(k) * sizeof(float);
     case ActFormat::kQ8_32:
+    case ActFormat::kQ8_32Min:
       return static_cast<size_t>(k / kQK) * sizeof(ActQ8_32);
     case ActFormat::kQ8_K:
       return static_cast<size_t>(k / kQKK) * sizeof(ActQ8_K);
@@ -84,6 +87,9 @@ void quantize_act_row(ActFormat format, const float* x, int64_t k, uint8_t* dst)
     case ActFormat::kQ8_32:
       ref::quantize_q8_32(x, k, dst);
       return;
+    case ActFormat::kQ8_32Min:
+      ref::quantize_q8_32_min(x, k, dst);
+      return;
     case ActFormat::kQ8_K:
       ref::quantize_q8_k(x, k, dst);
       return;
@@ -92,14 +98,28 @@ void quantize_act_row(ActFormat format, const float* x, int64_t k, uint8_t* dst)
 
 namespace ref {
 
-void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
+namespace {
+template <bool kMin>
+void quantize_q8_32_as(const float* x, int64_t k, uint8_t* dst) {
   for (int64_t b = 0; b < k / kQK; ++b) {
     ActQ8_32 blk;
     blk.d = quantize_group(x + b * kQK, kQK, blk.qs);
-    blk.sum = 0;
-    for (int i = 0; i < kQK; ++i) blk.sum += blk.qs[i];
+    int32_t sum = 0;
+    for (int i = 0; i < kQK; ++i) sum += blk.qs[i];
+    if constexpr (kMin)
+      blk.dsum = blk.d * static_cast<float>(sum);
+    else
+      blk.sum = sum;
     std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
   }
+}
+}  // namespace
+
+void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
+  quantize_q8_32_as<false>(x, k, dst);
+}
+void quantize_q8_32_min(const float* x, int64_t k, uint8_t* dst) {
+  quantize_q8_32_as<true>(x, k, dst);
 }
 
 void quantize_q8_k(const float* x, int64_t k, uint8_t* dst) {

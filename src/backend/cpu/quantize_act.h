@@ -13,9 +13,10 @@
 namespace kvtier::cpu {
 
 enum class ActFormat {
-  kF32,    // float weights (f32, f16, bf16): activations stay f32
-  kQ8_32,  // legacy quants (q4_0 .. q8_0): ActQ8_32 blocks of 32
-  kQ8_K,   // K-quants: ActQ8_K blocks of 256
+  kF32,       // float weights (f32, f16, bf16): activations stay f32
+  kQ8_32,     // q4_0, q5_0, q8_0: ActQ8_32 blocks of 32 with the sum of their quants
+  kQ8_32Min,  // q4_1, q5_1: ActQ8_32 blocks of 32 with d * that sum as a float (blocks.h)
+  kQ8_K,      // K-quants: ActQ8_K blocks of 256
 };
 
 ActFormat act_format_for(GgmlType weight_type);
@@ -24,7 +25,8 @@ int act_block_size(ActFormat format);  // elements per activation block (1 for k
 size_t act_row_bytes(ActFormat format, int64_t k);
 
 // x: [k] f32 -> dst: act_row_bytes(format, k) bytes. Per block: d = max|x| / 127, q = round-to-
-// nearest-even(x / d) in [-127, 127] (d = 0 gives q = 0), plus the block's (or 16-group's) sums of q.
+// nearest-even(x / d) in [-127, 127] (d = 0 gives q = 0), plus the block's (or 16-group's) sums of q
+// (kQ8_32Min: d * f32(the block's sum)).
 void quantize_act_row(ActFormat format, const float* x, int64_t k, uint8_t* dst);
 
 }  // namespace kvtier::cpu

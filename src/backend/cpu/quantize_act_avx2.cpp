@@ -58,6 +58,7 @@ void store32(__m256i q0, __m256i q1, __m256i q2, __m256i q3, int8_t* q) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(b, order));
 }
 
+template <bool kMin>
 void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
   for (int64_t b = 0; b < k / kQK; ++b) {
     const float* xb = x + b * kQK;
@@ -69,7 +70,11 @@ void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
     const __m256i q0 = quantize8(v0, id), q1 = quantize8(v1, id), q2 = quantize8(v2, id),
                   q3 = quantize8(v3, id);
     store32(q0, q1, q2, q3, blk.qs);
-    blk.sum = reduce_add(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+    const int32_t sum = reduce_add(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
+    if constexpr (kMin)
+      blk.dsum = blk.d * static_cast<float>(sum);
+    else
+      blk.sum = sum;
     std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
   }
 }
@@ -97,7 +102,8 @@ void quantize_q8_k(const float* x, int64_t k, uint8_t* dst) {
 }  // namespace
 
 void fill_avx2_quantize_act(KernelTable& t) {
-  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32)] = quantize_q8_32;
+  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32)] = quantize_q8_32<false>;
+  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32Min)] = quantize_q8_32<true>;
   t.quantize_act[static_cast<size_t>(ActFormat::kQ8_K)] = quantize_q8_k;
 }
 

@@ -35,6 +35,7 @@ __m512i quantize16(__m512 v, __m512 id, int8_t* q) {
   return i;
 }
 
+template <bool kMin>
 void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
   for (int64_t b = 0; b < k / kQK; ++b) {
     const float* xb = x + b * kQK;
@@ -44,7 +45,11 @@ void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
     const __m512 id = _mm512_set1_ps(inverse_scale(amax, &blk.d));
     const __m512i q0 = quantize16(v0, id, blk.qs);
     const __m512i q1 = quantize16(v1, id, blk.qs + 16);
-    blk.sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    if constexpr (kMin)
+      blk.dsum = blk.d * static_cast<float>(sum);
+    else
+      blk.sum = sum;
     std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
   }
 }
@@ -67,7 +72,8 @@ void quantize_q8_k(const float* x, int64_t k, uint8_t* dst) {
 }  // namespace
 
 void fill_avx512_quantize_act(KernelTable& t) {
-  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32)] = quantize_q8_32;
+  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32)] = quantize_q8_32<false>;
+  t.quantize_act[static_cast<size_t>(ActFormat::kQ8_32Min)] = quantize_q8_32<true>;
   t.quantize_act[static_cast<size_t>(ActFormat::kQ8_K)] = quantize_q8_k;
 }
 

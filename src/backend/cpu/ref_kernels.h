@@ -24,6 +24,7 @@ float dot_q6_k(const uint8_t* w, const uint8_t* act, int64_t k);
 
 // Activation quantisation (quantize_act.h): x [k] f32 -> k / 32 ActQ8_32 or k / 256 ActQ8_K blocks.
 void quantize_q8_32(const float* x, int64_t k, uint8_t* dst);
+void quantize_q8_32_min(const float* x, int64_t k, uint8_t* dst);  // ActFormat::kQ8_32Min
 void quantize_q8_k(const float* x, int64_t k, uint8_t* dst);
 
 void rms_norm(const float* x, const float* w, float eps, int64_t n, float* y);

@@ -1,4 +1,5 @@
 // Scalar reference dot products (see ref_kernels.h for the accumulation order).
+#include <cmath>
 #include <cstring>
 
 #include "backend/cpu/block_unpack.h"
@@ -57,7 +58,7 @@ float dot_bf16(const uint8_t* w, const uint8_t* act, int64_t k) {
   return s;
 }
 
-// Legacy types: sum over blocks of (dw * da) * isum [+ (mw * da) * asum].
+// Legacy types: sum over blocks of (dw * da) * isum [+ mw * dsum, dsum = da * asum (blocks.h)].
 float dot_q4_0(const uint8_t* w, const uint8_t* act, int64_t k) {
   float s = 0.0f;
   for (int64_t b = 0; b < k / kQK; ++b) {
@@ -79,7 +80,7 @@ float dot_q4_1(const uint8_t* w, const uint8_t* act, int64_t k) {
     int q[kQK];
     nibbles(x.qs, q);
     s += (unpack_f16(x.d) * a.d) * static_cast<float>(dot32(q, a.qs));
-    s += (unpack_f16(x.m) * a.d) * static_cast<float>(a.sum);
+    s = std::fma(unpack_f16(x.m), a.dsum, s);
   }
   return s;
 }
@@ -107,7 +108,7 @@ float dot_q5_1(const uint8_t* w, const uint8_t* act, int64_t k) {
     nibbles(x.qs, q);
     fifth_bits(x.qh, q);
     s += (unpack_f16(x.d) * a.d) * static_cast<float>(dot32(q, a.qs));
-    s += (unpack_f16(x.m) * a.d) * static_cast<float>(a.sum);
+    s = std::fma(unpack_f16(x.m), a.dsum, s);
   }
   return s;
 }
