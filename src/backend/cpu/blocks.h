@@ -97,6 +97,14 @@ struct ActQ8_32 {
   };
   int8_t qs[kQK];
 };
+// Sets blk's second field from the sum of its quants, blk.d already set: kMin for kQ8_32Min.
+template <bool kMin>
+inline void set_act_sum(ActQ8_32& blk, int32_t sum) {
+  if constexpr (kMin)
+    blk.dsum = blk.d * static_cast<float>(sum);
+  else
+    blk.sum = sum;
+}
 // Quantised activations for the K-quants: bsums[j] = sum of qs[16 j .. 16 j + 15].
 struct ActQ8_K {
   float d;

@@ -106,10 +106,7 @@ void quantize_q8_32_as(const float* x, int64_t k, uint8_t* dst) {
     blk.d = quantize_group(x + b * kQK, kQK, blk.qs);
     int32_t sum = 0;
     for (int i = 0; i < kQK; ++i) sum += blk.qs[i];
-    if constexpr (kMin)
-      blk.dsum = blk.d * static_cast<float>(sum);
-    else
-      blk.sum = sum;
+    set_act_sum<kMin>(blk, sum);
     std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
   }
 }

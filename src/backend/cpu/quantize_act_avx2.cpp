@@ -71,10 +71,7 @@ void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
                   q3 = quantize8(v3, id);
     store32(q0, q1, q2, q3, blk.qs);
     const int32_t sum = reduce_add(_mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3)));
-    if constexpr (kMin)
-      blk.dsum = blk.d * static_cast<float>(sum);
-    else
-      blk.sum = sum;
+    set_act_sum<kMin>(blk, sum);
     std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
   }
 }

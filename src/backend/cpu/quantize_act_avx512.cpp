@@ -46,10 +46,7 @@ void quantize_q8_32(const float* x, int64_t k, uint8_t* dst) {
     const __m512i q0 = quantize16(v0, id, blk.qs);
     const __m512i q1 = quantize16(v1, id, blk.qs + 16);
     const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
-    if constexpr (kMin)
-      blk.dsum = blk.d * static_cast<float>(sum);
-    else
-      blk.sum = sum;
+    set_act_sum<kMin>(blk, sum);
     std::memcpy(dst + b * sizeof(ActQ8_32), &blk, sizeof(blk));
   }
 }
