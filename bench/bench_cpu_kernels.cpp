@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
@@ -159,14 +160,14 @@ double loop_peak(Isa isa, int threads, double ops_per_iter, float (*loop)(Isa, i
   const int64_t iters = 20'000'000;
   ThreadPool pool(threads);
   std::vector<float> sink(static_cast<size_t>(threads));
-  std::vector<double> runs;
+  double fastest = std::numeric_limits<double>::infinity();
   for (int rep = 0; rep < 7; ++rep) {
-    runs.push_back(seconds_of(
-        [&] { pool.run(threads, [&](int p) { sink[static_cast<size_t>(p)] = loop(isa, iters); }); }));
+    fastest = std::min(fastest, seconds_of([&] {
+                         pool.run(threads, [&](int p) { sink[static_cast<size_t>(p)] = loop(isa, iters); });
+                       }));
   }
-  std::sort(runs.begin(), runs.end());
   benchmark::DoNotOptimize(sink.data());
-  return ops_per_iter * static_cast<double>(iters) * threads / runs[0];
+  return ops_per_iter * static_cast<double>(iters) * threads / fastest;
 }
 
 float fma_loop(Isa isa, int64_t iters) {
