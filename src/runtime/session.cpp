@@ -115,7 +115,7 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
       isa_(opt.isa.value_or(cpu::best_isa())),
       pool_(opt_.threads) {
   const auto& cfg = model.config;
-  if (!cpu::isa_supported(isa_)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", cpu::isa_name(isa_));
+  cpu::require_isa(isa_);
   ledger_.set_budget(kv::Tier::kHost, opt_.host_mem);
   weights_ = std::make_unique<model::WeightStreamer>(*model.file, model.weights, opt_.weights, ledger_);
   kv::KvOptions& ko = opt_.kv_placement;

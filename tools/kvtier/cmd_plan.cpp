@@ -193,7 +193,7 @@ int run_plan(const PlanArgs& a) {
       const cpu::Isa isa = a.isa == "scalar" ? cpu::Isa::kScalar
                            : a.isa == "avx2" ? cpu::Isa::kAvx2
                                              : cpu::Isa::kAvx512;
-      if (!cpu::isa_supported(isa)) fail(ErrorKind::kUnsupported, "--isa {}: this CPU lacks it", a.isa);
+      cpu::require_isa(isa);
     }
     e.engine.isa = a.isa;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);

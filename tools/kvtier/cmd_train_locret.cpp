@@ -163,7 +163,7 @@ int run_train_locret(const TrainLocretArgs& a) {
   cpu::Isa isa = cpu::best_isa();
   if (!a.isa.empty())
     isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
-  if (!cpu::isa_supported(isa)) fail(ErrorKind::kUnsupported, "--isa {}: this CPU lacks it", a.isa);
+  cpu::require_isa(isa);
   locret::TrainerOptions to;
   to.max_tokens = longest;
   to.max_len = a.max_len;

@@ -328,7 +328,7 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
                             sp.q_base % p.kivi.block_tokens == 0 && sp.pos0 >= sp.q_base),
         "KIVI span [{}, +{}) with {} quantised tokens", sp.pos0, sp.n_tokens, sp.n_quant);
   }
-  if (!isa_supported(isa)) fail(ErrorKind::kUnsupported, "this CPU lacks {}", isa_name(isa));
+  require_isa(isa);
   if (q.n_tokens == 0) return;
   const AttnTileOps& ops = isa == Isa::kScalar ? attn_tile_ops_ref()
                            : isa == Isa::kAvx2 ? attn_tile_ops_avx2()

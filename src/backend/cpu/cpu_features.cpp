@@ -1,5 +1,7 @@
 #include "backend/cpu/cpu_features.h"
 
+#include "core/error.h"
+
 #include <cstring>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -65,6 +67,14 @@ bool isa_supported(Isa isa) {
       return avx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512vnni;
   }
   return false;
+}
+
+void require_isa(Isa isa) {
+  if (isa_supported(isa)) return;
+  const std::string_view needs = isa == Isa::kAvx512 ? "AVX2, FMA, F16C, AVX-512 F/BW/VL and AVX-512 VNNI"
+                                                     : "AVX2, FMA and F16C";
+  fail(ErrorKind::kUnsupported, "this CPU does not support the {} kernels (they need {}); the widest path here is {}",
+       isa_name(isa), needs, isa_name(best_isa()));
 }
 
 Isa best_isa() {

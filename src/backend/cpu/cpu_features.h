@@ -32,6 +32,9 @@ struct CpuFeatures {
 const CpuFeatures& cpu_features();
 
 bool isa_supported(Isa isa);
+// Fails (ErrorKind::kUnsupported) unless `isa` is supported, with one message everywhere: "this CPU
+// does not support the <isa> kernels", the features they need and the widest path this CPU has.
+void require_isa(Isa isa);
 // The widest supported path.
 Isa best_isa();
 // Whether `isa`'s matmul tiles use AMX-INT8 on this CPU (the AVX-512 path where amx_int8).

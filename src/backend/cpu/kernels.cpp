@@ -35,8 +35,7 @@ KernelTable make_table(Isa isa, bool amx) {
 }  // namespace
 
 const KernelTable& kernel_table(Isa isa, MatrixUnits units) {
-  if (!isa_supported(isa))
-    fail(ErrorKind::kUnsupported, "this CPU does not support the {} kernels", isa_name(isa));
+  require_isa(isa);
   static const KernelTable scalar = make_table(Isa::kScalar, false);
   switch (isa) {
     case Isa::kScalar:
