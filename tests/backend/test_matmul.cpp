@@ -2,9 +2,11 @@
 // count, the number of tokens or the tiling; unsupported inputs are errors.
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <random>
 #include <vector>
 
+#include "backend/cpu/cpu_features.h"
 #include "backend/cpu/matmul.h"
 #include "backend/cpu/quantize_act.h"
 #include "core/error.h"
@@ -145,6 +147,17 @@ TEST(CpuFeatures, DispatchNeverExceedsTheCpu) {
   if (isa_supported(Isa::kAvx512)) {
     EXPECT_TRUE(isa_supported(Isa::kAvx2));
   }
+}
+
+TEST(CpuFeatures, IsaNamesRoundTrip) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    const std::optional<Isa> back = isa_from_name(isa_name(isa));
+    ASSERT_TRUE(back.has_value()) << isa_name(isa);
+    EXPECT_EQ(*back, isa);
+  }
+  EXPECT_FALSE(isa_from_name("").has_value());
+  EXPECT_FALSE(isa_from_name("AVX2").has_value());
+  EXPECT_FALSE(isa_from_name("avx512f").has_value());
 }
 
 }  // namespace

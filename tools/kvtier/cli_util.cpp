@@ -150,4 +150,12 @@ uint64_t parse_tokens(const std::string& text, const std::string& flag) {
        text);
 }
 
+std::optional<cpu::Isa> isa_flag(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  const std::optional<cpu::Isa> isa = cpu::isa_from_name(text);
+  if (!isa) fail(ErrorKind::kInvalidArgument, "--isa {}: not a kernel path (scalar, avx2 or avx512)", text);
+  cpu::require_isa(*isa);
+  return isa;
+}
+
 }  // namespace kvtier::cli

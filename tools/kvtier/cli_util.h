@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "backend/cpu/cpu_features.h"
+
 namespace kvtier::cli {
 
 // Installs SIGINT/SIGTERM handlers that only record the request; long work polls it.
@@ -24,5 +26,9 @@ std::string human_bytes(uint64_t bytes);
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 // "128K", "1M", "4096" -> tokens (K = 1024, M = 1024^2). Throws Error(kInvalidArgument).
 uint64_t parse_tokens(const std::string& text, const std::string& flag);
+// The CPU kernel path an --isa value names: nothing for "" (the caller's default, the best path),
+// else the path, required to run here (cpu::require_isa: a clear kUnsupported error otherwise).
+// Throws Error(kInvalidArgument) for a name that is no path (CLI11's IsMember check comes first).
+std::optional<cpu::Isa> isa_flag(const std::string& text);
 
 }  // namespace kvtier::cli

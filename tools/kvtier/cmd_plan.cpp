@@ -189,12 +189,7 @@ int run_plan(const PlanArgs& a) {
     e.engine.weights_mem = a.weights_mem;
     e.engine.weights_from = a.weights_from;
     e.engine.no_layer_lanes = a.no_layer_lanes;
-    if (!a.isa.empty()) {  // the path decides which rows-in-lanes copies replace GGUF rows
-      const cpu::Isa isa = a.isa == "scalar" ? cpu::Isa::kScalar
-                           : a.isa == "avx2" ? cpu::Isa::kAvx2
-                                             : cpu::Isa::kAvx512;
-      cpu::require_isa(isa);
-    }
+    cli::isa_flag(a.isa);  // the path decides which rows-in-lanes copies replace GGUF rows: it must run here
     e.engine.isa = a.isa;
     for (const policy::KvPolicy& p : kv_policy_list(e.engine, a.kv_policies)) e.policies.push_back(p);
     e.link_bytes_per_s = a.link_gbps * 1e9;

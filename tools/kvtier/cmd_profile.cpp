@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "core/error.h"
 #include "policy/kvpr_schedule.h"
@@ -56,12 +57,7 @@ void print_split(const char* name, const policy::KvprDecision& d, int64_t s_prim
 int run_profile(const ProfileArgs& a) {
   runtime::ProfileOptions o;
   o.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  o.isa = cpu::best_isa();
-  if (!a.isa.empty()) {
-    o.isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
-    if (!cpu::isa_supported(o.isa))
-      fail(ErrorKind::kUnsupported, "--isa {}: this CPU does not support it", a.isa);
-  }
+  o.isa = cli::isa_flag(a.isa).value_or(cpu::best_isa());
   o.disk_dir = a.kv_disk;
   o.link_bytes_per_s = a.link_gbps * 1e9;
   const std::string path = a.no_cache ? std::string() : profile_cache_path(a.cache);

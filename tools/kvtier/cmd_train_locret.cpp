@@ -160,10 +160,7 @@ int run_train_locret(const TrainLocretArgs& a) {
   const int threads =
       a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   ThreadPool pool(threads);
-  cpu::Isa isa = cpu::best_isa();
-  if (!a.isa.empty())
-    isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
-  cpu::require_isa(isa);
+  const cpu::Isa isa = cli::isa_flag(a.isa).value_or(cpu::best_isa());
   locret::TrainerOptions to;
   to.max_tokens = longest;
   to.max_len = a.max_len;

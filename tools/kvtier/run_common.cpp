@@ -294,8 +294,8 @@ runtime::LoadOptions load_options(const EngineArgs& a) {
   o.pack_layers = a.weights_mem.empty() && !a.no_layer_lanes;  // streamed layers: their staged GGUF rows
   if (a.backend == Backend::kCuda) {
     o.cpu_isa.reset();
-  } else if (!a.isa.empty()) {
-    o.cpu_isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
+  } else if (const auto isa = cli::isa_flag(a.isa)) {
+    o.cpu_isa = *isa;
   }
   return o;
 }
@@ -308,9 +308,7 @@ runtime::SessionOptions session_options(const EngineArgs& a, const model::ModelC
   if (!a.kv_gather.empty()) fail(ErrorKind::kInvalidArgument, "--kv-gather applies to --backend cuda only");
   runtime::SessionOptions o;
   o.threads = a.threads > 0 ? a.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  if (!a.isa.empty()) {
-    o.isa = a.isa == "scalar" ? cpu::Isa::kScalar : a.isa == "avx2" ? cpu::Isa::kAvx2 : cpu::Isa::kAvx512;
-  }
+  o.isa = cli::isa_flag(a.isa);
   if (a.ctx > 0) {
     o.n_ctx = a.ctx;
   } else {

@@ -71,10 +71,11 @@ bool isa_supported(Isa isa) {
 
 void require_isa(Isa isa) {
   if (isa_supported(isa)) return;
-  const std::string_view needs = isa == Isa::kAvx512 ? "AVX2, FMA, F16C, AVX-512 F/BW/VL and AVX-512 VNNI"
-                                                     : "AVX2, FMA and F16C";
-  fail(ErrorKind::kUnsupported, "this CPU does not support the {} kernels (they need {}); the widest path here is {}",
-       isa_name(isa), needs, isa_name(best_isa()));
+  const std::string_view needs =
+      isa == Isa::kAvx512 ? "AVX2, FMA, F16C, AVX-512 F/BW/VL and AVX-512 VNNI" : "AVX2, FMA and F16C";
+  fail(ErrorKind::kUnsupported,
+       "this CPU does not support the {} kernels (they need {}); the widest path here is {}", isa_name(isa),
+       needs, isa_name(best_isa()));
 }
 
 Isa best_isa() {
@@ -97,6 +98,12 @@ std::string_view isa_name(Isa isa) {
       return "avx512";
   }
   return "?";
+}
+
+std::optional<Isa> isa_from_name(std::string_view name) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512})
+    if (isa_name(isa) == name) return isa;
+  return std::nullopt;
 }
 
 std::string cpu_brand() {

@@ -3,6 +3,7 @@
 // called when the running CPU reports every feature its translation unit was compiled with.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -40,6 +41,8 @@ Isa best_isa();
 // Whether `isa`'s matmul tiles use AMX-INT8 on this CPU (the AVX-512 path where amx_int8).
 bool uses_amx(Isa isa);
 std::string_view isa_name(Isa isa);
+// The path isa_name spells `name` ("scalar", "avx2", "avx512"), or nothing.
+std::optional<Isa> isa_from_name(std::string_view name);
 // The processor's brand string (CPUID leaves 0x80000002..4, trimmed), "unknown" where there is none.
 std::string cpu_brand();
 
