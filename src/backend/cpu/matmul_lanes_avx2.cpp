@@ -85,6 +85,10 @@ void q8_0_tokens(const uint8_t* w, const uint8_t* act, int64_t act_bytes, int64_
     const uint8_t* q = w + q8_0_quants_at(b);
     const uint8_t* d = w + q8_0_scales_at(b, nb);
     for (int h = 0; h < 2; ++h) {
+      // Without this barrier GCC hoists the 8 x NT activation broadcasts out of the halves' loop (they
+      // serve both halves), keeps them and most of the products on the stack, and 4-token passes ran
+      // at 0.8x (bench/ab_kernels.sh, matmul_lanes/q8_0/512x640->2048/avx2, AMD EPYC family 25).
+      asm volatile("" ::: "memory");
       __m256i isum[NT];
       for (auto& v : isum) v = _mm256_setzero_si256();
 #pragma GCC unroll 8
