@@ -21,7 +21,9 @@ struct Problem {
   std::vector<float> v;  // [n_kv][n_ctx, dv]
   std::vector<uint16_t> k16, v16;
 
-  explicit Problem(uint64_t seed, KvDtype dt = KvDtype::kF32, int64_t ctx = 150) : n_ctx(ctx), dtype(dt) {
+  explicit Problem(uint64_t seed, KvDtype dt = KvDtype::kF32, int64_t ctx = 150, int64_t kv_heads = 2,
+                   int64_t group = 3)
+      : n_kv(kv_heads), G(group), n_ctx(ctx), dtype(dt) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     q.resize(static_cast<size_t>(n_q * n_kv * G * dk));
@@ -265,6 +267,43 @@ TEST(Attention, LongContextChunksExactAndCorrect) {
             for (int64_t t = 0; t < p.n_q; t += 7)
               run(p, a, p.spans({}), threads, isa, pos0, 0, -1, t, std::min(p.n_q, t + 7), &sevens);
             expect_identical(sevens, base);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Fewer KV heads than threads (Gemma-3 has one KV head for 4 query heads): decode gives each thread
+// an equal share of a group's query heads where the threads divide them. Every geometry and thread
+// count must give the one-thread bits, and the naive softmax's values. (A pool of more threads than
+// CPUs sleeps, and then runs calls this small on one thread: 3 and 4 threads take the split only on
+// machines with that many CPUs; 2 threads take it on every machine of this project.)
+TEST(Attention, DecodeSplitsAGroupBetweenThreadsWithTheSameBits) {
+  const int64_t ctx = 2 * kAttnChunk + 45;
+  struct Geometry {
+    int64_t n_kv, G;
+  };
+  for (const Geometry g : {Geometry{1, 4}, Geometry{2, 2}, Geometry{1, 6}}) {
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16}) {
+      const Problem p(7, dt, ctx, g.n_kv, g.G);
+      for (Isa isa : isas()) {
+        for (int64_t window : {int64_t{0}, int64_t{200}}) {
+          const AttnParams a = params(p, window, 5.0f);
+          const int64_t pos0 = p.n_ctx - p.n_q;
+          const Result base = run(p, a, p.spans({64, 300}), 1, isa, pos0);
+          expect_near(base, naive(p, a, pos0), 2e-5f);
+          for (int threads : {2, 3, 4}) {
+            SCOPED_TRACE(testing::Message() << "KV heads " << g.n_kv << " group " << g.G << " threads "
+                                            << threads << " window " << window);
+            Result one;  // decode: one query per call
+            for (int64_t t = 0; t < p.n_q; ++t)
+              run(p, a, p.spans({64, 300}), threads, isa, pos0, 0, -1, t, t + 1, &one);
+            expect_identical(one, base);
+            Result pairs;  // two queries per call (a speculative step's size)
+            for (int64_t t = 0; t < p.n_q; t += 2)
+              run(p, a, p.spans({64, 300}), threads, isa, pos0, 0, -1, t, std::min(p.n_q, t + 2), &pairs);
+            expect_identical(pairs, base);
           }
         }
       }
