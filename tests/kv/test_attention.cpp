@@ -300,7 +300,7 @@ TEST(Attention, DecodeSplitsAGroupBetweenThreadsWithTheSameBits) {
             for (int64_t t = 0; t < p.n_q; ++t)
               run(p, a, p.spans({64, 300}), threads, isa, pos0, 0, -1, t, t + 1, &one);
             expect_identical(one, base);
-            Result pairs;  // two queries per call (a speculative step's size)
+            Result pairs;  // two queries per call
             for (int64_t t = 0; t < p.n_q; t += 2)
               run(p, a, p.spans({64, 300}), threads, isa, pos0, 0, -1, t, std::min(p.n_q, t + 2), &pairs);
             expect_identical(pairs, base);

@@ -243,6 +243,7 @@ void run_chunk(const AttnTileOps& ops, const AttnParams& p, const AttnQueries& q
 struct ChunkRange {
   int64_t first = 0;
   int64_t last = -1;
+  int64_t count() const { return std::max<int64_t>(0, last - first + 1); }
 };
 
 ChunkRange visible_chunks(const AttnParams& p, std::span<const KvSpan> spans, const AttnQueries& q,
@@ -362,12 +363,12 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
   // then reads all of its head's keys and values, which costs more than it saves over more chunks
   // (Gemma-3 decode at 4K: 0.9x). Same bits as the paths below: a row's arithmetic does not depend
   // on the item's other rows.
-  const auto n_chunks_of = [&] {
-    const ChunkRange cr = visible_chunks(p, spans, q, Item{0, 0, q.n_tokens, 0, p.q_per_kv});
-    return std::max<int64_t>(0, cr.last - cr.first + 1);
-  };
-  if (q.n_tokens <= kSplitTokens && threads > 1 && n_kv < threads && threads % n_kv == 0 &&
-      p.q_per_kv % (threads / n_kv) == 0 && n_chunks_of() <= threads + 1) {
+  const bool decode_sized = q.n_tokens <= kSplitTokens && threads > 1;
+  // The chunks a decode-sized call's queries see: the same for every head.
+  const ChunkRange cr =
+      decode_sized ? visible_chunks(p, spans, q, Item{0, 0, q.n_tokens, 0, p.q_per_kv}) : ChunkRange{};
+  if (decode_sized && n_kv < threads && threads % n_kv == 0 && p.q_per_kv % (threads / n_kv) == 0 &&
+      cr.count() <= threads + 1) {
     const int64_t per_head = threads / n_kv;
     const int64_t ng = p.q_per_kv / per_head;
     pool.run(threads, [&](int part) {
@@ -381,12 +382,11 @@ void attend(ThreadPool& pool, Isa isa, const AttnParams& p, const AttnQueries& q
   // (KV head, key chunk) pairs over the threads instead, in waves of at most kSlotsPerThread pairs
   // per thread, and merge each head's chunks on this thread in chunk order, the order run_item
   // merges in. Same bits either way.
-  if (q.n_tokens <= kSplitTokens && threads > 1 && n_kv < 2 * threads) {
+  if (decode_sized && n_kv < 2 * threads) {
     const auto S = static_cast<int64_t>(rows_per_slot(p));
     auto item = [&](int64_t j) { return Item{j, 0, q.n_tokens, 0, p.q_per_kv}; };
     auto run_lse = [&](int64_t j) { return scratch_of(static_cast<int>(j / 2)).run_lse + (j % 2) * S; };
-    const ChunkRange cr = visible_chunks(p, spans, q, item(0));  // the same for every head
-    const int64_t n_chunks = std::max<int64_t>(0, cr.last - cr.first + 1);
+    const int64_t n_chunks = cr.count();
     for (int64_t j = 0; j < n_kv; ++j) begin_item(item(j), run_lse(j));
     const int64_t total = n_kv * n_chunks;  // pair k: head k / n_chunks, chunk cr.first + k % n_chunks
     const int64_t wave = kSlotsPerThread * threads;
