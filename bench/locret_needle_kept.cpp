@@ -3,11 +3,12 @@
 // model's reading of what was kept?). The prompts are `kvtier eval passkey`'s (chat template, seed 0,
 // the grid below), so sample i at a depth is the eval's sample i there.
 //
-//   locret_needle_kept MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original]
+//   locret_needle_kept MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah]
 //
-// For each sample: the token indices that overlap the pass key in the prompt (both occurrences),
-// then per layer how many of them are held (G marks a layer without a sliding window of its own), and
-// for each such global layer where its rows lie, by eighth of the prompt.
+// For each sample: the token indices that overlap the key (passkey's pass key, niah's number) in the
+// prompt (every occurrence), then per layer how many of them are held by each KV head (G marks a layer
+// without a sliding window of its own), and for each such global layer where KV head 0's rows lie, by
+// eighth of the prompt.
 #include <algorithm>
 #include <cstdio>
 #include <exception>
@@ -28,18 +29,24 @@ namespace {
 using namespace kvtier;
 
 int run(int argc, char** argv) {
-  if (argc < 9 || argc > 10) {
-    std::fprintf(stderr,
-                 "usage: %s MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original]\n"
-                 "  e.g. %s models/gemma-3-270m-q4_k_m.gguf HEADS avx2 512 7 4096 0.75 6\n",
-                 argv[0], argv[0]);
+  if (argc < 9 || argc > 11) {
+    std::fprintf(
+        stderr,
+        "usage: %s MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah]\n"
+        "  e.g. %s models/gemma-3-270m-q4_k_m.gguf HEADS avx2 512 7 4096 0.75 6\n",
+        argv[0], argv[0]);
     return 2;
   }
   const std::string model_path = argv[1], heads = argv[2], isa_name = argv[3];
   const int64_t budget = std::stoll(argv[4]), pool = std::stoll(argv[5]), length = std::stoll(argv[6]);
   const double depth = std::stod(argv[7]);
   const int n_samples = std::stoi(argv[8]);
-  const std::string positions = argc == 10 ? argv[9] : "compact";
+  const std::string positions = argc >= 10 ? argv[9] : "compact";
+  const std::string task = argc == 11 ? argv[10] : "passkey";
+  if (task != "passkey" && task != "niah") {
+    std::fprintf(stderr, "locret_needle_kept: TASK '%s' is not passkey or niah\n", task.c_str());
+    return 2;
+  }
   std::optional<cpu::Isa> isa;
   for (const cpu::Isa i : {cpu::Isa::kScalar, cpu::Isa::kAvx2, cpu::Isa::kAvx512})
     if (cpu::isa_name(i) == isa_name) isa = i;
@@ -58,9 +65,9 @@ int run(int argc, char** argv) {
   grid.lengths = {length};
   grid.depths = {depth};
   grid.samples = n_samples;
-  const auto samples = eval::make_samples(eval::TaskKind::kPasskey, grid, [&](const eval::Prompt& p) {
-    return static_cast<int64_t>(prompt_tokens(p).size());
-  });
+  const auto samples = eval::make_samples(
+      task == "niah" ? eval::TaskKind::kNiah : eval::TaskKind::kPasskey, grid,
+      [&](const eval::Prompt& p) { return static_cast<int64_t>(prompt_tokens(p).size()); });
   const auto scorer = locret::load_head_scorer(heads, model_path, model->config);
   for (const eval::Sample& s : samples) {
     const auto toks = prompt_tokens(s.prompt);
@@ -95,11 +102,14 @@ int run(int argc, char** argv) {
     std::printf("depth %.2f sample %d, key %s: %zu prompt tokens; the key's tokens", s.depth, s.index,
                 key.c_str(), toks.size());
     for (const int64_t i : needle) std::printf(" %lld", static_cast<long long>(i));
-    std::printf("\n  held per layer (KV head 0):");
+    std::printf("\n  held per layer (of %zu, per KV head):", needle.size());
     for (uint32_t l = 0; l < geo.n_layer(); ++l) {
-      int held = 0;
-      for (int64_t r = 0; r < kv.rows(0); ++r) held += std::ranges::count(needle, kv.position(0, l, 0, r));
-      std::printf(" %s%d/%zu", geo.window_of(l) > 0 ? "" : "G", held, needle.size());
+      std::printf(" %s", geo.window_of(l) > 0 ? "" : "G");
+      for (uint32_t h = 0; h < geo.n_head_kv[l]; ++h) {
+        int held = 0;
+        for (int64_t r = 0; r < kv.rows(0); ++r) held += std::ranges::count(needle, kv.position(0, l, h, r));
+        std::printf("%s%d", h ? "," : "", held);
+      }
     }
     std::printf("\n");
     for (uint32_t l = 0; l < geo.n_layer(); ++l) {

@@ -9,7 +9,7 @@
 
 namespace kvtier::kv {
 
-BoundedRows::BoundedRows(const KvGeometry& geo, uint32_t layer, int64_t cap_rows, bool pre_rope)
+BoundedRows::BoundedRows(const KvGeometry& geo, uint32_t layer, int64_t cap_rows, bool pre_rope, bool links)
     : cap(cap_rows),
       dtype(geo.dtype),
       dk(geo.head_dim_k),
@@ -22,6 +22,7 @@ BoundedRows::BoundedRows(const KvGeometry& geo, uint32_t layer, int64_t cap_rows
   v.resize(cells * rv);
   pos.resize(cells);
   score.resize(cells);
+  if (links) link.resize(cells);
 }
 
 void BoundedRows::put(int64_t h, int64_t r, const float* k_row, const float* kpre_row, const float* v_row,
@@ -51,6 +52,8 @@ int64_t BoundedRows::compact(int64_t h, int64_t n, std::span<const uint8_t> keep
       std::memmove(v.data() + dst * rv, v.data() + src * rv, rv);
       pos[dst] = pos[src];
       score[dst] = score[src];
+      // Row r moved, so some row before it went: it still links only if its own predecessor stayed.
+      if (!link.empty()) link[dst] = link[src] != 0 && keep[static_cast<size_t>(r - 1)] != 0 ? 1 : 0;
       if (moved) moved(w, r);
     }
     ++w;

@@ -19,7 +19,8 @@
 namespace kvtier::kv {
 
 struct BoundedRows {
-  BoundedRows(const KvGeometry& geo, uint32_t layer, int64_t cap, bool pre_rope);
+  // links: each row also keeps whether its token continues the span of the row before it.
+  BoundedRows(const KvGeometry& geo, uint32_t layer, int64_t cap, bool pre_rope, bool links = false);
 
   int64_t cap = 0;  // rows per KV head
   KvDtype dtype = KvDtype::kF16;
@@ -30,6 +31,9 @@ struct BoundedRows {
   std::vector<uint8_t> v;     // [n_head_kv][cap][head_dim_v] KV dtype
   std::vector<int64_t> pos;   // [n_head_kv][cap] true position of each row
   std::vector<float> score;   // [n_head_kv][cap] the retention's score of each row
+  // [n_head_kv][cap] 1: the row's token continues the span (word, number) of row r - 1, which holds
+  // the position before it (empty unless links)
+  std::vector<uint8_t> link;
 
   size_t cell(int64_t h, int64_t r) const { return static_cast<size_t>(h * cap + r); }
   // Stores one token's rows of KV head h (k, kpre: [head_dim_k] f32, v: [head_dim_v] f32; kpre is
@@ -37,9 +41,10 @@ struct BoundedRows {
   void put(int64_t h, int64_t r, const float* k_row, const float* kpre_row, const float* v_row,
            int64_t position, float row_score);
   // Keeps rows [0, n) of KV head h whose keep[r] is set, in order, and returns how many. K before
-  // RoPE, V, positions and scores move; K after RoPE moves too unless the rows keep pre-RoPE keys (a
-  // moved row changes position, so a caller with compact positions re-rotates its key:
-  // `moved(new_row, old_row)` is called for each row that moved, in order, after its bytes moved).
+  // RoPE, V, positions, scores and links move (a kept row whose row before was dropped links no more); K
+  // after RoPE moves too unless the rows keep pre-RoPE keys (a moved row changes position, so a caller with
+  // compact positions re-rotates its key: `moved(new_row, old_row)` is called for each row that moved, in
+  // order, after its bytes moved).
   int64_t compact(int64_t h, int64_t n, std::span<const uint8_t> keep,
                   const std::function<void(int64_t, int64_t)>& moved = {});
   // The rows of every KV head as one attention span: row i at position pos0 + i, n_tokens rows.

@@ -50,6 +50,8 @@ struct KvOptions {
   std::shared_ptr<const skew::SkewSet> skew;
   // locret: scores each new KV unit (the trained retaining heads); shared with whoever built it.
   std::shared_ptr<UnitScorer> scorer;
+  // locret --locret-span word|number: [n_vocab] kv::TokenEdge bits of every token id (token_spans.h).
+  std::shared_ptr<const std::vector<uint8_t>> token_edges;
   // selection infinigen: sees every speculation's rows (tests, diagnostics); not owned, may be null.
   SpeculationObserver* speculation_observer = nullptr;
 };

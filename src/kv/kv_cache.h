@@ -40,7 +40,9 @@ struct LayerAttention {
 
 struct PassInfo {
   SeqId seq = 0;
-  int64_t n = 0;  // new tokens of the sequence in the pass
+  int64_t n = 0;                    // new tokens of the sequence in the pass
+  std::span<const int32_t> tokens;  // [n] their token ids (the model's forward gives them; a cache that
+                                    // keeps spans whole needs them, the others ignore them)
 };
 
 // The positions of a pass's new tokens: token t is at position pos0 + t.

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half.h"
 #include "kv/kv_row.h"
+#include "kv/token_spans.h"
 
 namespace kvtier::kv {
 
@@ -23,13 +24,15 @@ BoundedLayout locret_layout(const KvGeometry& geo, int64_t capacity, uint32_t n_
     fail(ErrorKind::kInvalidArgument, "locret needs --kv-budget N (KV units kept per layer and KV head)");
   const auto rows = static_cast<uint64_t>(locret_rows(capacity, o));
   BoundedLayout r;
+  const uint64_t link = locret_spans(o) ? 1 : 0;  // BoundedRows::link
   for (uint32_t l = 0; l < geo.n_layer(); ++l)
-    r.kv_bytes +=
-        uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows * bounded_row_bytes(geo, locret_pre_rope(o), 1);
+    r.kv_bytes += uint64_t{o.max_seqs} * geo.n_head_kv[l] * rows *
+                  (bounded_row_bytes(geo, locret_pre_rope(o), 1) + link);
   const uint64_t moved = locret_compact(o) ? rows : 0;  // keys re-rotated at once (none: original)
   r.scratch_bytes = geo.attention_scratch_bytes(n_head, threads) +
                     static_cast<uint64_t>(max_new_rows(capacity, o) * geo.max_head_kv()) * sizeof(float) +
-                    rows * (1 + sizeof(int64_t)) +
+                    rows * (1 + sizeof(int64_t)) + (link != 0 ? rows * sizeof(float) : 0) +
+                    static_cast<uint64_t>(link != 0 ? max_new_rows(capacity, o) : 0) +
                     moved * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + 2 * sizeof(int64_t));
   return r;
 }
@@ -46,19 +49,52 @@ std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max
   return out;
 }
 
-void locret_mark_keep(const float* sc, int64_t n, int64_t keep, int64_t n_protect, int64_t n_sink,
-                      int64_t pool, std::span<int64_t> order, std::span<uint8_t> keep_mask) {
-  // Candidates by (score, protected first, later row first: rows are in position order); the
+uint8_t locret_pass_links(const KvOptions& o, std::span<const int32_t> tokens, int64_t n, uint8_t prev_edges,
+                          uint8_t* link) {
+  if (static_cast<int64_t>(tokens.size()) != n) {
+    fail(ErrorKind::kInternal, "locret --locret-span {} needs the pass's token ids ({} given for {} tokens)",
+         policy::locret_span_name(o.knobs.locret_span), tokens.size(), n);
+  }
+  KVTIER_ASSERT(o.token_edges != nullptr, "locret --locret-span {} without the tokenizer's token edges",
+                policy::locret_span_name(o.knobs.locret_span));
+  const std::vector<uint8_t>& edges = *o.token_edges;
+  uint8_t prev = prev_edges;
+  for (int64_t t = 0; t < n; ++t) {
+    const int32_t id = tokens[static_cast<size_t>(t)];
+    if (id < 0 || static_cast<size_t>(id) >= edges.size())
+      fail(ErrorKind::kInvalidArgument, "token id {} is outside the vocabulary of {}", id, edges.size());
+    const uint8_t cur = edges[static_cast<size_t>(id)];
+    link[t] = continues_span(o.knobs.locret_span, prev, cur) ? 1 : 0;
+    prev = cur;
+  }
+  return prev;
+}
+
+void locret_mark_keep(const LocretMark& m, std::span<float> span_best, std::span<int64_t> order,
+                      std::span<uint8_t> keep_mask) {
+  // Candidates by (span score, protected first, later row first: rows are in position order); the
   // stabilizers' +INF and the pooled maxima live only in this ordering, the stored scores stay the real
   // ones (a pooled key is recomputed per comparison: pool is a few rows).
-  const int64_t first_protected = n - n_protect;
-  const int64_t half = pool / 2;
+  const int64_t n = m.n, keep = m.keep, n_sink = m.n_sink;
+  const float* sc = m.score;
+  if (m.link != nullptr) {  // each run of linked rows [a, b) takes its best score
+    KVTIER_ASSERT(static_cast<size_t>(n) <= span_best.size(), "span scores of {} rows in {}", n,
+                  span_best.size());
+    for (int64_t a = 0, b = 0; a < n; a = b) {
+      float best = sc[a];
+      for (b = a + 1; b < n && m.link[b] != 0; ++b) best = std::max(best, sc[b]);
+      std::fill(span_best.begin() + a, span_best.begin() + b, best);
+    }
+    sc = span_best.data();
+  }
+  const int64_t first_protected = n - m.n_protect;
+  const int64_t half = m.pool / 2;
   auto key = [&](int64_t r) {
     if (r >= first_protected || r < n_sink) return std::numeric_limits<float>::infinity();
-    float m = sc[r];
+    float best = sc[r];
     for (int64_t j = std::max<int64_t>(0, r - half); j <= std::min(first_protected - 1, r + half); ++j)
-      m = std::max(m, sc[j]);
-    return m;
+      best = std::max(best, sc[j]);
+    return best;
   };
   mark_best(n, keep, order, keep_mask, [&](int64_t a, int64_t b) {
     const float ka = key(a), kb = key(b);
@@ -77,9 +113,10 @@ uint64_t locret_side_bytes(const KvGeometry& geo, int64_t capacity, const KvOpti
   const uint64_t rk =
       locret_pre_rope(o) ? static_cast<uint64_t>(geo.head_dim_k) * cpu::kv_dtype_bytes(geo.dtype) : 0;
   const uint64_t heads = uint64_t{geo.n_layer()} * geo.max_head_kv();  // [n_layer][h_max] cells
-  return uint64_t{std::max<uint32_t>(o.max_seqs, 1)} * heads * rows * (sizeof(float) + rk) +
-         static_cast<uint64_t>(max_new_rows(capacity, o)) * geo.max_head_kv() * sizeof(float) +
-         rows * (1 + sizeof(int64_t)) +
+  const uint64_t link = locret_spans(o) ? 1 : 0;  // a link per row, span scores, the pass's links
+  return uint64_t{std::max<uint32_t>(o.max_seqs, 1)} * heads * rows * (sizeof(float) + rk + link) +
+         static_cast<uint64_t>(max_new_rows(capacity, o)) * (geo.max_head_kv() * sizeof(float) + link) +
+         rows * (1 + sizeof(int64_t) + link * sizeof(float)) +
          rows * (2 * static_cast<uint64_t>(geo.head_dim_k) * sizeof(float) + 2 * sizeof(int64_t));
 }
 
@@ -113,7 +150,8 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   scratch_reservation_ = Reservation(ledger, Tier::kDevice, Category::kScratch, lay.scratch_bytes);
   stores_.reserve(static_cast<size_t>(n_seqs_) * geo_.n_layer());
   for (uint32_t s = 0; s < n_seqs_; ++s) {
-    for (uint32_t l = 0; l < geo_.n_layer(); ++l) stores_.emplace_back(geo_, l, cap_, locret_pre_rope(opt_));
+    for (uint32_t l = 0; l < geo_.n_layer(); ++l)
+      stores_.emplace_back(geo_, l, cap_, locret_pre_rope(opt_), locret_spans(opt_));
   }
   length_.assign(n_seqs_, 0);
   held_.assign(n_seqs_, 0);
@@ -123,6 +161,16 @@ LocretKv::LocretKv(const KvGeometry& geometry, int64_t capacity, uint32_t n_head
   scratch_.resize(geo_.attention_scratch_bytes(n_head, pool.size()));
   keep_.resize(static_cast<size_t>(cap_));
   order_.resize(static_cast<size_t>(cap_));
+  if (locret_spans(opt_)) {
+    if (!opt_.token_edges) {
+      fail(ErrorKind::kInvalidArgument, "locret --locret-span {} needs the tokenizer's token edges",
+           policy::locret_span_name(opt_.knobs.locret_span));
+    }
+    span_best_.resize(static_cast<size_t>(cap_));
+    pass_link_.resize(static_cast<size_t>(max_new_rows(capacity_, opt_)));
+  }
+  last_edges_.assign(n_seqs_, kEdgeNone);
+  pass_edges_.assign(n_seqs_, kEdgeNone);
   if (locret_compact(opt_)) {  // with original positions no key is re-rotated
     rot_in_.resize(static_cast<size_t>(cap_ * geo_.head_dim_k));
     rot_out_.resize(rot_in_.size());
@@ -174,6 +222,19 @@ std::span<const PassPositions> LocretKv::begin_batch(std::span<const PassInfo> s
     fail(ErrorKind::kInternal, "locret pass of {} tokens; the cache was sized for {}", pass_.total(),
          max_new_rows(capacity_, opt_));
   }
+  if (locret_spans(opt_)) {  // the pass's links, in batch order (the rows' order in write)
+    try {
+      int64_t row = 0;
+      for (const PassInfo& p : seqs) {
+        pass_edges_[p.seq] =
+            locret_pass_links(opt_, p.tokens, p.n, last_edges_[p.seq], pass_link_.data() + row);
+        row += p.n;
+      }
+    } catch (...) {
+      pass_.abort();
+      throw;
+    }
+  }
   return pass_.positions();
 }
 
@@ -202,6 +263,7 @@ void LocretKv::write_seq(uint32_t layer, const LayerRows& all, const SeqPass& sp
     for (int64_t h = 0; h < hk; ++h) {
       s.put(h, held + t, k + (t * hk + h) * dk, kpre + (t * hk + h) * dk, v + (t * hk + h) * dv, true0 + t,
             sc[t * hk + h]);
+      if (!s.link.empty()) s.link[s.cell(h, held + t)] = pass_link_[static_cast<size_t>(sp.row0 + t)];
     }
   }
 }
@@ -231,8 +293,14 @@ void LocretKv::attend_seq(uint32_t layer, const float* q, int64_t n_head, const 
 
 void LocretKv::evict_head(Store& s, uint32_t layer, int64_t h, int64_t n, int64_t keep, int64_t n_protect) {
   const LocretProtected prot = locret_protected(geo_, opt_.knobs, layer, keep, n_protect);
-  locret_mark_keep(s.score.data() + s.cell(h, 0), n, keep, prot.last, prot.first, opt_.knobs.locret_pool,
-                   order_, keep_);
+  const LocretMark m{s.score.data() + s.cell(h, 0),
+                     s.link.empty() ? nullptr : s.link.data() + s.cell(h, 0),
+                     n,
+                     keep,
+                     prot.last,
+                     prot.first,
+                     opt_.knobs.locret_pool};
+  locret_mark_keep(m, span_best_, order_, keep_);
   if (!locret_compact(opt_)) {  // original positions: the kept rows keep their keys as they are
     const int64_t kept = s.compact(h, n, keep_);
     KVTIER_ASSERT(kept == keep, "layer {} head {}: kept {} rows of {}", layer, h, kept, keep);
@@ -285,6 +353,7 @@ void LocretKv::end_pass() {
     const int64_t end = start + sp.n;
     held_[seq] += sp.n;
     length_[seq] = end;
+    last_edges_[seq] = pass_edges_[seq];
     // A chunk of the planned prefill: evict to b, the last n_s protected unless it is the final one.
     if (end <= plan_end_[seq]) {
       const bool final_chunk = end == plan_end_[seq];
@@ -304,6 +373,7 @@ void LocretKv::abort_pass() {
 void LocretKv::truncate(SeqId seq, int64_t n) {
   pass_.check_truncate(seq, n, length_[seq]);
   plan_end_[seq] = 0;
+  last_edges_[seq] = kEdgeNone;  // the next token starts a span (the dropped token's edges are not kept)
   if (n == 0) {
     held_[seq] = length_[seq] = evicted_at_[seq] = 0;
     return;

@@ -51,6 +51,16 @@ int64_t locret_rows(int64_t capacity, const KvOptions& o);
 inline bool locret_compact(const KvOptions& o) {
   return o.knobs.locret_positions == policy::LocretPositions::kCompact;
 }
+// Whether locret keeps spans whole (--locret-span word|number): every row then keeps a link to the row
+// before it (BoundedRows::link), and a pass needs its token ids and KvOptions::token_edges.
+inline bool locret_spans(const KvOptions& o) {
+  return o.knobs.locret_span != policy::LocretSpan::kToken;
+}
+// The links of a pass's n tokens (link[t] = 1: token t continues the span of the token before it,
+// the one before the pass's first being `prev_edges`' token); returns the last token's edges. Throws
+// Error(kInternal) for a pass without token ids and kInvalidArgument for an id outside the table.
+uint8_t locret_pass_links(const KvOptions& o, std::span<const int32_t> tokens, int64_t n, uint8_t prev_edges,
+                          uint8_t* link);
 // Whether every row keeps a copy of its key before RoPE (--locret-keys prerope, compact positions:
 // with original positions no key is ever turned).
 inline bool locret_pre_rope(const KvOptions& o) {
@@ -68,11 +78,22 @@ std::vector<int64_t> locret_prefill_passes(int64_t n, int64_t chunk, int64_t max
 // The eviction decision of one (layer, KV head) holding rows [0, n) in position order: keep[r] = 1 for
 // the `keep` rows with the largest key, where the key is +inf for the last n_protect rows
 // (stabilizers) and for the first n_sink rows (--locret-sinks: the prompt's first tokens, which stay
-// rows 0.. since they are never evicted), and otherwise the largest score[j] over the unprotected rows j
-// within pool / 2 rows of r (pool 1: score[r]); ties go to the later row (the later position).
-// order: work space of n entries.
-void locret_mark_keep(const float* score, int64_t n, int64_t keep, int64_t n_protect, int64_t n_sink,
-                      int64_t pool, std::span<int64_t> order, std::span<uint8_t> keep_mask);
+// rows 0.. since they are never evicted), and otherwise the largest span score over the unprotected
+// rows j within pool / 2 rows of r (pool 1: row r's own); ties go to the later row (the later
+// position). A row's span score is its score, or with links (BoundedRows::link, null: none) the best
+// score of the run of linked rows it is in (a word, a number: kept or evicted whole).
+// span_best: work space of n entries when link is given; order: work space of n entries.
+struct LocretMark {
+  const float* score = nullptr;   // [n]
+  const uint8_t* link = nullptr;  // [n] or null
+  int64_t n = 0;
+  int64_t keep = 0;
+  int64_t n_protect = 0;
+  int64_t n_sink = 0;
+  int64_t pool = 1;
+};
+void locret_mark_keep(const LocretMark& m, std::span<float> span_best, std::span<int64_t> order,
+                      std::span<uint8_t> keep_mask);
 // The rows an eviction of `layer` to `keep` rows protects: the last n_protect (stabilizers) and the
 // first --locret-sinks; on a layer with a sliding window of its own under --locret-sliding recent, the
 // last `keep` (its most recent rows) and no sinks, which its window would hide anyway.
@@ -149,6 +170,10 @@ class LocretKv final : public KvCache {
   std::vector<uint8_t> scratch_;         // attention scratch
   std::vector<uint8_t> keep_;            // [cap] rows an eviction keeps
   std::vector<int64_t> order_;           // [cap] candidate rows
+  std::vector<float> span_best_;         // [cap] the eviction's span scores (--locret-span word|number)
+  std::vector<uint8_t> pass_link_;       // [max_new] the pass's links, in batch order (spans only)
+  std::vector<uint8_t> last_edges_;      // [n_seqs] TokenEdge bits of each sequence's last token
+  std::vector<uint8_t> pass_edges_;      // [n_seqs] those after the open pass
   std::vector<float> rot_in_, rot_out_;  // [max rows, head_dim_k] f32: keys being re-rotated (compact only)
   std::vector<int64_t> rot_pos_;         // [max rows] the angle's position: prerope the new row, rerotate
                                          // new row - old row

@@ -530,6 +530,12 @@ class TieredKv final : public KvCache {
   std::vector<float> lr_pass_scores_;   // [max_new_rows, h_max] f32 the pass's scores
   std::vector<uint8_t> lr_keep_;        // [cap]
   std::vector<int64_t> lr_order_;       // [cap]
+  std::vector<uint8_t> lr_link_;        // [n_seqs][n_layer][h_max][cap] BoundedRows::link (--locret-span
+                                        // word|number; empty otherwise)
+  std::vector<float> lr_span_best_;     // [cap] the eviction's span scores (spans only)
+  std::vector<uint8_t> lr_pass_link_;   // [max_new_rows] the pass's links, in batch order (spans only)
+  std::vector<uint8_t> lr_last_edges_;  // [n_seqs] TokenEdge bits of each sequence's last token
+  std::vector<uint8_t> lr_pass_edges_;  // [n_seqs] those after the open pass
   std::vector<float> lr_rot_in_, lr_rot_out_;  // [cap, head_dim_k] f32 keys being re-rotated
   std::vector<int64_t> lr_rot_pos_;            // [cap] the angle's position (prerope: row; rerotate: w - r)
   std::vector<int64_t> lr_rot_row_;            // [cap] their new rows

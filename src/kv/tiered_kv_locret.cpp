@@ -8,6 +8,7 @@
 #include "kv/kv_row.h"
 #include "kv/locret_kv.h"
 #include "kv/tiered_kv.h"
+#include "kv/token_spans.h"
 #include "policy/kv_policy.h"
 
 namespace kvtier::kv {
@@ -36,6 +37,17 @@ void TieredKv::locret_init(MemoryLedger& ledger) {
   lr_pass_scores_.resize(static_cast<size_t>(opt_.max_new_rows) * lay_.h_max);
   lr_keep_.resize(static_cast<size_t>(lr_cap_));
   lr_order_.resize(static_cast<size_t>(lr_cap_));
+  if (locret_spans(opt_)) {
+    if (!opt_.token_edges) {
+      fail(ErrorKind::kInvalidArgument, "locret --locret-span {} needs the tokenizer's token edges",
+           policy::locret_span_name(opt_.knobs.locret_span));
+    }
+    lr_link_.assign(cells, 0);
+    lr_span_best_.resize(static_cast<size_t>(lr_cap_));
+    lr_pass_link_.resize(static_cast<size_t>(opt_.max_new_rows));
+  }
+  lr_last_edges_.assign(pages_.n_seqs(), kEdgeNone);
+  lr_pass_edges_.assign(pages_.n_seqs(), kEdgeNone);
   lr_rot_in_.resize(static_cast<size_t>(lr_cap_ * geo_.head_dim_k));
   lr_rot_out_.resize(lr_rot_in_.size());
   lr_rot_pos_.resize(static_cast<size_t>(lr_cap_));
@@ -65,6 +77,14 @@ void TieredKv::locret_begin(std::span<const PassInfo> seqs) {
       lr_evicted_at_[p.seq] = lr_len_[p.seq];
     }
   }
+  if (!locret_spans(opt_)) return;
+  int64_t row = 0;  // the pass's links, in batch order (the rows' order in write)
+  for (const PassInfo& p : seqs) {
+    if (p.n > opt_.max_new_rows - row) break;  // refused by begin_batch
+    lr_pass_edges_[p.seq] =
+        locret_pass_links(opt_, p.tokens, p.n, lr_last_edges_[p.seq], lr_pass_link_.data() + row);
+    row += p.n;
+  }
 }
 
 void TieredKv::locret_write(uint32_t layer, const LayerRows& rows) {
@@ -83,6 +103,7 @@ void TieredKv::locret_write(uint32_t layer, const LayerRows& rows) {
       const size_t c = lr_cell(sp.seq, layer, h) + static_cast<size_t>(sp.pos0);
       for (int64_t t = 0; t < sp.n; ++t) {
         lr_score_[c + t] = sc[t * hk + h];
+        if (!lr_link_.empty()) lr_link_[c + t] = lr_pass_link_[static_cast<size_t>(sp.row0 + t)];
         if (!lr_kpre_.empty())
           store_kv_row(geo_.dtype, kpre + (t * hk + h) * dk, dk, lr_kpre_.data() + (c + t) * rk);
       }
@@ -101,6 +122,7 @@ void TieredKv::locret_end_pass() {
     const SeqId seq = sp.seq;
     const int64_t end = lr_len_[seq] + sp.n;
     lr_len_[seq] = end;
+    lr_last_edges_[seq] = lr_pass_edges_[seq];
     // A chunk of the planned prefill: evict to b, the last n_s protected unless it is the final one.
     if (end <= lr_plan_end_[seq]) {
       const bool final_chunk = end == lr_plan_end_[seq];
@@ -123,11 +145,13 @@ int64_t TieredKv::locret_compact_unit(uint8_t* base, uint64_t pitch, const polic
   for (uint32_t h = 0; h < u.n_heads; ++h) {
     const size_t c = lr_cell(seq, u.layer, u.head0 + h);
     float* sc = lr_score_.data() + c;
+    uint8_t* link = lr_link_.empty() ? nullptr : lr_link_.data() + c;
     uint8_t* kpre = pre_rope ? lr_kpre_.data() + c * rk : nullptr;
     uint8_t* kplane = base + 2ull * h * pitch;
     uint8_t* vplane = base + (2ull * h + 1) * pitch;
     const LocretProtected prot = locret_protected(geo_, opt_.knobs, u.layer, keep, n_protect);
-    locret_mark_keep(sc, n, keep, prot.last, prot.first, opt_.knobs.locret_pool, lr_order_, lr_keep_);
+    locret_mark_keep({sc, link, n, keep, prot.last, prot.first, opt_.knobs.locret_pool}, lr_span_best_,
+                     lr_order_, lr_keep_);
     int64_t n_rot = 0;
     auto flush = [&]() {
       if (n_rot == 0) return;
@@ -150,6 +174,7 @@ int64_t TieredKv::locret_compact_unit(uint8_t* base, uint64_t pitch, const polic
         first_changed = std::min(first_changed, w);
         std::memmove(vplane + static_cast<uint64_t>(w) * rv, vplane + static_cast<uint64_t>(r) * rv, rv);
         sc[w] = sc[r];
+        if (link != nullptr) link[w] = link[r] != 0 && lr_keep_[static_cast<size_t>(r - 1)] != 0 ? 1 : 0;
         if (pre_rope) {
           std::memmove(kpre + static_cast<uint64_t>(w) * rk, kpre + static_cast<uint64_t>(r) * rk, rk);
           load_kv_row(geo_.dtype, kpre + static_cast<uint64_t>(w) * rk, dk, lr_rot_in_.data() + n_rot * dk);
@@ -209,6 +234,7 @@ void TieredKv::locret_evict(SeqId seq, int64_t keep, int64_t n_protect) {
 int64_t TieredKv::locret_truncate(SeqId seq, int64_t n) {
   pass_.check_truncate(seq, n, lr_len_[seq]);
   lr_plan_end_[seq] = 0;
+  lr_last_edges_[seq] = kEdgeNone;  // the next token starts a span (LocretKv::truncate)
   if (n == 0) {
     lr_len_[seq] = lr_evicted_at_[seq] = 0;
     return 0;

@@ -404,7 +404,7 @@ void Forward::run_batch(std::span<const SeqTokens> parts, kv::KvCache& kv, float
     }
     part_row0_.push_back(row);
     for (size_t t = 0; t < p.tokens.size(); ++t) token_part_[sz(row++)] = static_cast<int64_t>(batch_.size());
-    batch_.push_back({p.seq, static_cast<int64_t>(p.tokens.size())});
+    batch_.push_back({p.seq, static_cast<int64_t>(p.tokens.size()), p.tokens});
   }
   const std::span<const kv::PassPositions> pp = kv.begin_batch(batch_);
   try {

@@ -46,6 +46,24 @@ LocretSliding parse_locret_sliding(std::string_view name) {
   fail(ErrorKind::kInvalidArgument, "--locret-sliding {}: expected recent or scored", name);
 }
 
+std::string_view locret_span_name(LocretSpan s) {
+  switch (s) {
+    case LocretSpan::kToken:
+      return "token";
+    case LocretSpan::kWord:
+      return "word";
+    case LocretSpan::kNumber:
+      return "number";
+  }
+  return "token";
+}
+
+LocretSpan parse_locret_span(std::string_view name) {
+  for (const LocretSpan s : {LocretSpan::kToken, LocretSpan::kWord, LocretSpan::kNumber})
+    if (locret_span_name(s) == name) return s;
+  fail(ErrorKind::kInvalidArgument, "--locret-span {}: expected token, word or number", name);
+}
+
 namespace {
 
 constexpr AxisValue kValues[] = {

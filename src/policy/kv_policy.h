@@ -117,6 +117,14 @@ enum class LocretSliding { kRecent, kScored };
 std::string_view locret_sliding_name(LocretSliding s);
 LocretSliding parse_locret_sliding(std::string_view name);  // Error(kInvalidArgument) naming the choices
 
+// The spans locret keeps or evicts whole (the tokenizer splits a number into digits and a long word
+// into pieces, each scored alone). kToken: every token by its own score (the paper). kWord: the tokens
+// of one word (a run of letters, digits or other non-ASCII bytes with no space or punctuation between
+// them) rank by the best score among them. kNumber: the same for runs of digits only.
+enum class LocretSpan { kToken, kWord, kNumber };
+std::string_view locret_span_name(LocretSpan s);
+LocretSpan parse_locret_span(std::string_view name);  // Error(kInvalidArgument) naming the choices
+
 struct PolicyKnobs {
   int64_t budget = 0;           // --kv-budget: tokens per (sequence, layer) kept (h2o) or attended
                                 // (quest); 0 = not given
@@ -149,6 +157,7 @@ struct PolicyKnobs {
   LocretKeys locret_keys = LocretKeys::kPreRope;                 // --locret-keys
   LocretPositions locret_positions = LocretPositions::kCompact;  // --locret-positions
   LocretSliding locret_sliding = LocretSliding::kRecent;         // --locret-sliding
+  LocretSpan locret_span = LocretSpan::kToken;                   // --locret-span
   uint64_t pool_limit = 0;  // --kv-pool-limit: bytes of the pool's K/V rows (retention pool; 0: no limit)
   PoolEviction pool_eviction = PoolEviction::kCounter;  // --kv-pool-eviction
   PoolPrefill pool_prefill = PoolPrefill::kOrder;       // --kv-pool-prefill

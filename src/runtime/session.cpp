@@ -9,6 +9,7 @@
 #include "policy/kv_policy.h"
 #include "runtime/profile_cache.h"
 #include "runtime/skew_sample.h"
+#include "runtime/token_edges.h"
 
 namespace kvtier::runtime {
 
@@ -144,6 +145,9 @@ Session::Session(const LoadedModel& model, const SessionOptions& opt)
     ko.kvpr_tokens_per_s = p.proj_tokens_per_s;
     ko.kvpr_decode_weights_s = p.decode_weights_s;
   }
+  if (ko.retention == policy::Retention::kLocret && ko.knobs.locret_span != policy::LocretSpan::kToken &&
+      !ko.token_edges)
+    ko.token_edges = std::make_shared<const std::vector<uint8_t>>(token_edges(*model.tokenizer));
   if (ko.selection == policy::Selection::kInfinigen && !ko.skew)
     ko.skew = std::make_shared<const skew::SkewSet>(load_infinigen_skew(model, opt_.skew_path));
   kv_ = kv::make_kv_cache(cache_options(opt_), kv_geometry(model, opt_), opt_.n_ctx, cfg.n_head, ledger_,

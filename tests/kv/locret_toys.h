@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "kv/kv_compute.h"
+#include "kv/token_spans.h"
 #include "kv/unit_scorer.h"
 
 namespace kvtier::kv {
@@ -99,6 +100,30 @@ class HashScorer final : public UnitScorer {
   int levels_;
   bool rigged_;
 };
+
+// A toy vocabulary for --locret-span: its kv::TokenEdge bits by id, 0 " w" (a word after a space), 1 "7"
+// (a digit), 2 "." (punctuation), 3 "ing" (a word's continuation).
+inline std::vector<uint8_t> toy_token_edges() {
+  return {kEndsInWord, kStartsInWord | kEndsInWord | kStartsInDigit | kEndsInDigit, kEdgeNone,
+          kStartsInWord | kEndsInWord};
+}
+// At least n toy token ids: words of 1-3 pieces, numbers of 1-7 digits, full stops.
+inline std::vector<int32_t> toy_tokens(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens;
+  while (tokens.size() < n) {
+    const int kind = static_cast<int>(rng() % 4);
+    if (kind == 0) {
+      for (int i = 1 + static_cast<int>(rng() % 7); i > 0; --i) tokens.push_back(1);
+    } else if (kind == 1) {
+      tokens.push_back(0);
+      for (int i = static_cast<int>(rng() % 3); i > 0; --i) tokens.push_back(3);
+    } else {
+      tokens.push_back(kind == 2 ? 2 : 0);
+    }
+  }
+  return tokens;
+}
 
 }  // namespace
 }  // namespace kvtier::kv

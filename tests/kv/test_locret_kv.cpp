@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <set>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "kv/locret_kv.h"
 #include "kv/resident_kv.h"
+#include "kv/token_spans.h"
 #include "locret_toys.h"
 
 namespace kvtier::kv {
@@ -54,13 +56,23 @@ struct SimHead {
 };
 
 // The spec's eviction (§3.4) of one head: the last n_protect rows (and the first n_sink rows,
-// --locret-sinks) at +INF, the keep best by (key, later position), in position order.
-void sim_evict(SimHead& s, int64_t keep, int64_t n_protect, int64_t n_sink = 0) {
+// --locret-sinks) at +INF, the keep best by (key, later position), in position order. joins(p), when
+// given (--locret-span): the token at position p continues the span of the token at p - 1; a row's key
+// is then the best score of the held rows at consecutive positions joined to it.
+void sim_evict(SimHead& s, int64_t keep, int64_t n_protect, int64_t n_sink = 0,
+               const std::function<bool(int64_t)>& joins = {}) {
   const auto n = static_cast<int64_t>(s.pos.size());
   if (n <= keep) return;
   std::vector<int64_t> idx(n);
   for (int64_t i = 0; i < n; ++i) idx[i] = i;
-  auto key = [&](int64_t i) { return i >= n - n_protect || i < n_sink ? INFINITY : s.score[i]; };
+  auto joined = [&](int64_t i) { return joins && i > 0 && s.pos[i - 1] == s.pos[i] - 1 && joins(s.pos[i]); };
+  auto span_score = [&](int64_t i) {
+    float best = s.score[i];
+    for (int64_t j = i; joined(j); --j) best = std::max(best, s.score[j - 1]);
+    for (int64_t j = i + 1; j < n && joined(j); ++j) best = std::max(best, s.score[j]);
+    return best;
+  };
+  auto key = [&](int64_t i) { return i >= n - n_protect || i < n_sink ? INFINITY : span_score(i); };
   std::sort(idx.begin(), idx.end(),
             [&](int64_t a, int64_t b) { return key(a) != key(b) ? key(a) > key(b) : s.pos[a] > s.pos[b]; });
   idx.resize(keep);
@@ -91,10 +103,13 @@ struct Driver {
     if (static_cast<int64_t>(sim[0][0].pos.size()) + n > cap) {  // out of room: evict as a non-final chunk
       const int64_t keep = std::min(b, cap - n);
       for (auto& layer : sim) {
-        for (SimHead& s : layer) sim_evict(s, keep, std::min(n_s, keep), n_sink);
+        for (SimHead& s : layer) sim_evict(s, keep, std::min(n_s, keep), n_sink, joins);
       }
     }
-    const PassPositions pp = kv.begin_pass({0, n});
+    const std::span<const int32_t> toks = tokens.empty()
+                                              ? std::span<const int32_t>()
+                                              : std::span(tokens).subspan(static_cast<size_t>(length), n);
+    const PassPositions pp = kv.begin_pass({0, n, toks});
     const int64_t held = static_cast<int64_t>(sim[0][0].pos.size());
     EXPECT_EQ(pp.pos0, original ? length : held);  // compact: the pass continues from the rows held
     for (uint32_t l = 0; l < 2; ++l) {
@@ -143,7 +158,7 @@ struct Driver {
     if (length <= plan_end) {  // a chunk of the planned prefill evicts
       const bool final_chunk = length == plan_end;
       for (auto& layer : sim) {
-        for (SimHead& s : layer) sim_evict(s, b, final_chunk ? 0 : n_s, n_sink);
+        for (SimHead& s : layer) sim_evict(s, b, final_chunk ? 0 : n_s, n_sink, joins);
       }
     }
   }
@@ -153,8 +168,10 @@ struct Driver {
     for (int64_t m : plan) pass(m);
   }
   int64_t kv_local_tail = 0;
-  int64_t n_sink = 0;              // --locret-sinks
-  int64_t cap = int64_t{1} << 40;  // rows per (layer, KV head): b + n_loc + B
+  int64_t n_sink = 0;                  // --locret-sinks
+  std::vector<int32_t> tokens;         // [positions] token ids handed to each pass (--locret-span)
+  std::function<bool(int64_t)> joins;  // --locret-span: whether the token at p continues the one at p - 1
+  int64_t cap = int64_t{1} << 40;      // rows per (layer, KV head): b + n_loc + B
   // The cache holds exactly the simulated rows (positions and scores) in every (layer, KV head).
   void expect_same_rows() {
     const auto held = static_cast<int64_t>(sim[0][0].pos.size());
@@ -323,6 +340,63 @@ TEST(LocretKv, SinksStayThroughEveryEviction) {
       policy::check_knobs(policy::KvPolicy{policy::Placement::kResident, policy::Representation::kF16,
                                            policy::Selection::kAll, policy::Retention::kLocret, o.knobs}),
       Error);
+}
+
+// --locret-span number|word: a number (a run of digit tokens) or a word ranks by the best score of
+// its held tokens at consecutive positions, so it is kept or evicted whole (but where the budget cuts
+// it: ties go to the later rows), through every eviction and after evictions broke a run; the rows
+// kept are a direct simulation's, and differ from the token rule's.
+TEST(LocretKv, SpansAreRankedByTheirBestScore) {
+  ThreadPool pool(2);
+  const std::vector<uint8_t> edges = toy_token_edges();
+  const std::vector<int32_t> tokens = toy_tokens(200, 11);
+  std::vector<int64_t> kept[3];
+  for (const policy::LocretSpan span :
+       {policy::LocretSpan::kToken, policy::LocretSpan::kNumber, policy::LocretSpan::kWord}) {
+    const int64_t b = 24, chunk = 16, n_s = 6, n_loc = 9;
+    auto sc = std::make_shared<HashScorer>(3);
+    ToyCompute tc;
+    MemoryLedger ledger;
+    KvOptions o = locret(b, chunk, n_s, n_loc, sc);
+    o.knobs.locret_span = span;
+    o.token_edges = std::make_shared<const std::vector<uint8_t>>(edges);
+    LocretKv kv(geometry(), 4096, kHead, ledger, pool, cpu::best_isa(), o);
+    kv.set_compute(&tc);
+    Driver d{kv, *sc, b, n_s};
+    d.kv_local_tail = n_loc;
+    d.cap = b + n_loc + chunk;
+    d.tokens = tokens;
+    if (span != policy::LocretSpan::kToken) {
+      d.joins = [&](int64_t p) {
+        return p > 0 && continues_span(span, edges[tokens[p - 1]], edges[tokens[p]]);
+      };
+    }
+    d.prefill(131, chunk);
+    d.expect_same_rows();
+    for (int i = 0; i < 2 * chunk; ++i) d.pass(1);  // decode overflows evict too
+    d.expect_same_rows();
+    if (HasFatalFailure()) return;
+    EXPECT_GT(kv.evictions(), 4u);
+    EXPECT_LT(d.max_err, 2e-4);
+    for (uint32_t l = 0; l < 2; ++l)
+      for (uint32_t h = 0; h < 2; ++h)
+        for (int64_t r = 0; r < kv.rows(0); ++r)
+          kept[static_cast<int>(span)].push_back(kv.position(0, l, h, r));
+  }
+  EXPECT_NE(kept[0], kept[1]);  // the rule changes what is kept
+  EXPECT_NE(kept[1], kept[2]);
+  // A pass without its token ids cannot be linked: refused with a message.
+  ThreadPool p1(1);
+  MemoryLedger ledger;
+  KvOptions o = locret(24, 16, 6, 9, std::make_shared<HashScorer>(3));
+  o.knobs.locret_span = policy::LocretSpan::kWord;
+  o.token_edges = std::make_shared<const std::vector<uint8_t>>(edges);
+  LocretKv kv(geometry(), 4096, kHead, ledger, p1, cpu::best_isa(), o);
+  EXPECT_THROW(kv.begin_pass({0, 4}), Error);
+  const std::vector<int32_t> bad = {0, 1, 9, 2};  // id 9 is outside the table
+  EXPECT_THROW(kv.begin_pass({0, 4, bad}), Error);
+  o.token_edges = nullptr;
+  EXPECT_THROW(LocretKv(geometry(), 4096, kHead, ledger, p1, cpu::best_isa(), o), Error);
 }
 
 // --locret-sliding: a layer with a sliding window of its own keeps its most recent rows after every
@@ -544,11 +618,13 @@ namespace kvtier::kv {
 namespace {
 
 std::vector<int64_t> kept_rows(const std::vector<float>& sc, int64_t keep, int64_t n_protect, int64_t pool,
-                               int64_t n_sink = 0) {
+                               int64_t n_sink = 0, const std::vector<uint8_t>& link = {}) {
   const auto n = static_cast<int64_t>(sc.size());
   std::vector<int64_t> order(sc.size());
   std::vector<uint8_t> mask(sc.size());
-  locret_mark_keep(sc.data(), n, keep, n_protect, n_sink, pool, order, mask);
+  std::vector<float> span_best(sc.size());
+  const LocretMark m{sc.data(), link.empty() ? nullptr : link.data(), n, keep, n_protect, n_sink, pool};
+  locret_mark_keep(m, span_best, order, mask);
   std::vector<int64_t> out;
   for (int64_t r = 0; r < n; ++r)
     if (mask[static_cast<size_t>(r)]) out.push_back(r);
@@ -580,6 +656,27 @@ TEST(LocretMarkKeep, SinksKeepTheFirstRowsWhateverTheirScores) {
   EXPECT_EQ(kept_rows(sc, 4, 1, 1, 2), (std::vector<int64_t>{0, 1, 3, 9}));     // row 9 a stabilizer
   EXPECT_EQ(kept_rows(sc, 5, 0, 3, 1), (std::vector<int64_t>{0, 2, 3, 4, 9}));  // pooled: 2-4, then 7-9 ties
   EXPECT_EQ(kept_rows(sc, 3, 0, 1, 0), (std::vector<int64_t>{3, 8, 9}));        // none: the paper's rule
+}
+
+// --locret-span word|number: the rows of one span (linked to the row before) rank by the span's best
+// score, so a span is kept or evicted whole; rows outside spans keep their own scores.
+TEST(LocretMarkKeep, LinkedRowsRankByTheBestScoreOfTheirSpan) {
+  //                              0     1     2     3    4     5     6     7     8     9
+  const std::vector<float> sc = {0.1f, 0.2f, 0.0f, 9.0f, 0.0f, 0.3f, 0.4f, 0.5f, 8.0f, 0.6f};
+  // spans {2, 3, 4} and {6, 7}; the others alone
+  const std::vector<uint8_t> link = {0, 0, 0, 1, 1, 0, 0, 1, 0, 0};
+  EXPECT_EQ(kept_rows(sc, 3, 0, 1, 0, link), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(kept_rows(sc, 5, 0, 1, 0, link), (std::vector<int64_t>{2, 3, 4, 8, 9}));
+  EXPECT_EQ(kept_rows(sc, 7, 0, 1, 0, link), (std::vector<int64_t>{2, 3, 4, 6, 7, 8, 9}));
+  // without links: the paper's rule
+  EXPECT_EQ(kept_rows(sc, 5, 0, 1, 0, std::vector<uint8_t>(10, 0)), (std::vector<int64_t>{3, 6, 7, 8, 9}));
+  // the stabilizers (7-9) stay, and a span cut by the budget keeps its later rows (ties)
+  EXPECT_EQ(kept_rows(sc, 5, 3, 1, 0, link), (std::vector<int64_t>{3, 4, 7, 8, 9}));
+  // a protected row lends its span its real score: row 3 protected, row 2 ranks by 0.5, above row 1
+  EXPECT_EQ(kept_rows({0.1f, 0.45f, 0.4f, 0.5f}, 2, 1, 1, 0, {0, 0, 0, 1}), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(kept_rows({0.1f, 0.45f, 0.4f, 0.5f}, 2, 1, 1, 0, {0, 0, 0, 0}), (std::vector<int64_t>{1, 3}));
+  // with pooling: span scores are what the pool takes the maximum of
+  EXPECT_EQ(kept_rows(sc, 6, 0, 3, 0, link), (std::vector<int64_t>{1, 2, 3, 4, 5, 9}));
 }
 
 }  // namespace

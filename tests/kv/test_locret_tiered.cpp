@@ -61,8 +61,10 @@ struct Trace {
 
 // A prompt prefilled by the cache's own plan, then decode steps; keys rotated at the pass's positions.
 // on_step(step) runs after each decode step.
+// tokens: the ids handed to the passes (--locret-span), by position; empty: none.
 template <class OnStep>
-Trace drive(KvCache& kv, const Case& c, OnStep on_step, int64_t window0 = 0) {
+Trace drive(KvCache& kv, const Case& c, OnStep on_step, int64_t window0 = 0,
+            const std::vector<int32_t>& tokens = {}) {
   Trace tr;
   std::mt19937 rng(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -71,7 +73,10 @@ Trace drive(KvCache& kv, const Case& c, OnStep on_step, int64_t window0 = 0) {
   sizes.insert(sizes.end(), static_cast<size_t>(c.decode), 1);
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t n = sizes[i];
-    const PassPositions pp = kv.begin_pass({0, n});
+    const int64_t at = kv.positions(0);  // tokens seen
+    const std::span<const int32_t> toks =
+        tokens.empty() ? std::span<const int32_t>() : std::span(tokens).subspan(static_cast<size_t>(at), n);
+    const PassPositions pp = kv.begin_pass({0, n, toks});
     tr.pos0.push_back(pp.pos0);
     for (uint32_t l = 0; l < 2; ++l) {
       ToyLayerRows tl = toy_layer_rows(n, pp.pos0, rng, nd);
@@ -122,10 +127,17 @@ TEST(LocretTiered, OffloadedPlacementsGiveTheResidentBitsThroughEvictionsAndOver
         // sliding window of its own on layer 0 (--locret-sliding recent: its most recent rows kept)
         ro.knobs.locret_sinks = keys == policy::LocretKeys::kRerotate ? 3 : 0;
         const int64_t window0 = dt == cpu::KvDtype::kF16 ? 40 : 0;
+        // with f16 rows --locret-span word (prerope) and number (rerotate), the token ids alongside
+        const std::vector<int32_t> tokens = toy_tokens(static_cast<size_t>(c.prompt + c.decode), 3);
+        if (dt == cpu::KvDtype::kF16) {
+          ro.knobs.locret_span =
+              keys == policy::LocretKeys::kPreRope ? policy::LocretSpan::kWord : policy::LocretSpan::kNumber;
+          ro.token_edges = std::make_shared<const std::vector<uint8_t>>(toy_token_edges());
+        }
         LocretKv ref(geometry(dt, window0), 4096, kHead, l0, pool, isa, ro);
         ref.set_compute(&tc);
         const Trace want = drive(
-            ref, c, [](int64_t) {}, window0);
+            ref, c, [](int64_t) {}, window0, tokens);
         for (const Placement& pl : placements) {
           KvOptions o = ro;
           o.placement.placement = pl.p;
@@ -138,14 +150,15 @@ TEST(LocretTiered, OffloadedPlacementsGiveTheResidentBitsThroughEvictionsAndOver
           TieredKv tiered(geometry(dt, window0), 4096, kHead, l1, pool, isa, o);
           tiered.set_compute(&tc);
           const Trace got = drive(
-              tiered, c, [](int64_t) {}, window0);
+              tiered, c, [](int64_t) {}, window0, tokens);
           const std::string what =
               std::string(policy::placement_name(pl.p)) + " g=" + std::to_string(pl.group) +
               " depth=" + std::to_string(pl.depth) + " static=" + std::to_string(pl.statics) +
               (pl.disk ? " disk" : " host") + " b=" + std::to_string(c.budget) +
               (dt == cpu::KvDtype::kF16 ? " f16" : " f32") + " " +
               std::string(policy::locret_keys_name(keys)) +
-              " sinks=" + std::to_string(ro.knobs.locret_sinks) + " window0=" + std::to_string(window0);
+              " sinks=" + std::to_string(ro.knobs.locret_sinks) + " window0=" + std::to_string(window0) +
+              " span=" + std::string(policy::locret_span_name(ro.knobs.locret_span));
           EXPECT_EQ(got.pos0, want.pos0) << what;
           EXPECT_EQ(got.after, want.after) << what;
           ASSERT_EQ(got.out.size(), want.out.size()) << what;

@@ -77,6 +77,13 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          "most recent rows, as its window does) or scored (the retaining heads' best, as a global layer: "
          "better on Gemma-3's passkey at 4K, worse on its niah; docs/accuracy.md)")
       ->default_str(std::string(policy::locret_sliding_name(k.locret_sliding)));
+  cmd->add_option_function<std::string>(
+         "--locret-span",
+         [&knobs](const std::string& v) { knobs.locret_span = policy::parse_locret_span(v); },
+         "locret: what is kept or evicted whole: token (each token by its own score, the paper), word (the "
+         "tokens of a word or a number rank by the best score among them, so a number split into digits is "
+         "never kept in part) or number (runs of digits only); docs/locret.md")
+      ->default_str(std::string(policy::locret_span_name(k.locret_span)));
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
       ->default_val(k.kivi_group);
@@ -169,6 +176,7 @@ std::string knob_flags_text(const policy::PolicyKnobs& k) {
       policy::locret_positions_name(k.locret_positions));
   add(k.locret_sliding != d.locret_sliding, "--locret-sliding",
       policy::locret_sliding_name(k.locret_sliding));
+  add(k.locret_span != d.locret_span, "--locret-span", policy::locret_span_name(k.locret_span));
   add(k.pool_limit != d.pool_limit, "--kv-pool-limit", k.pool_limit);
   add(k.pool_eviction != d.pool_eviction, "--kv-pool-eviction", policy::pool_eviction_name(k.pool_eviction));
   add(k.pool_prefill != d.pool_prefill, "--kv-pool-prefill", policy::pool_prefill_name(k.pool_prefill));
