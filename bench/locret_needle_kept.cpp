@@ -3,7 +3,7 @@
 // model's reading of what was kept?). The prompts are `kvtier eval passkey`'s (chat template, seed 0,
 // the grid below), so sample i at a depth is the eval's sample i there.
 //
-//   locret_needle_kept MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah]
+//   locret_needle_kept MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah] [token|word|number]
 //
 // For each sample: the token indices that overlap the key (passkey's pass key, niah's number) in the
 // prompt (every occurrence), then per layer how many of them are held by each KV head (G marks a layer
@@ -29,10 +29,11 @@ namespace {
 using namespace kvtier;
 
 int run(int argc, char** argv) {
-  if (argc < 9 || argc > 11) {
+  if (argc < 9 || argc > 12) {
     std::fprintf(
         stderr,
-        "usage: %s MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah]\n"
+        "usage: %s MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah] "
+                 "[token|word|number]\n"
         "  e.g. %s models/gemma-3-270m-q4_k_m.gguf HEADS avx2 512 7 4096 0.75 6\n",
         argv[0], argv[0]);
     return 2;
@@ -42,7 +43,8 @@ int run(int argc, char** argv) {
   const double depth = std::stod(argv[7]);
   const int n_samples = std::stoi(argv[8]);
   const std::string positions = argc >= 10 ? argv[9] : "compact";
-  const std::string task = argc == 11 ? argv[10] : "passkey";
+  const std::string task = argc >= 11 ? argv[10] : "passkey";
+  const policy::LocretSpan span = policy::parse_locret_span(argc == 12 ? argv[11] : "token");
   if (task != "passkey" && task != "niah") {
     std::fprintf(stderr, "locret_needle_kept: TASK '%s' is not passkey or niah\n", task.c_str());
     return 2;
@@ -93,6 +95,7 @@ int run(int argc, char** argv) {
     o.kv_placement.retention = policy::Retention::kLocret;
     o.kv_placement.knobs.budget = budget;
     o.kv_placement.knobs.locret_pool = pool;
+    o.kv_placement.knobs.locret_span = span;
     o.kv_placement.knobs.locret_positions = policy::parse_locret_positions(positions);
     o.kv_placement.scorer = scorer;
     runtime::Session session(*model, o);

@@ -159,6 +159,8 @@ def degenerate_configs(n_kv_heads):
         # re-rotated, and the pass's positions are the true ones, as under resident.
         out.append((["--kv-policy", "locret", *DEGENERATE["locret"][0], "--locret-positions", "original"],
                     False))
+        # whole words kept or evicted (--locret-span word): the rows carry their links, nothing is evicted
+        out.append((["--kv-policy", "locret", *DEGENERATE["locret"][0], "--locret-span", "word"], False))
     return out
 
 

@@ -112,6 +112,36 @@ def test_pooled_scores_evict_alike_on_every_placement(heads, tmp_path):
         assert p.returncode == 1 and "--locret-pool" in p.stderr, p.stderr
 
 
+def test_spans_evict_alike_on_every_placement(heads, tmp_path):
+    """--locret-span word and number (a word or a number ranks by the best score of its tokens, so it is
+    kept or evicted whole): each changes what is kept (the prompt below has words of several tokens
+    and numbers split into digits), and the offloaded placements give resident+locret's bits under
+    each, a decode step past the reserved rows included."""
+    prompt = PROMPT + "The mill's ledger reads 4466196 sacks in 1872, 2644146 in 1873. " * 3
+    def gen(policy, extra=()):
+        p = run("run", "-m", model("smollm2"), "-p", prompt, "-n", N_GEN, "--ctx", 1024, "-t", 2, "--ignore-eos",
+                "--json", "--state-digest", "--kv-policy", policy, *LOCRET, "--locret-heads", heads, *extra)
+        return json.loads(p.stdout)
+
+    token = gen("resident+locret")
+    disk = tmp_path / "kvdisk"
+    disk.mkdir()
+    digests = {json.dumps(token["state_digest"])}
+    for span in ("word", "number"):
+        ref = gen("resident+locret", ["--locret-span", span])
+        digests.add(json.dumps(ref["state_digest"]))
+        for r in (["layer+locret"], ["headinfer+locret", "--group", 1, "--static-heads", 1, "--kv-disk", disk]):
+            got = gen(r[0], [*r[1:], "--locret-span", span])
+            what = " ".join(map(str, [*r, span]))
+            assert got["tokens"] == ref["tokens"], what
+            assert got["state_digest"] == ref["state_digest"], what
+            assert got["logits_digest"] == ref["logits_digest"], what
+    assert len(digests) == 3, "each span rule keeps other rows"
+    p = run("run", "-m", model("smollm2"), "-p", "hi", "-n", 1, "--kv-policy", "locret", "--kv-budget", 64,
+            "--locret-heads", heads, "--locret-span", "sentence", check=False)
+    assert p.returncode == 2 and "--locret-span sentence: expected token, word or number" in p.stderr, p.stderr
+
+
 def test_rerotated_keys_evict_alike_on_every_placement(heads, tmp_path):
     """--locret-keys rerotate keeps no key before RoPE: a kept key that an eviction moves from row r to
     row w is its stored key turned by w - r. Every placement gives resident+locret's bits in that mode;
