@@ -3,7 +3,8 @@
 // model's reading of what was kept?). The prompts are `kvtier eval passkey`'s (chat template, seed 0,
 // the grid below), so sample i at a depth is the eval's sample i there.
 //
-//   locret_needle_kept MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah] [token|word|number]
+//   locret_needle_kept MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES
+//                      [compact|original] [passkey|niah] [token|word|number]
 //
 // For each sample: the token indices that overlap the key (passkey's pass key, niah's number) in the
 // prompt (every occurrence), then per layer how many of them are held by each KV head (G marks a layer
@@ -33,7 +34,7 @@ int run(int argc, char** argv) {
     std::fprintf(
         stderr,
         "usage: %s MODEL HEADS ISA BUDGET POOL LENGTH DEPTH SAMPLES [compact|original] [passkey|niah] "
-                 "[token|word|number]\n"
+        "[token|word|number]\n"
         "  e.g. %s models/gemma-3-270m-q4_k_m.gguf HEADS avx2 512 7 4096 0.75 6\n",
         argv[0], argv[0]);
     return 2;
