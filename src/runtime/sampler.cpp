@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "runtime/argmax.h"
 
 namespace kvtier::runtime {
 
@@ -37,12 +38,16 @@ double Sampler::uniform() {
 TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> history) {
   const auto V = static_cast<int64_t>(work_.size());
   KVTIER_ASSERT(static_cast<int64_t>(logits.size()) == V, "{} logits for {} tokens", logits.size(), V);
-  std::copy(logits.begin(), logits.end(), work_.begin());
-
   // Penalties over the last penalty_last_n tokens of the history.
   const bool penalise =
-      p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f;
-  if (penalise && p_.penalty_last_n != 0) {
+      (p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) &&
+      p_.penalty_last_n != 0;
+  if (p_.temperature <= 0.0f && !penalise) {  // greedy on the logits as given: no copy
+    return static_cast<TokenId>(first_max_index(logits));
+  }
+  std::copy(logits.begin(), logits.end(), work_.begin());
+
+  if (penalise) {
     const size_t n = p_.penalty_last_n < 0 ? history.size()
                                            : std::min(history.size(), static_cast<size_t>(p_.penalty_last_n));
     for (TokenId id : history.last(n)) {
@@ -60,7 +65,7 @@ TokenId Sampler::sample(std::span<const float> logits, std::span<const TokenId> 
   }
 
   if (p_.temperature <= 0.0f) {  // greedy: the first maximum
-    return static_cast<TokenId>(std::max_element(work_.begin(), work_.end()) - work_.begin());
+    return static_cast<TokenId>(first_max_index(work_));
   }
 
   size_t n = static_cast<size_t>(V);

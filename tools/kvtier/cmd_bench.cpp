@@ -24,6 +24,7 @@
 #include "cuda_backend.h"
 #include "policy/placement.h"
 #include "run_common.h"
+#include "runtime/argmax.h"
 #include "runtime/session.h"
 
 namespace kvtier::cli {
@@ -77,7 +78,7 @@ std::vector<runtime::TokenId> bench_prompt(const runtime::LoadedModel& m, int64_
 }
 
 runtime::TokenId argmax(std::span<const float> l) {
-  return static_cast<runtime::TokenId>(std::max_element(l.begin(), l.end()) - l.begin());
+  return static_cast<runtime::TokenId>(runtime::first_max_index(l));
 }
 
 // Prefills every prompt (sequence b = prompts[b]) in passes of at most chunk() tokens that mix the

@@ -19,6 +19,7 @@
 #include "model/cuda/synth_weights.h"
 #include "model/presets.h"
 #include "policy/placement.h"
+#include "runtime/argmax.h"
 #include "runtime/cuda/cuda_session.h"
 #include "runtime/skew_sample.h"
 #include "skew/skew_file.h"
@@ -289,8 +290,7 @@ int run_bench_cuda(const EngineArgs& e, const CudaBenchArgs& a) {
         const uint64_t h2d_before = before.bytes_h2d;
         const auto t1 = Clock::now();
         for (int64_t g = 0; g < a.gen; ++g) {
-          const auto id =
-              static_cast<runtime::TokenId>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+          const auto id = static_cast<runtime::TokenId>(runtime::first_max_index(logits));
           logits = s.decode(id);
         }
         const double td = std::chrono::duration<double>(Clock::now() - t1).count();
