@@ -5,6 +5,8 @@
 //                             their speed on an Intel Xeon), bytes read per second
 //   read4/threads:T           the same bytes, each thread's share read as 4 streams in turn (128 bytes
 //                             from each): how far the prefetchers take one core past a single stream
+//   read512/threads:T         one stream of 64-byte loads, where the CPU has AVX-512 (the loads of that
+//                             path's one-token kernels; on an Intel Xeon guest 1.4x the 32-byte sweep)
 //   matvec/TYPE/ISA/threads:T one token x a [n_rows, 4096] matrix of ~256 MiB (far beyond the caches);
 //                             GB/s of weight bytes, and pct_copy = GB/s / copy GB/s at the same threads
 //   matvec_lanes/...          the same product from the matrix's rows-in-lanes copy (weight_lanes.h),
@@ -55,6 +57,7 @@ int int8_loop_avx2(int64_t iters);
 int int8_loop_avx512(int64_t iters);
 int int8_loop_amx(int64_t iters);
 uint64_t read_loop_avx2(const uint8_t* p, int64_t bytes, int streams);
+uint64_t read_loop_avx512(const uint8_t* p, int64_t bytes);
 
 namespace {
 
@@ -228,6 +231,7 @@ void bm_copy(benchmark::State& state, int threads) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * 2 * static_cast<int64_t>(kBigBytes));
 }
 
+// streams 0: read512's 64-byte loads (AVX-512 CPUs only).
 void bm_read(benchmark::State& state, int threads, int streams) {
   std::vector<uint64_t> src(kBigBytes / 8, 3);
   ThreadPool pool(threads);
@@ -236,6 +240,11 @@ void bm_read(benchmark::State& state, int threads, int streams) {
   for (auto _ : state) {
     pool.run(threads, [&](int p) {
       const Range r = split_range(static_cast<int64_t>(src.size()), threads, p, 512);
+      if (streams == 0) {
+        sums[static_cast<size_t>(p)] =
+            read_loop_avx512(reinterpret_cast<const uint8_t*>(src.data() + r.begin), r.size() * 8);
+        return;
+      }
       if (vector) {  // 512 words per unit: a multiple of the loop's 128 bytes
         sums[static_cast<size_t>(p)] =
             read_loop_avx2(reinterpret_cast<const uint8_t*>(src.data() + r.begin), r.size() * 8, streams);
@@ -401,6 +410,9 @@ void register_all() {
     benchmark::RegisterBenchmark(("read/threads:" + std::to_string(t)).c_str(), bm_read, t, 1)->UseRealTime();
     if (cpu::isa_supported(Isa::kAvx2))  // the scalar sweep has one stream only
       benchmark::RegisterBenchmark(("read4/threads:" + std::to_string(t)).c_str(), bm_read, t, 4)
+          ->UseRealTime();
+    if (cpu::isa_supported(Isa::kAvx512))
+      benchmark::RegisterBenchmark(("read512/threads:" + std::to_string(t)).c_str(), bm_read, t, 0)
           ->UseRealTime();
   }
   for (GgmlType type : types) {

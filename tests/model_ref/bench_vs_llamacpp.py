@@ -19,7 +19,9 @@ gen / 2 positions: exact for full-attention layers, an upper bound for sliding-w
 its decode rate, as a fraction of the median copy bandwidth (how close decode runs to the
 memory-bandwidth bound), of the median read sweep (what one stream of reading reaches on this
 machine; on some CPUs well below the copy figure) and of the median 4-stream read (`read4/threads:T`:
-each thread reads 4 far-apart parts in turn, which the prefetchers take further than one stream). The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
+each thread reads 4 far-apart parts in turn, which the prefetchers take further than one stream) and,
+on AVX-512 CPUs, of the median 64-byte-load read (`read512/threads:T`, the loads of that path's
+one-token kernels; on an Intel Xeon guest 1.4x the 32-byte sweep). The header names the CPU (model, the SIMD flags), kvtier's kernel path and llama.cpp's
 version and system info line, and the load average before and after.
 
 Both sides warm up before timing: kvtier bench runs one unrecorded round, the llama.cpp pass first
@@ -114,11 +116,11 @@ def run_kvtier(a, path):
 
 def memory_bandwidth(a):
     """GB/s of bench_cpu_kernels' STREAM-like copy (bytes read + written), read-only sweep and 4-stream
-    read at the benchmark's thread count: {"copy": .., "read": .., "read4": ..} ("read4" only on CPUs
-    with AVX2), or None without the binary."""
+    read at the benchmark's thread count: {"copy": .., "read": .., "read4": .., "read512": ..} ("read4"
+    only on CPUs with AVX2, "read512" only with AVX-512), or None without the binary."""
     if not a.copy_bench or not pathlib.Path(a.copy_bench).exists():
         return None
-    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^(copy|read|read4)/threads:{a.threads}/",
+    out = subprocess.run([a.copy_bench, f"--benchmark_filter=^(copy|read|read4|read512)/threads:{a.threads}/",
                           "--benchmark_format=json"], check=True, capture_output=True, text=True).stdout
     return {b["name"].split("/")[0]: b["bytes_per_second"] / 1e9 for b in json.loads(out)["benchmarks"]}
 
@@ -157,7 +159,7 @@ def main():
     header = {"cpu": cpu_description(), "load_before": os.getloadavg(), "threads": a.threads, "gen": a.gen,
               "rounds": a.rounds, "llama_python": a.llama_python}
     samples = {}  # (model, prompt, side, phase) -> [tokens/s per round]
-    bw_runs = {"copy": [], "read": [], "read4": []}  # GB/s, one per round and model
+    bw_runs = {"copy": [], "read": [], "read4": [], "read512": []}  # GB/s, one per round and model
     bytes_per_token = {}  # (model, prompt) -> kvtier's weight + KV bytes read per decoded token
     peak_rss = {}  # (model, side) -> [peak resident bytes of the process per round]
     for name in a.models.split(","):
@@ -226,7 +228,7 @@ def main():
     print(f"threads {a.threads}, {a.gen} decode steps, {a.rounds} interleaved rounds; load average before "
           f"{header['load_before'][0]:.1f}, after {header['load_after'][0]:.1f}")
     labels = {"copy": f"copy bandwidth ({a.threads} threads, bytes read + written)", "read": "read-only sweep",
-              "read4": "4-stream read"}
+              "read4": "4-stream read", "read512": "64-byte-load read"}
     if medians:
         print("; ".join(f"{labels[kind]}: median {median:.1f} GB/s of {', '.join(f'{r:.1f}' for r in bw_runs[kind])}"
                         for kind, median in medians.items()))
@@ -235,7 +237,7 @@ def main():
         f"{statistics.median(peak_rss[(name, 'llama.cpp')]) / 1e6:.0f} MB" for name in a.models.split(",")))
     print()
     print("| model | prompt | prefill tok/s kvtier / llama.cpp | prefill ratio (range) | decode tok/s kvtier / llama.cpp "
-          "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read, % of 4-stream read |")
+          "| decode ratio (range) | kvtier decode MB/token, % of copy, % of read, % of 4-stream read, % of 64-byte read |")
     print("|---|---:|---|---|---|---|---|")
     for t in table:
         bw = ", ".join([f"{t['decode_bytes_per_token'] / 1e6:.0f}"] +
