@@ -82,7 +82,8 @@ void add_knob_flags(CLI::App* cmd, policy::PolicyKnobs& knobs) {
          [&knobs](const std::string& v) { knobs.locret_span = policy::parse_locret_span(v); },
          "locret: what is kept or evicted whole: token (each token by its own score, the paper), word (the "
          "tokens of a word or a number rank by the best score among them, so a number split into digits is "
-         "never kept in part) or number (runs of digits only); docs/locret.md")
+         "kept or evicted as one; only the budget's cut or the protected rows can split it) or number (runs "
+         "of digits only); docs/locret.md")
       ->default_str(std::string(policy::locret_span_name(k.locret_span)));
   cmd->add_option("--quest-page", knobs.quest_page, "quest: tokens per page")->default_val(k.quest_page);
   cmd->add_option("--kivi-group", knobs.kivi_group, "kivi4, kivi2: tokens per key-quantisation group")
